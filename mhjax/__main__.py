@@ -1,0 +1,5 @@
+import sys
+
+from mhjax.cli import main
+
+sys.exit(main())

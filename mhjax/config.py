@@ -1,0 +1,149 @@
+"""Loading ml_collections config files, --config.FIELD=VALUE overrides and validation.
+
+Every problem with a config raises ConfigError("<field>: <what is allowed>"); the
+command line prints that one line and exits with status 2 before anything compiles.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+    """A bad config or input; the message is one line naming the field."""
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+    if not os.path.isfile(path):
+        raise ConfigError(f"--config: file not found: {path}")
+    spec = importlib.util.spec_from_file_location("mhjax_user_config", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # a broken config file is bad input, not a crash
+        raise ConfigError(f"--config: cannot load {path}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"--config: {path} defines no get_config()")
+    return module.get_config()
+
+
+def _parse_value(text: str, current):
+    """Parse an override string to the type of the field it replaces."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = text
+    if isinstance(current, (tuple, list)):
+        if not isinstance(value, (tuple, list)):
+            value = (value,)
+        return tuple(value)
+    if isinstance(current, bool):
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        if not isinstance(value, bool):
+            raise TypeError("a boolean (true/false)")
+        return value
+    if isinstance(current, int) and not isinstance(value, bool):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int):
+            raise TypeError("an integer")
+        return value
+    if isinstance(current, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError("a number")
+        return float(value)
+    if isinstance(current, str):
+        return str(text)
+    return value
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> ml_collections.ConfigDict:
+    """overrides: dotted field -> string value, e.g. {"train.steps": "100"}."""
+    config = ml_collections.ConfigDict(config.to_dict())  # copy; keep the caller's untouched
+    for field, text in overrides.items():
+        parts = field.split(".")
+        node = config
+        for i, part in enumerate(parts):
+            if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+                known = ", ".join(sorted(node.keys())) if isinstance(node, ml_collections.ConfigDict) else ""
+                raise ConfigError(f"config.{field}: unknown field (known here: {known})")
+            if i < len(parts) - 1:
+                node = node[part]
+        try:
+            value = _parse_value(text, node[parts[-1]])
+        except TypeError as exc:
+            raise ConfigError(f"config.{field}: expected {exc}, got {text!r}") from None
+        with node.unlocked():
+            node[parts[-1]] = value
+    return config
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Pull --config.FIELD=VALUE (or --config.FIELD VALUE) out of argv."""
+    rest, overrides = [], {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--config."):
+            body = arg[len("--config."):]
+            if "=" in body:
+                field, value = body.split("=", 1)
+            elif i + 1 < len(argv):
+                field, value = body, argv[i + 1]
+                i += 1
+            else:
+                raise ConfigError(f"config.{body}: missing value (use --config.{body}=VALUE)")
+            overrides[field] = value
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, overrides
+
+
+# ---- validation helpers: each raises ConfigError naming the field ----
+
+def require_positive(config, field: str, kind=(int, float)):
+    value = _get(config, field)
+    if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
+        raise ConfigError(f"config.{field}: must be a positive {'integer' if kind is int else 'number'}, got {value!r}")
+
+
+def require_nonneg_int(config, field: str):
+    value = _get(config, field)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"config.{field}: must be a non-negative integer, got {value!r}")
+
+
+def require_choice(config, field: str, allowed):
+    value = _get(config, field)
+    if value not in allowed:
+        raise ConfigError(f"config.{field}: must be one of {', '.join(map(str, allowed))}; got {value!r}")
+
+
+def require_nonempty_tuple(config, field: str):
+    value = _get(config, field)
+    if not isinstance(value, (tuple, list)) or len(value) == 0:
+        raise ConfigError(f"config.{field}: must be a non-empty list, got {value!r}")
+    return tuple(value)
+
+
+def require_range(config, field: str, low: float, high: float, inclusive_low=True, inclusive_high=True):
+    value = _get(config, field)
+    ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok_type and (value >= low if inclusive_low else value > low) and (value <= high if inclusive_high else value < high)
+    if not ok:
+        lo, hi = ("[" if inclusive_low else "("), ("]" if inclusive_high else ")")
+        raise ConfigError(f"config.{field}: must be in {lo}{low}, {high}{hi}, got {value!r}")
+
+
+def _get(config, field: str):
+    node = config
+    for part in field.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            raise ConfigError(f"config.{field}: missing field")
+        node = node[part]
+    return node

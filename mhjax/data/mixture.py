@@ -1,0 +1,132 @@
+"""Tokenized-mixture data model (spec §4).
+
+Cluster layout (orthogonal means = scaled standard basis vectors of R^d):
+
+    * label +1 relevant clusters: e_0 .. e_{R-1}
+    * label -1 relevant clusters: e_R .. e_{2R-1}
+    * noise (irrelevant) clusters: e_{2R} .. e_{2R+M-1}
+
+each scaled by ``signal_norm`` S, so ``dim >= 2R + M`` is required
+(R = ``num_relevant_per_label``, M = ``num_noise_clusters``).
+
+A sample: y ~ uniform{-1, +1}; exactly ``k = round(relevant_fraction * seq_len)``
+token positions, chosen uniformly at random (so position carries no
+information), are relevant tokens (mean of a uniformly chosen cluster of label
+y); the other T - k tokens are irrelevant tokens (mean of a uniformly chosen
+noise cluster); every token adds N(0, noise_std^2 I).
+
+Train/test separation: the caller draws train and test sets from different keys,
+e.g. ``train_key, test_key = train_test_split_keys(key)``; test data are fresh
+draws from the same distribution.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+
+def default_mixture_config() -> ml_collections.ConfigDict:
+    """Small, learnable but non-trivial defaults.
+
+    d=16, T=8, zeta=0.25 (k=2 relevant tokens of 8), one relevant cluster per
+    label, M=4 noise clusters, S=3, sigma=1. Measured once (seed 0, n=256
+    train, 4000 test, zero init + GD with eta=1 for 1000 steps): the attention
+    classifier reaches ~98.5% test accuracy (H=1 and H=16), while logistic
+    regression on the mean token reaches ~92% and the mean-token training set
+    is not linearly separable; with S=3, sigma=0.5 every method is at 100%
+    after 10 steps (too easy), with S=2, sigma=1 test accuracy is ~87%.
+    """
+    cfg = ml_collections.ConfigDict()
+    cfg.dim = 16                      # d: token dimension
+    cfg.seq_len = 8                   # T: tokens per sample
+    cfg.num_relevant_per_label = 1    # R: relevant clusters per label
+    cfg.num_noise_clusters = 4        # M: irrelevant clusters
+    cfg.relevant_fraction = 0.25      # zeta: fraction of relevant tokens
+    cfg.signal_norm = 3.0             # S: norm of every cluster mean
+    cfg.noise_std = 1.0               # sigma: per-coordinate token noise
+    return cfg
+
+
+def train_test_split_keys(key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Independent (train_key, test_key) derived from one key (fold_in 0 / 1)."""
+    return jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
+
+
+def num_relevant_tokens(cfg: Any) -> int:
+    """k = round(zeta * T): number of relevant tokens in every sample."""
+    return int(round(float(cfg.relevant_fraction) * int(cfg.seq_len)))
+
+
+def validate_mixture_config(cfg: Any) -> None:
+    """Raise ValueError (one line, naming the field) on an invalid config."""
+    d, t = int(cfg.dim), int(cfg.seq_len)
+    r, m = int(cfg.num_relevant_per_label), int(cfg.num_noise_clusters)
+    if t < 1:
+        raise ValueError(f"seq_len must be >= 1, got {t}")
+    if r < 1:
+        raise ValueError(f"num_relevant_per_label must be >= 1, got {r}")
+    if m < 0:
+        raise ValueError(f"num_noise_clusters must be >= 0, got {m}")
+    if d < 2 * r + m:
+        raise ValueError(
+            f"dim must be >= 2*num_relevant_per_label + num_noise_clusters"
+            f" = {2 * r + m} for orthogonal cluster means, got dim={d}")
+    if not 0.0 < float(cfg.relevant_fraction) <= 1.0:
+        raise ValueError(
+            f"relevant_fraction must be in (0, 1], got {cfg.relevant_fraction}")
+    k = num_relevant_tokens(cfg)
+    if k < 1:
+        raise ValueError(
+            f"relevant_fraction * seq_len rounds to 0 relevant tokens"
+            f" ({cfg.relevant_fraction} * {t})")
+    if k < t and m < 1:
+        raise ValueError(
+            "num_noise_clusters must be >= 1 when relevant_fraction < 1")
+    if float(cfg.noise_std) < 0:
+        raise ValueError(f"noise_std must be >= 0, got {cfg.noise_std}")
+
+
+def sample_mixture(key: jax.Array, cfg: Any, n: int, *,
+                                      return_relevant: bool = False):
+    """Draw n i.i.d. samples.
+
+    Args:
+        key: PRNG key (use different keys for train and test).
+        cfg: ConfigDict / object with the fields of ``default_mixture_config``.
+            Read in Python (static); only ``key`` may be traced, so the function
+            jits and vmaps over keys.
+        n: number of samples (static).
+        return_relevant: also return the (n, T) bool mask of relevant tokens.
+
+    Returns:
+        X: (n, T, d) float32 tokens; y: (n,) float32 labels in {-1, +1};
+        [relevant: (n, T) bool].
+    """
+    validate_mixture_config(cfg)
+    d, t = int(cfg.dim), int(cfg.seq_len)
+    r, m = int(cfg.num_relevant_per_label), int(cfg.num_noise_clusters)
+    k = num_relevant_tokens(cfg)
+    k_y, k_pos, k_rel, k_noise_c, k_eps = jax.random.split(key, 5)
+
+    y = jnp.where(jax.random.bernoulli(k_y, 0.5, (n,)), 1.0, -1.0)
+    # Random positions: a token is relevant iff its rank under i.i.d. uniforms
+    # is < k, i.e. a uniformly random k-subset of positions.
+    ranks = jnp.argsort(
+        jnp.argsort(jax.random.uniform(k_pos, (n, t)), axis=1), axis=1)
+    relevant = ranks < k
+    # Relevant cluster index: label +1 -> [0, R), label -1 -> [R, 2R).
+    rel_idx = (jnp.where(y > 0, 0, r)[:, None]
+               + jax.random.randint(k_rel, (n, t), 0, r))
+    noise_idx = 2 * r + jax.random.randint(k_noise_c, (n, t), 0, max(m, 1))
+    idx = jnp.where(relevant, rel_idx, noise_idx)
+    means = float(cfg.signal_norm) * jax.nn.one_hot(idx, d, dtype=jnp.float32)
+    x = means + float(cfg.noise_std) * jax.random.normal(
+        k_eps, (n, t, d), jnp.float32)
+    y = y.astype(jnp.float32)
+    if return_relevant:
+        return x, y, relevant
+    return x, y

@@ -1,0 +1,155 @@
+"""The copy/cycle/zero experiment with the paper's causal Transformer (spec §5)."""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from mhjax import config as cfg
+from mhjax.data import sequences
+from mhjax.models import Transformer, count_params
+from mhjax.train.sweep import Member, derive_key, expand
+
+STRATEGIES = ("auto", "fused", "grouped")
+
+
+def validate(config) -> None:
+    """Raise ConfigError naming the first bad field."""
+    for field in ("model.width", "model.num_layers", "model.mlp_dim", "model.vocab_size", "model.seq_len"):
+        cfg.require_positive(config, field, int)
+    cfg.require_range(config, "model.dropout", 0.0, 1.0, inclusive_high=False)
+    cfg.require_choice(config, "data.protocol", sequences.PROTOCOLS)
+    for field in ("data.batch_size", "data.num_eval", "data.num_train", "train.steps", "train.chunk_steps"):
+        cfg.require_positive(config, field, int)
+    for field in ("train.eval_every", "train.checkpoint_every"):
+        cfg.require_nonneg_int(config, field)
+    cfg.require_choice(config, "strategy", STRATEGIES)
+    cfg.require_nonneg_int(config, "seed")
+    if config.data.protocol == "fixed" and config.data.num_train < config.data.batch_size:
+        raise cfg.ConfigError(
+            f"config.data.num_train: must be >= data.batch_size ({config.data.batch_size}) under the fixed protocol, got {config.data.num_train}"
+        )
+    for task in cfg.require_nonempty_tuple(config, "sweep.task"):
+        if task not in sequences.TASKS:
+            raise cfg.ConfigError(f"config.sweep.task: each must be one of {', '.join(sequences.TASKS)}; got {task!r}")
+    width = config.model.width
+    for heads in cfg.require_nonempty_tuple(config, "sweep.heads"):
+        if isinstance(heads, bool) or not isinstance(heads, int) or heads <= 0 or width % heads:
+            allowed = ", ".join(str(h) for h in range(1, width + 1) if width % h == 0)
+            raise cfg.ConfigError(f"config.sweep.heads: each must divide model.width={width} (allowed: {allowed}); got {heads!r}")
+    for seed in cfg.require_nonempty_tuple(config, "sweep.seed"):
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise cfg.ConfigError(f"config.sweep.seed: each must be a non-negative integer; got {seed!r}")
+    for lr in cfg.require_nonempty_tuple(config, "sweep.learning_rate"):
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
+            raise cfg.ConfigError(f"config.sweep.learning_rate: each must be a positive number; got {lr!r}")
+    known = {"task", "heads", "seed", "learning_rate"}
+    for field in config.sweep.keys():
+        if field not in known:
+            raise cfg.ConfigError(f"config.sweep.{field}: unknown sweep field (allowed: {', '.join(sorted(known))})")
+
+
+class SequenceKernel:
+    """One program's view of the model: ``fine_heads`` static; members' own head counts are
+    traced when the program mixes head counts (``plain=False``)."""
+
+    def __init__(self, config, fine_heads: int, plain: bool):
+        m, d = config.model, config.data
+        self.model = Transformer(m.vocab_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, fine_heads, m.dropout)
+        self.plain = plain
+        self.protocol, self.num_train, self.batch_size = d.protocol, d.num_train, d.batch_size
+        self.num_eval, self.eval_batch = d.num_eval, min(d.num_eval, d.batch_size)
+        self.length, self.vocab = m.seq_len, m.vocab_size
+
+    def _heads(self, consts):
+        return None if self.plain else consts["heads"]
+
+    def init_params(self, consts):
+        dummy = jnp.zeros((1, self.length), jnp.int32)
+        return self.model.init(jax.random.fold_in(consts["key"], 0), dummy)["params"]
+
+    def optimizer(self, consts):
+        # Adam as the reference (beta 0.9/0.999, eps 1e-8); lr lives in the state so it can be vmapped.
+        return optax.inject_hyperparams(optax.adam)(learning_rate=consts["learning_rate"])
+
+    def _data_keys(self, consts):
+        data = consts["data_key"]
+        return {"dataset": jax.random.fold_in(data, 0), "shuffle": jax.random.fold_in(data, 1), "fresh": jax.random.fold_in(data, 2)}
+
+    def loss(self, params, consts, step):
+        tokens, targets = sequences.train_batch(
+            self._data_keys(consts), consts["task_id"], step, protocol=self.protocol,
+            num_train=self.num_train, batch_size=self.batch_size, length=self.length, vocab_size=self.vocab,
+        )
+        dropout_key = jax.random.fold_in(jax.random.fold_in(consts["key"], 1), step)
+        logits = self.model.apply({"params": params}, tokens, self._heads(consts), deterministic=False, rngs={"dropout": dropout_key})
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+        return loss, {}
+
+    def evaluate(self, params, consts):
+        """Held-out loss and token accuracy in eval mode (no dropout), in batches."""
+        tokens, targets = sequences.eval_batch(consts["eval_key"], consts["task_id"], self.num_eval, self.length, self.vocab)
+        usable = (self.num_eval // self.eval_batch) * self.eval_batch
+        shape = (-1, self.eval_batch, self.length)
+        tokens, targets = tokens[:usable].reshape(shape), targets[:usable].reshape(shape)
+
+        def one(batch):
+            x, y = batch
+            logits = self.model.apply({"params": params}, x, self._heads(consts))
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+            return loss, jnp.mean(jnp.argmax(logits, -1) == y)
+
+        losses, accs = jax.lax.map(one, (tokens, targets))
+        return {"eval_loss": losses.mean(), "eval_accuracy": accs.mean()}
+
+
+class SequenceExperiment:
+    kind = "sequence"
+
+    def __init__(self, config):
+        validate(config)
+        self.config = config
+        self.members: list[Member] = expand(dict(config.sweep), leading="task")
+
+    def member_constants(self, member: Member) -> dict:
+        root = self.config.seed
+        task = member["task"]
+        return {
+            "key": derive_key(root, member["seed"], member.name),
+            # Data keys depend on (seed, task) only: head counts of a seed see the same data.
+            "data_key": derive_key(root, member["seed"], "data", task),
+            "eval_key": derive_key(root, member["seed"], "eval", task),
+            "task_id": np.int32(sequences.TASKS.index(task)),
+            "heads": np.int32(member["heads"]),
+            "learning_rate": np.float32(member["learning_rate"]),
+        }
+
+    def programs(self, strategy: str, backend: str) -> list[tuple[str, list[int], SequenceKernel]]:
+        """[(program name, member indices, kernel)]. fused: one program at the finest head count;
+        grouped: one program per head count. auto picks grouped on CPU (measured faster there,
+        benchmarks/) and fused elsewhere."""
+        if strategy == "auto":
+            strategy = "grouped" if backend == "cpu" else "fused"
+        heads = [m["heads"] for m in self.members]
+        finest = math.lcm(*heads)
+        if strategy == "fused" and self.config.model.width % finest == 0:
+            plain = len(set(heads)) == 1
+            return [("all", list(range(len(self.members))), SequenceKernel(self.config, finest, plain))]
+        groups = {}
+        for i, h in enumerate(heads):
+            groups.setdefault(h, []).append(i)
+        return [(f"h{h}", idx, SequenceKernel(self.config, h, True)) for h, idx in sorted(groups.items())]
+
+    def member_info(self, member: Member) -> dict:
+        """Static facts for results.json."""
+        m = self.config.model
+        model = Transformer(m.vocab_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, member["heads"], m.dropout)
+        shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, m.seq_len), jnp.int32)))
+        return {"params": count_params(shapes["params"])}
+
+    def plain_model(self, heads: int) -> Transformer:
+        m = self.config.model
+        return Transformer(m.vocab_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, heads, m.dropout)

@@ -1,0 +1,3 @@
+from mhjax.models.transformer import Transformer, count_params
+
+__all__ = ["Transformer", "count_params"]

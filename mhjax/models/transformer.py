@@ -1,0 +1,75 @@
+"""The paper's causal Transformer (beyond_parallelism spec §5).
+
+Pre-norm blocks with RMSNorm (eps = float32 machine epsilon), biases everywhere,
+dropout on attention probabilities and after the MLP, learned token and absolute
+position embeddings, no final norm, linear read-out. Initialisation follows the
+reference framework: Linear weights and biases U(+-1/sqrt(fan_in)), embeddings N(0, 1).
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mhjax.models.attention import CausalSelfAttention, dense
+
+RMS_EPS = float(np.finfo(np.float32).eps)
+
+
+class Block(nn.Module):
+    width: int
+    num_heads: int
+    mlp_dim: int
+    dropout_rate: float
+
+    @nn.compact
+    def __call__(self, x, heads=None, deterministic: bool = True):
+        h = nn.RMSNorm(epsilon=RMS_EPS, name="ln1")(x)
+        attn_out, probs = CausalSelfAttention(
+            self.width, self.num_heads, self.dropout_rate, name="attn"
+        )(h, heads, deterministic)
+        x = x + attn_out
+        h = nn.RMSNorm(epsilon=RMS_EPS, name="ln2")(x)
+        h = nn.relu(dense(self.mlp_dim, self.width, "mlp_in")(h))
+        h = dense(self.width, self.mlp_dim, "mlp_out")(h)
+        h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+        return x + h, probs
+
+
+class Transformer(nn.Module):
+    """tokens (B, T) int -> logits (B, T, V) [, per-layer attention probs].
+
+    ``num_heads`` is static; pass ``heads`` (traced int dividing num_heads) to run a member
+    with fewer, coarser heads in the same program (see attention.py).
+    """
+
+    vocab_size: int = 256
+    max_len: int = 100
+    width: int = 64
+    num_layers: int = 4
+    mlp_dim: int = 128
+    num_heads: int = 1
+    dropout_rate: float = 0.1
+
+    @nn.compact
+    def __call__(self, tokens, heads=None, deterministic: bool = True, return_attention: bool = False):
+        length = tokens.shape[-1]
+        embed = nn.initializers.normal(stddev=1.0)
+        x = nn.Embed(self.vocab_size, self.width, embedding_init=embed, name="token_emb")(tokens)
+        pos = nn.Embed(self.max_len, self.width, embedding_init=embed, name="pos_emb")(jnp.arange(length))
+        x = x + pos
+        attention = []
+        for layer in range(self.num_layers):
+            x, probs = Block(
+                self.width, self.num_heads, self.mlp_dim, self.dropout_rate, name=f"block_{layer}"
+            )(x, heads, deterministic)
+            attention.append(probs)
+        logits = dense(self.vocab_size, self.width, "readout")(x)
+        if return_attention:
+            return logits, attention
+        return logits
+
+
+def count_params(params) -> int:
+    return int(sum(np.prod(np.shape(p)) for p in jax.tree_util.tree_leaves(params)))

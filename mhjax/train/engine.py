@@ -1,0 +1,82 @@
+"""The pure training step, vmapped over members and scanned over a chunk of steps.
+
+A *kernel* describes one program's members (see experiments/): it supplies
+``init_params(consts)``, ``optimizer(consts)``, ``loss(params, consts, step)`` and
+``evaluate(params, consts)``, all for ONE member; ``consts`` holds that member's numeric
+settings (keys, head count, learning rate, ...). The engine vmaps them over the member
+axis and jits once per program and chunk length, donating the state buffers.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+
+@flax.struct.dataclass
+class MemberState:
+    params: Any
+    opt_state: Any
+    step: jax.Array  # int32, steps taken (frozen members keep counting)
+    diverged: jax.Array  # bool: loss or parameters became non-finite
+    diverged_at: jax.Array  # int32 step of divergence, -1 if none
+    last_loss: jax.Array  # float32 training loss of the latest live step (kept in checkpoints)
+
+
+def _all_finite(tree) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
+
+
+def init_member(kernel, consts) -> MemberState:
+    params = kernel.init_params(consts)
+    opt_state = kernel.optimizer(consts).init(params)
+    return MemberState(params, opt_state, jnp.int32(0), jnp.array(False), jnp.int32(-1), jnp.float32(jnp.nan))
+
+
+def train_step(kernel, state: MemberState, consts):
+    """One member's step. A non-finite loss or update freezes the member (state unchanged
+    from then on) and records the step; other members are unaffected."""
+    (loss, aux), grads = jax.value_and_grad(kernel.loss, has_aux=True)(state.params, consts, state.step)
+    updates, opt_state = kernel.optimizer(consts).update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    live = ~state.diverged
+    finite = jnp.isfinite(loss) & _all_finite(params)
+    accept = live & finite
+    params, opt_state = jax.tree_util.tree_map(
+        lambda new, old: jnp.where(accept, new, old), (params, opt_state), (state.params, state.opt_state)
+    )
+    newly_diverged = live & ~finite
+    new_state = MemberState(
+        params,
+        opt_state,
+        state.step + 1,
+        state.diverged | newly_diverged,
+        jnp.where(newly_diverged, state.step, state.diverged_at),
+        jnp.where(live, loss, state.last_loss).astype(jnp.float32),
+    )
+    metrics = {"loss": jnp.where(live, loss, jnp.nan), **aux}
+    return new_state, metrics
+
+
+def make_init(kernel):
+    return jax.jit(jax.vmap(lambda c: init_member(kernel, c)))
+
+
+def make_train_chunk(kernel, length: int):
+    """jit(states, consts) -> (states, metrics with leaves (length, members))."""
+
+    def chunk(states, consts):
+        def body(carry, _):
+            return jax.vmap(lambda s, c: train_step(kernel, s, c))(carry, consts)
+
+        return jax.lax.scan(body, states, None, length=length)
+
+    return jax.jit(chunk, donate_argnums=0)
+
+
+def make_evaluate(kernel):
+    return jax.jit(jax.vmap(lambda s, c: kernel.evaluate(s.params, c)))

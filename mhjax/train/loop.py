@@ -1,0 +1,208 @@
+"""The host loop: chunk after chunk of the jitted sweep, with logging, evaluation,
+checkpoints and a progress bar between chunks."""
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+from mhjax.io.checkpoint import SweepCheckpointer, check_or_write_metadata
+from mhjax.io.results import write_results
+from mhjax.io.tensorboard import MemberWriters
+from mhjax.train import engine
+
+
+class Interrupted(Exception):
+    """Ctrl-C arrived; a checkpoint was written."""
+
+
+class _StopFlag:
+    """SIGINT sets a flag checked between chunks, so a chunk is never abandoned half-way
+    (its input buffers are donated) and the checkpoint always holds a consistent state."""
+
+    def __init__(self):
+        self.raised = False
+        self._previous = None
+
+    def __enter__(self):
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread: leave default handling
+            self._previous = None
+        return self
+
+    def _handle(self, signum, frame):
+        self.raised = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def stack_constants(experiment, indices):
+    per_member = [experiment.member_constants(experiment.members[i]) for i in indices]
+    return jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)), *per_member)
+
+
+class Sweep:
+    """The members' programs, constants and states; usable without the host loop (tests)."""
+
+    def __init__(self, experiment, backend: str | None = None):
+        self.experiment = experiment
+        backend = backend or jax.default_backend()
+        self.programs = experiment.programs(experiment.config.strategy, backend)
+        self.consts = {name: stack_constants(experiment, idx) for name, idx, _ in self.programs}
+        self._chunks = {}
+
+    def init_states(self):
+        return {name: engine.make_init(kernel)(self.consts[name]) for name, _, kernel in self.programs}
+
+    def abstract_states(self):
+        return {name: jax.eval_shape(engine.make_init(kernel), self.consts[name]) for name, _, kernel in self.programs}
+
+    def run_chunk(self, name, kernel, states, length: int):
+        fn = self._chunks.get((name, length))
+        if fn is None:
+            fn = self._chunks[(name, length)] = engine.make_train_chunk(kernel, length)
+        return fn(states, self.consts[name])
+
+    def train(self, states, steps: int, chunk: int):
+        """Plain training without I/O: advance every program by ``steps``."""
+        done = 0
+        while done < steps:
+            n = min(chunk, steps - done)
+            for name, _, kernel in self.programs:
+                states[name], _ = self.run_chunk(name, kernel, states[name], n)
+            done += n
+        return states
+
+    def evaluate(self, states):
+        out = {}
+        for name, idx, kernel in self.programs:
+            metrics = jax.device_get(engine.make_evaluate(kernel)(states[name], self.consts[name]))
+            for j, i in enumerate(idx):
+                out[i] = {k: float(v[j]) for k, v in metrics.items()}
+        return out
+
+
+def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
+    """Train (or resume) the sweep in ``workdir``; returns the results payload."""
+    config = experiment.config
+    resuming = check_or_write_metadata(workdir, config.to_dict(), experiment.kind)
+    sweep = Sweep(experiment)
+    members = experiment.members
+    total, chunk = config.train.steps, config.train.chunk_steps
+    checkpointer = SweepCheckpointer(workdir)
+    latest = checkpointer.latest_step() if resuming else None
+    if latest is not None:
+        tree = checkpointer.restore(latest, {"states": sweep.abstract_states(), "seconds": _seconds_template(sweep)})
+        states, seconds = tree["states"], {k: float(v) for k, v in tree["seconds"].items()}
+        log(f"resuming from checkpoint at step {latest}")
+    else:
+        states, seconds = sweep.init_states(), {name: 0.0 for name, _, _ in sweep.programs}
+    step = int(latest or 0)
+    writers = MemberWriters(workdir, [m.name for m in members])
+    reported_divergence = set()
+    bar = tqdm(total=total, initial=step, unit="step", disable=not progress, dynamic_ncols=True, file=sys.stderr)
+    try:
+        with _StopFlag() as stop:
+            while step < total:
+                n = min(chunk, total - step)
+                chunk_time = 0.0
+                for name, idx, kernel in sweep.programs:
+                    start = time.perf_counter()
+                    states[name], metrics = sweep.run_chunk(name, kernel, states[name], n)
+                    metrics = jax.device_get(metrics)
+                    elapsed = time.perf_counter() - start
+                    seconds[name] += elapsed
+                    chunk_time += elapsed
+                    _log_chunk(writers, members, idx, metrics, states[name], step + n, reported_divergence, log)
+                rate = n * len(members) / max(chunk_time, 1e-9)
+                for i, m in enumerate(members):
+                    writers.scalars(m.name, {"perf/member_steps_per_s": rate}, step + n)
+                previous, step = step, step + n
+                bar.set_postfix_str(f"{rate:,.0f} member-steps/s")
+                bar.update(n)
+                if _crossed(previous, step, config.train.eval_every) or step == total:
+                    _log_eval(writers, members, sweep.evaluate(states), step)
+                if _crossed(previous, step, config.train.checkpoint_every) or step == total:
+                    checkpointer.save(step, {"states": states, "seconds": _seconds_array(seconds)})
+                if stop.raised and step < total:
+                    checkpointer.save(step, {"states": states, "seconds": _seconds_array(seconds)})
+                    raise Interrupted(f"interrupted at step {step}; checkpoint written, run the same command to resume")
+        if latest is not None and latest >= total:
+            log(f"training already complete at step {latest}; not retraining")
+        evaluation = sweep.evaluate(states)
+        payload = _results(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
+        write_results(workdir, payload)
+        return payload
+    finally:
+        bar.close()
+        writers.close()
+        checkpointer.close()
+
+
+def _crossed(previous: int, step: int, every: int) -> bool:
+    return every > 0 and previous // every != step // every
+
+
+def _seconds_template(sweep):
+    return {name: jnp.zeros((), jnp.float64 if jax.config.jax_enable_x64 else jnp.float32) for name, _, _ in sweep.programs}
+
+
+def _seconds_array(seconds):
+    return {k: np.asarray(v, np.float32) for k, v in seconds.items()}
+
+
+def _log_chunk(writers, members, idx, metrics, state, step, reported, log):
+    diverged, diverged_at = jax.device_get((state.diverged, state.diverged_at))
+    lr = jax.device_get(state.opt_state.hyperparams["learning_rate"]) if hasattr(state.opt_state, "hyperparams") else None
+    for j, i in enumerate(idx):
+        losses = metrics["loss"][:, j]
+        finite = losses[np.isfinite(losses)]
+        values = {"train/loss": float(finite.mean()) if finite.size else float("nan")}
+        values.update({f"train/{k}": float(np.nanmean(v[:, j])) for k, v in metrics.items() if k != "loss"})
+        if lr is not None:
+            values["train/learning_rate"] = float(lr[j])
+        writers.scalars(members[i].name, values, step)
+        if diverged[j] and i not in reported:
+            reported.add(i)
+            log(f"member {members[i].name} diverged at step {int(diverged_at[j])} (non-finite loss or parameters); frozen, others continue")
+            writers[members[i].name].add_text("status", f"diverged at step {int(diverged_at[j])}", step)
+
+
+def _log_eval(writers, members, evaluation, step):
+    for i, m in enumerate(members):
+        writers.scalars(m.name, {f"eval/{k.removeprefix('eval_')}": v for k, v in evaluation[i].items()}, step)
+
+
+def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from):
+    records = [None] * len(experiment.members)
+    for name, idx, kernel in sweep.programs:
+        s = states[name]
+        diverged, diverged_at, steps, losses = jax.device_get((s.diverged, s.diverged_at, s.step, s.last_loss))
+        for j, i in enumerate(idx):
+            member = experiment.members[i]
+            record = {"name": member.name, **member.hparams, **experiment.member_info(member)}
+            record.update(steps=int(steps[j]), train_loss=float(losses[j]), **evaluation[i], wall_time_s=seconds[name], program=name)
+            record["status"] = "diverged" if diverged[j] else "ok"
+            if diverged[j]:
+                record["diverged_at_step"] = int(diverged_at[j])
+            records[i] = record
+    if hasattr(experiment, "extra_results"):
+        for i, extra in experiment.extra_results(sweep, states).items():
+            records[i].update(extra)
+    return {
+        "experiment": experiment.kind,
+        "title": f"mhjax {experiment.kind} sweep",
+        "steps": step,
+        "resumed_from_step": resumed_from,
+        "backend": jax.default_backend(),
+        "programs": {name: [experiment.members[i].name for i in idx] for name, idx, _ in sweep.programs},
+        "members": records,
+    }

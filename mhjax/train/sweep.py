@@ -1,0 +1,65 @@
+"""Sweep members: the cartesian product of the config's `sweep` fields.
+
+A member is one training run (task, heads, seed, learning rate, ...). Its PRNG keys
+derive from (config.seed, member seed, member name) and never from its position in
+the sweep, so a member trained alone equals the same member inside any sweep.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import zlib
+from typing import Any
+
+import jax
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    name: str
+    hparams: dict[str, Any]  # swept values, e.g. {"task": "copy", "heads": 4, "seed": 0, "learning_rate": 1e-3}
+
+    def __getitem__(self, key):
+        return self.hparams[key]
+
+
+SHORT = {"heads": "h", "seed": "s", "learning_rate": "lr", "num_train": "n", "step_size": "eta"}
+
+
+def member_name(hparams: dict[str, Any], swept_many: set[str], leading: str | None) -> str:
+    """e.g. copy-h8-s0; fields with a single value (other than heads/seed) are left out."""
+    parts = [str(hparams[leading])] if leading else []
+    for field, value in hparams.items():
+        if field == leading:
+            continue
+        if field in ("heads", "seed") or field in swept_many:
+            parts.append(f"{SHORT.get(field, field)}{value:g}" if isinstance(value, float) else f"{SHORT.get(field, field)}{value}")
+    return "-".join(parts)
+
+
+def expand(sweep: dict[str, tuple], leading: str | None = None) -> list[Member]:
+    """Cartesian product in the config's field order (first field varies slowest)."""
+    fields = list(sweep.keys())
+    swept_many = {f for f in fields if len(sweep[f]) > 1}
+    members = []
+    for values in itertools.product(*(tuple(sweep[f]) for f in fields)):
+        hparams = dict(zip(fields, values))
+        members.append(Member(member_name(hparams, swept_many, leading), hparams))
+    names = [m.name for m in members]
+    if len(set(names)) != len(names):
+        raise ValueError("sweep: member names collide; a swept field has repeated values")
+    return members
+
+
+def stable_id(text: str) -> int:
+    """A 31-bit id of a string that is the same on every run and machine."""
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+def derive_key(root_seed: int, *parts) -> np.ndarray:
+    """uint32[2] key data: fold_in of the root key with each part (ints or strings)."""
+    key = jax.random.PRNGKey(root_seed)
+    for part in parts:
+        key = jax.random.fold_in(key, stable_id(part) if isinstance(part, str) else int(part))
+    return np.asarray(key)
