@@ -33,6 +33,10 @@ def _parser() -> argparse.ArgumentParser:
     ex2.add_argument("--out", default="example2", help="output folder")
 
     sub.add_parser("configs", help="list the bundled configs", formatter_class=fmt)
+
+    from mhjax.analysis.command import register as register_analyze
+
+    register_analyze(sub)
     return parser
 
 
@@ -83,7 +87,13 @@ def cmd_configs(args, overrides) -> int:
     return 0
 
 
-COMMANDS = {"train": cmd_train, "example2": cmd_example2, "configs": cmd_configs}
+def cmd_analyze(args, overrides) -> int:
+    from mhjax.analysis.command import run_analyze
+
+    return run_analyze(args)
+
+
+COMMANDS = {"train": cmd_train, "example2": cmd_example2, "configs": cmd_configs, "analyze": cmd_analyze}
 
 
 def main(argv: list[str] | None = None) -> int:

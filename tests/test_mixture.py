@@ -19,16 +19,15 @@ def small_cfg(**overrides):
     return cfg
 
 
-def test_shapes_dtypes_labels():
-    cfg = small_cfg()
-    X, y = sample_mixture(jax.random.PRNGKey(0), cfg, 50)
-    assert X.shape == (50, 8, 12) and X.dtype == jnp.float32
-    assert y.shape == (50,) and y.dtype == jnp.float32
-    assert set(np.unique(np.asarray(y))) <= {-1.0, 1.0}
+# Tests reuse (config, n) pairs so the jitted sampler compiles few times.
+N = 4000
 
 
-def test_label_balance():
-    _, y = sample_mixture(jax.random.PRNGKey(1), small_cfg(), 4000)
+def test_shapes_dtypes_labels_balance():
+    X, y = sample_mixture(jax.random.PRNGKey(1), small_cfg(), N)
+    assert X.shape == (N, 8, 12) and X.dtype == jnp.float32
+    assert y.shape == (N,) and y.dtype == jnp.float32
+    assert set(np.unique(np.asarray(y))) == {-1.0, 1.0}
     assert abs(float(jnp.mean(y))) < 0.06     # ~4 standard errors
 
 
@@ -36,7 +35,7 @@ def test_relevant_tokens_and_clusters_noise_free():
     # sigma = 0: every token is exactly S * e_cluster, so the cluster of each
     # token, hence the relevant fraction, can be read off X itself.
     cfg = small_cfg(noise_std=0.0)
-    X, y, rel = sample_mixture(jax.random.PRNGKey(2), cfg, 300,
+    X, y, rel = sample_mixture(jax.random.PRNGKey(2), cfg, 500,
                                return_relevant=True)
     X, y, rel = map(np.asarray, (X, y, rel))
     k, R, M = num_relevant_tokens(cfg), 2, 3
@@ -68,19 +67,19 @@ def test_noise_std():
 def test_determinism_and_keys():
     cfg = small_cfg()
     key = jax.random.PRNGKey(4)
-    X1, y1 = sample_mixture(key, cfg, 20)
-    X2, y2 = sample_mixture(key, cfg, 20)
+    X1, y1 = sample_mixture(key, cfg, N)
+    X2, y2 = sample_mixture(key, cfg, N)
     np.testing.assert_array_equal(X1, X2)
     np.testing.assert_array_equal(y1, y2)
     ktr, kte = train_test_split_keys(key)
     assert not np.array_equal(jax.random.key_data(ktr), jax.random.key_data(kte))
-    Xtr, _ = sample_mixture(ktr, cfg, 20)
-    Xte, _ = sample_mixture(kte, cfg, 20)
+    Xtr, _ = sample_mixture(ktr, cfg, N)
+    Xte, _ = sample_mixture(kte, cfg, N)
     assert not np.allclose(Xtr, Xte)
     # jit / vmap over keys give the same samples as eager calls
     keys = jax.random.split(key, 3)
-    Xv, yv = jax.jit(jax.vmap(lambda k: sample_mixture(k, cfg, 20)))(keys)
-    Xe, ye = sample_mixture(keys[1], cfg, 20)
+    Xv, yv = jax.jit(jax.vmap(lambda k: sample_mixture(k, cfg, N)))(keys)
+    Xe, ye = sample_mixture(keys[1], cfg, N)
     np.testing.assert_allclose(Xv[1], Xe, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(yv[1], ye)
 

@@ -22,6 +22,7 @@ draws from the same distribution.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -91,7 +92,7 @@ def validate_mixture_config(cfg: Any) -> None:
 
 
 def sample_mixture(key: jax.Array, cfg: Any, n: int, *,
-                                      return_relevant: bool = False):
+                   return_relevant: bool = False):
     """Draw n i.i.d. samples.
 
     Args:
@@ -107,11 +108,22 @@ def sample_mixture(key: jax.Array, cfg: Any, n: int, *,
         [relevant: (n, T) bool].
     """
     validate_mixture_config(cfg)
-    d, t = int(cfg.dim), int(cfg.seq_len)
-    r, m = int(cfg.num_relevant_per_label), int(cfg.num_noise_clusters)
-    k = num_relevant_tokens(cfg)
-    k_y, k_pos, k_rel, k_noise_c, k_eps = jax.random.split(key, 5)
+    x, y, relevant = _sample(
+        key, n=int(n), d=int(cfg.dim), t=int(cfg.seq_len),
+        r=int(cfg.num_relevant_per_label), m=int(cfg.num_noise_clusters),
+        k=num_relevant_tokens(cfg), signal_norm=float(cfg.signal_norm),
+        noise_std=float(cfg.noise_std))
+    if return_relevant:
+        return x, y, relevant
+    return x, y
 
+
+# Jitted with the config as static arguments: one compiled program instead of
+# many eager op dispatches; inlined when called under an outer jit / vmap.
+@functools.partial(jax.jit, static_argnames=(
+    "n", "d", "t", "r", "m", "k", "signal_norm", "noise_std"))
+def _sample(key, *, n, d, t, r, m, k, signal_norm, noise_std):
+    k_y, k_pos, k_rel, k_noise_c, k_eps = jax.random.split(key, 5)
     y = jnp.where(jax.random.bernoulli(k_y, 0.5, (n,)), 1.0, -1.0)
     # Random positions: a token is relevant iff its rank under i.i.d. uniforms
     # is < k, i.e. a uniformly random k-subset of positions.
@@ -123,10 +135,6 @@ def sample_mixture(key: jax.Array, cfg: Any, n: int, *,
                + jax.random.randint(k_rel, (n, t), 0, r))
     noise_idx = 2 * r + jax.random.randint(k_noise_c, (n, t), 0, max(m, 1))
     idx = jnp.where(relevant, rel_idx, noise_idx)
-    means = float(cfg.signal_norm) * jax.nn.one_hot(idx, d, dtype=jnp.float32)
-    x = means + float(cfg.noise_std) * jax.random.normal(
-        k_eps, (n, t, d), jnp.float32)
-    y = y.astype(jnp.float32)
-    if return_relevant:
-        return x, y, relevant
-    return x, y
+    means = signal_norm * jax.nn.one_hot(idx, d, dtype=jnp.float32)
+    x = means + noise_std * jax.random.normal(k_eps, (n, t, d), jnp.float32)
+    return x, y.astype(jnp.float32), relevant

@@ -58,12 +58,46 @@ class Sweep:
         self.programs = experiment.programs(experiment.config.strategy, backend)
         self.consts = {name: stack_constants(experiment, idx) for name, idx, _ in self.programs}
         self._chunks = {}
+        self._evaluate = {name: engine.make_evaluate(kernel) for name, _, kernel in self.programs}
 
     def init_states(self):
         return {name: engine.make_init(kernel)(self.consts[name]) for name, _, kernel in self.programs}
 
     def abstract_states(self):
         return {name: jax.eval_shape(engine.make_init(kernel), self.consts[name]) for name, _, kernel in self.programs}
+
+    # Checkpoints hold one entry per MEMBER (not per program), so a sweep can resume under
+    # another strategy, backend or device count, and tools can read any member directly.
+    def member_states(self, states) -> dict:
+        """{member name: its own (unstacked) MemberState}."""
+        out = {}
+        for name, idx, _ in self.programs:
+            for j, i in enumerate(idx):
+                out[self.experiment.members[i].name] = jax.tree_util.tree_map(lambda x, j=j: x[j], states[name])
+        return out
+
+    def stack_members(self, members: dict):
+        return {
+            name: jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[members[self.experiment.members[i].name] for i in idx])
+            for name, idx, _ in self.programs
+        }
+
+    def save(self, checkpointer, step: int, states, seconds: dict) -> None:
+        members = {_key(k): v for k, v in self.member_states(states).items()}
+        checkpointer.save(step, {"members": members, "seconds": {_key(k): np.float32(v) for k, v in seconds.items()}})
+
+    def restore(self, checkpointer, step: int):
+        """(stacked states, {member name: training seconds}) from checkpoint ``step``."""
+        names = [m.name for m in self.experiment.members]
+        unstacked = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), self.abstract_states())
+        abstract = {}
+        for name, idx, _ in self.programs:
+            for i in idx:
+                abstract[_key(self.experiment.members[i].name)] = unstacked[name]
+        template = {"members": abstract, "seconds": {_key(n): jax.ShapeDtypeStruct((), jnp.float32) for n in names}}
+        tree = checkpointer.restore(step, template)
+        members = {n: tree["members"][_key(n)] for n in names}
+        return self.stack_members(members), {n: float(tree["seconds"][_key(n)]) for n in names}
 
     def run_chunk(self, name, kernel, states, length: int):
         fn = self._chunks.get((name, length))
@@ -84,7 +118,7 @@ class Sweep:
     def evaluate(self, states):
         out = {}
         for name, idx, kernel in self.programs:
-            metrics = jax.device_get(engine.make_evaluate(kernel)(states[name], self.consts[name]))
+            metrics = jax.device_get(self._evaluate[name](states[name], self.consts[name]))
             for j, i in enumerate(idx):
                 out[i] = {k: float(v[j]) for k, v in metrics.items()}
         return out
@@ -100,11 +134,10 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
     checkpointer = SweepCheckpointer(workdir)
     latest = checkpointer.latest_step() if resuming else None
     if latest is not None:
-        tree = checkpointer.restore(latest, {"states": sweep.abstract_states(), "seconds": _seconds_template(sweep)})
-        states, seconds = tree["states"], {k: float(v) for k, v in tree["seconds"].items()}
+        states, seconds = sweep.restore(checkpointer, latest)
         log(f"resuming from checkpoint at step {latest}")
     else:
-        states, seconds = sweep.init_states(), {name: 0.0 for name, _, _ in sweep.programs}
+        states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
     step = int(latest or 0)
     writers = MemberWriters(workdir, [m.name for m in members])
     reported_divergence = set()
@@ -119,7 +152,8 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
                     states[name], metrics = sweep.run_chunk(name, kernel, states[name], n)
                     metrics = jax.device_get(metrics)
                     elapsed = time.perf_counter() - start
-                    seconds[name] += elapsed
+                    for i in idx:  # a program's members share its wall time
+                        seconds[members[i].name] += elapsed
                     chunk_time += elapsed
                     _log_chunk(writers, members, idx, metrics, states[name], step + n, reported_divergence, log)
                 rate = n * len(members) / max(chunk_time, 1e-9)
@@ -131,9 +165,9 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
                 if _crossed(previous, step, config.train.eval_every) or step == total:
                     _log_eval(writers, members, sweep.evaluate(states), step)
                 if _crossed(previous, step, config.train.checkpoint_every) or step == total:
-                    checkpointer.save(step, {"states": states, "seconds": _seconds_array(seconds)})
+                    sweep.save(checkpointer, step, states, seconds)
                 if stop.raised and step < total:
-                    checkpointer.save(step, {"states": states, "seconds": _seconds_array(seconds)})
+                    sweep.save(checkpointer, step, states, seconds)
                     raise Interrupted(f"interrupted at step {step}; checkpoint written, run the same command to resume")
         if latest is not None and latest >= total:
             log(f"training already complete at step {latest}; not retraining")
@@ -147,16 +181,13 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
         checkpointer.close()
 
 
+def _key(member_name: str) -> str:
+    """Checkpoint key of a member: orbax joins nested keys with '.', so none may contain one."""
+    return member_name.replace(".", "_")
+
+
 def _crossed(previous: int, step: int, every: int) -> bool:
     return every > 0 and previous // every != step // every
-
-
-def _seconds_template(sweep):
-    return {name: jnp.zeros((), jnp.float64 if jax.config.jax_enable_x64 else jnp.float32) for name, _, _ in sweep.programs}
-
-
-def _seconds_array(seconds):
-    return {k: np.asarray(v, np.float32) for k, v in seconds.items()}
 
 
 def _log_chunk(writers, members, idx, metrics, state, step, reported, log):
@@ -189,7 +220,7 @@ def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from)
         for j, i in enumerate(idx):
             member = experiment.members[i]
             record = {"name": member.name, **member.hparams, **experiment.member_info(member)}
-            record.update(steps=int(steps[j]), train_loss=float(losses[j]), **evaluation[i], wall_time_s=seconds[name], program=name)
+            record.update(steps=int(steps[j]), train_loss=float(losses[j]), **evaluation[i], wall_time_s=seconds[member.name], program=name)
             record["status"] = "diverged" if diverged[j] else "ok"
             if diverged[j]:
                 record["diverged_at_step"] = int(diverged_at[j])

@@ -1,0 +1,28 @@
+import os
+import sys
+
+import ml_collections
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def tiny_sequence_config(**sweep):
+    """The paper config shrunk to run in seconds: width 16, 1 layer, length 8."""
+    config = ml_collections.ConfigDict()
+    config.experiment = "sequence"
+    config.seed = 0
+    config.strategy = "grouped"
+    fields = dict(task=("copy",), heads=(1, 4), seed=(0,), learning_rate=(3e-3,))
+    fields.update({k: tuple(v) for k, v in sweep.items()})
+    config.sweep = ml_collections.ConfigDict(fields)
+    config.model = ml_collections.ConfigDict(dict(width=16, num_layers=1, mlp_dim=32, vocab_size=16, seq_len=8, dropout=0.1))
+    config.data = ml_collections.ConfigDict(dict(protocol="fixed", num_train=16, batch_size=4, num_eval=8))
+    config.train = ml_collections.ConfigDict(dict(steps=6, chunk_steps=3, eval_every=3, checkpoint_every=3))
+    return config
+
+
+@pytest.fixture
+def tiny_config():
+    return tiny_sequence_config

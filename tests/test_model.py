@@ -1,0 +1,98 @@
+"""The paper's Transformer: parameter count, initialisation, and grouped heads == plain heads."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mhjax.models import Transformer, count_params
+from mhjax.models.transformer import RMS_EPS
+
+
+def paper_params(heads):
+    model = Transformer(256, 100, 64, 4, 128, heads, 0.1)
+    shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 100), jnp.int32)))
+    return shapes["params"]
+
+
+@pytest.mark.parametrize("heads", [1, 4, 8, 16])
+def test_paper_model_has_172800_parameters(heads):
+    assert count_params(paper_params(heads)) == 172_800
+
+
+def test_rmsnorm_eps_is_float32_machine_epsilon():
+    assert RMS_EPS == np.finfo(np.float32).eps
+
+
+def test_initialisation_scales_match_reference_framework():
+    model = Transformer(256, 100, 64, 4, 128, 4, 0.1)
+    params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 100), jnp.int32))["params"]
+    emb = np.asarray(params["token_emb"]["embedding"])
+    assert abs(emb.std() - 1.0) < 0.03  # N(0, 1)
+    for name, fan_in in (("query", 64), ("out", 64)):
+        kernel = np.asarray(params["block_0"]["attn"][name]["kernel"])
+        bias = np.asarray(params["block_0"]["attn"][name]["bias"])
+        bound = 1 / np.sqrt(fan_in)
+        assert np.abs(kernel).max() <= bound and np.abs(kernel).max() > 0.95 * bound
+        assert np.abs(bias).max() <= bound and np.abs(bias).std() > 0
+    mlp_out = np.asarray(params["block_0"]["mlp_out"]["kernel"])
+    assert np.abs(mlp_out).max() <= 1 / np.sqrt(128)
+    assert np.all(np.asarray(params["block_0"]["ln1"]["scale"]) == 1.0)
+
+
+def _naive_attention(x, p, heads):
+    """Independent H-head causal attention in numpy (eval mode)."""
+    batch, length, width = x.shape
+    d = width // heads
+    proj = {n: x @ np.asarray(p[n]["kernel"]) + np.asarray(p[n]["bias"]) for n in ("query", "key", "value")}
+    out = np.zeros_like(x)
+    mask = np.tril(np.ones((length, length), bool))
+    for h in range(heads):
+        sl = slice(h * d, (h + 1) * d)
+        s = np.einsum("btd,bsd->bts", proj["query"][..., sl], proj["key"][..., sl]) / np.sqrt(d)
+        s = np.where(mask, s, -np.inf)
+        a = np.exp(s - s.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        out[..., sl] = a @ proj["value"][..., sl]
+    return out @ np.asarray(p["out"]["kernel"]) + np.asarray(p["out"]["bias"])
+
+
+@pytest.mark.parametrize("heads", [1, 2, 4])
+def test_attention_matches_naive_numpy(heads):
+    model = Transformer(16, 8, 16, 1, 32, heads, 0.0)
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 8), 0, 16)
+    params = model.init(jax.random.PRNGKey(0), tokens)["params"]
+    from mhjax.models.attention import CausalSelfAttention
+
+    x = jax.random.normal(jax.random.PRNGKey(2), (2, 8, 16))
+    attn = CausalSelfAttention(16, heads)
+    out, probs = attn.apply({"params": params["block_0"]["attn"]}, x)
+    np.testing.assert_allclose(out, _naive_attention(np.asarray(x), params["block_0"]["attn"], heads), atol=1e-5)
+    assert probs.shape == (2, heads, 8, 8)
+    np.testing.assert_allclose(np.asarray(probs).sum(-1), 1.0, atol=1e-6)
+    assert np.all(np.triu(np.asarray(probs), 1) == 0)  # causal: row = query, column = key
+
+
+@pytest.mark.parametrize("heads", [1, 2, 4, 8])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_grouped_heads_equal_plain_heads(heads, deterministic):
+    """A member with H heads inside an 8-fine-head program == the plain H-head model,
+    in logits, attention and gradients, with and without dropout."""
+    plain, fine = Transformer(16, 8, 16, 2, 32, heads, 0.1), Transformer(16, 8, 16, 2, 32, 8, 0.1)
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 8), 0, 16)
+    params = plain.init(jax.random.PRNGKey(0), tokens)["params"]
+    rngs = {"dropout": jax.random.PRNGKey(5)}
+
+    def loss(p, model, h):
+        logits = model.apply({"params": p}, tokens, h, deterministic=deterministic, rngs=rngs)
+        return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
+    a, ga = jax.value_and_grad(loss)(params, plain, None)
+    b, gb = jax.value_and_grad(loss)(params, fine, jnp.int32(heads))
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for x, y in zip(jax.tree_util.tree_leaves(ga), jax.tree_util.tree_leaves(gb)):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+    _, pa = plain.apply({"params": params}, tokens, return_attention=True)
+    _, pb = fine.apply({"params": params}, tokens, jnp.int32(heads), return_attention=True)
+    group = 8 // heads
+    for la, lb in zip(pa, pb):  # fine head f carries its coarse head f // group
+        np.testing.assert_allclose(la, lb[:, ::group], atol=1e-6)

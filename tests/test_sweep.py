@@ -1,0 +1,134 @@
+"""The sweep engine: member independence, strategies, divergence, resume and outputs."""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from mhjax.experiments import make_experiment
+from mhjax.train.loop import Sweep, run
+from tests.conftest import tiny_sequence_config
+
+
+def member_params(sweep, states, name):
+    """A member's params sliced from its program's stacked state."""
+    for program, idx, _ in sweep.programs:
+        for j, i in enumerate(idx):
+            if sweep.experiment.members[i].name == name:
+                return jax.tree_util.tree_map(lambda x: np.asarray(x[j]), states[program].params)
+    raise KeyError(name)
+
+
+def train(config, steps=4, chunk=2):
+    sweep = Sweep(make_experiment(config), backend="cpu")
+    return sweep, sweep.train(sweep.init_states(), steps, chunk)
+
+
+def assert_trees_close(a, b, tol=1e-5):
+    """fp32 agreement of every parameter but the attention key biases: softmax is invariant
+    to them, so their gradient is exactly zero in exact arithmetic and ~1e-10 round-off in
+    fp32, which Adam (eps 1e-8) amplifies into O(lr) steps. They never change the output."""
+    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves(b)):
+        if "'key']['bias'" in jax.tree_util.keystr(path):
+            continue
+        np.testing.assert_allclose(x, y, rtol=tol, atol=tol, err_msg=jax.tree_util.keystr(path))
+
+
+def test_members_are_the_cartesian_product_with_stable_names():
+    config = tiny_sequence_config(task=("copy", "cycle"), heads=(1, 2, 4), seed=(0, 1))
+    names = [m.name for m in make_experiment(config).members]
+    assert len(names) == 12 and names[0] == "copy-h1-s0" and "cycle-h4-s1" in names
+
+
+@pytest.mark.parametrize("strategy", ["grouped", "fused"])
+def test_member_alone_equals_member_in_sweep(strategy):
+    big = tiny_sequence_config(task=("copy", "cycle"), heads=(1, 2, 4), seed=(0, 1))
+    big.strategy = strategy
+    alone = tiny_sequence_config(task=("cycle",), heads=(2,), seed=(1,))
+    sweep_big, states_big = train(big)
+    sweep_alone, states_alone = train(alone)
+    assert_trees_close(member_params(sweep_big, states_big, "cycle-h2-s1"), member_params(sweep_alone, states_alone, "cycle-h2-s1"))
+
+
+def test_fused_and_grouped_programs_train_identically():
+    grouped, fused = tiny_sequence_config(heads=(1, 2, 4)), tiny_sequence_config(heads=(1, 2, 4))
+    fused.strategy = "fused"
+    sg, tg = train(grouped)
+    sf, tf = train(fused)
+    assert [n for n, _, _ in sf.programs] == ["all"] and len(sg.programs) == 3
+    for m in sg.experiment.members:
+        assert_trees_close(member_params(sg, tg, m.name), member_params(sf, tf, m.name))
+
+
+def test_training_changes_params_and_lowers_loss():
+    config = tiny_sequence_config(heads=(2,))
+    sweep = Sweep(make_experiment(config), backend="cpu")
+    states = sweep.init_states()
+    before = sweep.evaluate(states)[0]["eval_loss"]
+    states = sweep.train(states, 60, 20)
+    after = sweep.evaluate(states)[0]["eval_loss"]
+    assert after < before - 0.5
+
+
+def test_diverging_member_is_frozen_and_reported(tmp_path):
+    config = tiny_sequence_config(heads=(2,), learning_rate=(3e-3, 1e30))
+    payload = run(make_experiment(config), str(tmp_path / "w"), progress=False, log=lambda m: None)
+    by_lr = {m["learning_rate"]: m for m in payload["members"]}
+    bad, good = by_lr[1e30], by_lr[3e-3]
+    assert bad["status"] == "diverged" and 0 <= bad["diverged_at_step"] < config.train.steps
+    assert good["status"] == "ok" and np.isfinite(good["train_loss"])
+    # Frozen: the diverged member's checkpointed params are finite (the bad update was rejected).
+    sweep = Sweep(make_experiment(config), backend="cpu")
+    from mhjax.io.checkpoint import SweepCheckpointer
+
+    ckpt = SweepCheckpointer(str(tmp_path / "w"))
+    states, _ = sweep.restore(ckpt, ckpt.latest_step())
+    params = member_params(sweep, states, bad["name"])
+    assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(params))
+
+
+def test_run_writes_outputs_and_resume_does_not_retrain(tmp_path):
+    workdir = str(tmp_path / "w")
+    config = tiny_sequence_config(task=("copy", "cycle"), heads=(1, 2))
+    first = run(make_experiment(config), workdir, progress=False, log=lambda m: None)
+    results = json.load(open(os.path.join(workdir, "results.json")))
+    assert len(results["members"]) == 4
+    for member in results["members"]:
+        for key in ("name", "task", "heads", "seed", "params", "steps", "train_loss", "eval_loss", "eval_accuracy", "wall_time_s"):
+            assert key in member
+        assert member["steps"] == config.train.steps
+        assert os.listdir(os.path.join(workdir, "tb", member["name"]))  # event file
+    assert os.path.exists(os.path.join(workdir, "results.md"))
+    messages = []
+    second = run(make_experiment(config), workdir, progress=False, log=messages.append)
+    assert second["resumed_from_step"] == config.train.steps
+    assert any("not retraining" in m for m in messages)
+    for a, b in zip(first["members"], second["members"]):
+        assert a["eval_loss"] == b["eval_loss"] and a["train_loss"] == b["train_loss"] and a["wall_time_s"] == pytest.approx(b["wall_time_s"])
+
+
+def test_resume_midway_equals_uninterrupted(tmp_path):
+    config = tiny_sequence_config(heads=(1, 2))
+    full = run(make_experiment(config), str(tmp_path / "full"), progress=False, log=lambda m: None)
+    half = tiny_sequence_config(heads=(1, 2))
+    half.train.steps = 3
+    run(make_experiment(half), str(tmp_path / "part"), progress=False, log=lambda m: None)
+    # Same workdir, longer run: allowed only for the same config, so rewrite the stored config.
+    meta_path = tmp_path / "part" / "mhjax.json"
+    meta = json.load(open(meta_path))
+    meta["config"]["train"]["steps"] = config.train.steps
+    json.dump(meta, open(meta_path, "w"))
+    resumed = run(make_experiment(config), str(tmp_path / "part"), progress=False, log=lambda m: None)
+    assert resumed["resumed_from_step"] == 3
+    for a, b in zip(full["members"], resumed["members"]):
+        assert a["eval_loss"] == b["eval_loss"] and a["train_loss"] == b["train_loss"]
+
+
+def test_other_config_in_workdir_is_refused(tmp_path):
+    from mhjax.config import ConfigError
+
+    workdir = str(tmp_path / "w")
+    run(make_experiment(tiny_sequence_config(heads=(1,))), workdir, progress=False, log=lambda m: None)
+    with pytest.raises(ConfigError, match="another config"):
+        run(make_experiment(tiny_sequence_config(heads=(2,))), workdir, progress=False, log=lambda m: None)
