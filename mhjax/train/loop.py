@@ -174,6 +174,8 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
         evaluation = sweep.evaluate(states)
         payload = _results(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
         write_results(workdir, payload)
+        if hasattr(experiment, "finalize"):  # experiment-specific figures and summaries
+            experiment.finalize(workdir, payload)
         return payload
     finally:
         bar.close()
