@@ -28,6 +28,11 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--workdir", default=None, help="output folder (default: runs/<config>-<timestamp>)")
     train.add_argument("--dry-run", action="store_true", help="print members, parameters, FLOPs and memory, then exit")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    dist = train.add_argument_group("several hosts (jax.distributed; one process per host)")
+    dist.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize() with auto-detection (SLURM, TPU pods)")
+    dist.add_argument("--coordinator", default=None, help="coordinator address host:port (explicit initialisation)")
+    dist.add_argument("--num-processes", type=int, default=None, help="number of processes (with --coordinator)")
+    dist.add_argument("--process-id", type=int, default=None, help="this process's id (with --coordinator)")
 
     ex2 = sub.add_parser("example2", help="the paper's Example 2 (three minimax fidelities and a figure)", formatter_class=fmt)
     ex2.add_argument("--out", default="example2", help="output folder")
@@ -37,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     from mhjax.analysis.command import register as register_analyze
 
     register_analyze(sub)
+
+    report = sub.add_parser("report", help="write W/report.md: results tables and figures (reads well on GitHub)",
+                            formatter_class=fmt, description="Summarise a trained sweep in W/report.md with figures in "
+                            "W/report/: results per head count, training curves and, after `mhjax analyze --workdir W`, "
+                            "mixing time, minimax fidelity and synergy per layer and head count.")
+    report.add_argument("--workdir", metavar="W", required=True, help="a trained sweep workdir")
     return parser
 
 
@@ -50,6 +61,10 @@ def cmd_train(args, overrides) -> int:
     from mhjax.experiments import make_experiment
 
     experiment = make_experiment(config)  # validates before anything compiles
+    if args.coordinator and (args.num_processes is None or args.process_id is None):
+        raise ConfigError("--coordinator: needs --num-processes and --process-id")
+    if args.num_processes is not None and not (args.num_processes >= 1 and 0 <= (args.process_id or 0) < args.num_processes):
+        raise ConfigError(f"--process-id: must be in [0, {args.num_processes}) with --num-processes {args.num_processes}")
     if args.dry_run:
         from mhjax.train.dryrun import describe
 
@@ -59,6 +74,9 @@ def cmd_train(args, overrides) -> int:
         "runs", f"{os.path.splitext(os.path.basename(args.config))[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     from mhjax.train.loop import Interrupted, run
+    from mhjax.train.placement import maybe_initialize_distributed
+
+    maybe_initialize_distributed(args.coordinator, args.num_processes, args.process_id, args.distributed)
 
     try:
         payload = run(experiment, workdir, progress=not args.no_progress, log=lambda m: print(m, file=sys.stderr))
@@ -93,7 +111,17 @@ def cmd_analyze(args, overrides) -> int:
     return run_analyze(args)
 
 
-COMMANDS = {"train": cmd_train, "example2": cmd_example2, "configs": cmd_configs, "analyze": cmd_analyze}
+def cmd_report(args, overrides) -> int:
+    from mhjax.report import write_report
+
+    result = write_report(args.workdir)
+    print(f"wrote {result['md']} ({len(result['figures'])} figures)")
+    if result["needs_analysis"]:
+        print(f"no analysis yet: `mhjax analyze --workdir {args.workdir}` adds mixing time, fidelity and synergy", file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"train": cmd_train, "example2": cmd_example2, "configs": cmd_configs, "analyze": cmd_analyze, "report": cmd_report}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,7 @@ command line prints that one line and exits with status 2 before anything compil
 from __future__ import annotations
 
 import ast
+import importlib.machinery
 import importlib.util
 import os
 
@@ -19,15 +20,26 @@ class ConfigError(ValueError):
 def load_config_file(path: str) -> ml_collections.ConfigDict:
     if not os.path.isfile(path):
         raise ConfigError(f"--config: file not found: {path}")
-    spec = importlib.util.spec_from_file_location("mhjax_user_config", path)
+    loader = importlib.machinery.SourceFileLoader("mhjax_user_config", path)  # any file name, not only *.py
+    spec = importlib.util.spec_from_loader("mhjax_user_config", loader)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
     except Exception as exc:  # a broken config file is bad input, not a crash
-        raise ConfigError(f"--config: cannot load {path}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
-    if not hasattr(module, "get_config"):
+        raise ConfigError(f"--config: cannot load {path}: {_one_line(exc)}") from None
+    if not callable(getattr(module, "get_config", None)):
         raise ConfigError(f"--config: {path} defines no get_config()")
-    return module.get_config()
+    try:
+        config = module.get_config()
+    except Exception as exc:
+        raise ConfigError(f"--config: get_config() in {path} failed: {_one_line(exc)}") from None
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(f"--config: get_config() in {path} must return an ml_collections.ConfigDict, got {type(config).__name__}")
+    return config
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
 
 
 def _parse_value(text: str, current):
@@ -138,6 +150,28 @@ def require_range(config, field: str, low: float, high: float, inclusive_low=Tru
     if not ok:
         lo, hi = ("[" if inclusive_low else "("), ("]" if inclusive_high else ")")
         raise ConfigError(f"config.{field}: must be in {lo}{low}, {high}{hi}, got {value!r}")
+
+
+def require_known_fields(config, fields: dict):
+    """fields: {top-level name: None (any value) or the set of its allowed sub-fields}."""
+    for key in config.keys():
+        if key not in fields:
+            raise ConfigError(f"config.{key}: unknown field (known: {', '.join(sorted(fields))})")
+        allowed = fields[key]
+        if allowed is not None and isinstance(config[key], ml_collections.ConfigDict):
+            for sub in config[key].keys():
+                if sub not in allowed:
+                    raise ConfigError(f"config.{key}.{sub}: unknown field (known: {', '.join(sorted(allowed))})")
+
+
+def require_device_count(config, field: str):
+    """A device count for the member mesh: 0 = all local devices, else at most that many."""
+    require_nonneg_int(config, field)
+    import jax
+
+    available = jax.local_device_count()
+    if _get(config, field) > available:
+        raise ConfigError(f"config.{field}: {_get(config, field)} devices requested, this process has {available} ({jax.default_backend()})")
 
 
 def _get(config, field: str):

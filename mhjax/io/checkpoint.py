@@ -11,6 +11,7 @@ import os
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 from mhjax import __version__
 from mhjax.config import ConfigError
@@ -21,7 +22,11 @@ METADATA = "mhjax.json"
 class SweepCheckpointer:
     def __init__(self, workdir: str, keep: int = 2):
         self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False, create=True)
+        # A save killed before its final rename leaves only a *.orbax-checkpoint-tmp dir, never a
+        # step: latest_step() ignores it, and it is removed here and when that step is saved again.
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, enable_async_checkpointing=False, create=True, cleanup_tmp_directories=True
+        )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
 
     def latest_step(self) -> int | None:
@@ -34,6 +39,16 @@ class SweepCheckpointer:
     def restore(self, step: int, abstract_tree):
         """Restore into the structure/shapes of abstract_tree; a mismatch is a one-line ConfigError."""
         target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, abstract_tree)
+        where = os.path.join(self.directory, str(step))
+        try:  # the stored tree's paths, shapes and dtypes (JSON metadata; nothing is unpickled)
+            stored = ocp.StandardCheckpointHandler().metadata(epath.Path(where) / "default")
+            stored = getattr(stored, "tree", stored)
+        except Exception as exc:
+            detail = " ".join(str(exc).split())[:300]
+            raise ConfigError(f"checkpoint {where}: unreadable, corrupt or truncated ({type(exc).__name__}: {detail})") from None
+        mismatch = describe_mismatch(stored, target)
+        if mismatch:
+            raise ConfigError(f"checkpoint {where}: does not match this sweep: {mismatch}")
         try:
             return self.manager.restore(step, args=ocp.args.StandardRestore(target))
         except Exception as exc:  # orbax raises many types for corrupt/mismatched files
@@ -44,6 +59,40 @@ class SweepCheckpointer:
         self.manager.close()
 
 
+def _flat(tree) -> dict:
+    """{'a.b.c': (shape, dtype name)} of a tree of arrays, ShapeDtypeStructs or orbax metadata."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        name = ".".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+        dtype = getattr(leaf, "dtype", None)
+        out[name] = (tuple(getattr(leaf, "shape", ())), None if dtype is None else str(jax.numpy.dtype(dtype)))
+    return out
+
+
+def describe_mismatch(stored, target) -> str | None:
+    """The first difference between a checkpoint's tree and the tree a sweep needs, in words."""
+    if isinstance(stored, dict) and isinstance(target, dict) and isinstance(stored.get("members"), dict):
+        have, need = sorted(stored["members"]), sorted(target.get("members", {}))
+        if have != need:
+            extra, missing = sorted(set(have) - set(need)), sorted(set(need) - set(have))
+            return (f"it holds members {', '.join(have)} but this sweep has {', '.join(need)}"
+                    f" (missing {', '.join(missing) or 'none'}, extra {', '.join(extra) or 'none'}): another sweep"
+                    " (head counts, tasks, seeds or learning rates)")
+    have, need = _flat(stored), _flat(target)
+    for name in need:
+        if name not in have:
+            return f"{name} is not in the checkpoint (another model: e.g. num_layers or mlp layout)"
+    for name in have:
+        if name not in need:
+            return f"the checkpoint has {name}, which this sweep does not (another model: e.g. num_layers)"
+    for name, (shape, dtype) in need.items():
+        if have[name][0] != shape:
+            return f"{name} has shape {have[name][0]} in the checkpoint, this config needs {shape} (another width, mlp_dim, vocab_size or seq_len)"
+        if have[name][1] is not None and dtype is not None and have[name][1] != dtype:
+            return f"{name} has dtype {have[name][1]} in the checkpoint, this config needs {dtype}"
+    return None
+
+
 def check_or_write_metadata(workdir: str, config_dict: dict, kind: str) -> bool:
     """True if the workdir already belongs to this exact config (resume); writes it if new."""
     path = os.path.join(workdir, METADATA)
@@ -52,7 +101,9 @@ def check_or_write_metadata(workdir: str, config_dict: dict, kind: str) -> bool:
         try:
             with open(path) as f:
                 stored = json.load(f)
-        except (OSError, json.JSONDecodeError) as exc:
+            if not isinstance(stored, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as exc:  # ValueError: JSON and UTF-8 decoding errors
             raise ConfigError(f"--workdir: {path} is unreadable ({exc.__class__.__name__}); use a new workdir") from None
         if stored.get("mhjax_version") != __version__:
             raise ConfigError(
@@ -62,11 +113,16 @@ def check_or_write_metadata(workdir: str, config_dict: dict, kind: str) -> bool:
             diff = _first_difference(stored.get("config", {}), json.loads(json.dumps(config_dict)))
             raise ConfigError(f"--workdir: {workdir} holds a run of another config ({diff}); use a new workdir or the same config")
         return True
-    os.makedirs(workdir, exist_ok=True)
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise ConfigError(f"--workdir: {workdir} exists and is not a folder")
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(current, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        with open(tmp, "w") as f:  # atomic: a kill leaves at most the .tmp, never a half mhjax.json
+            json.dump(current, f, indent=2, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ConfigError(f"--workdir: cannot write {path} ({type(exc).__name__}: {exc.strerror or exc})") from None
     return False
 
 

@@ -8,10 +8,21 @@ Two ways to run H heads at width D:
   each fine head then reads its own values with its coarse head's attention. This
   equals plain H-head attention exactly (tested), so members with different head
   counts share one compiled program.
+
+Two implementations of the same function (tested equal, values and gradients):
+- on the CPU, a fused C++ kernel (cpu_attention.py): each (row, head) is done in L1 with
+  no T x T tensor stored, and the head count is a runtime argument, so a grouped member
+  costs what a plain one does;
+- elsewhere (or with MHJAX_ATTENTION=jax / no C++ compiler), plain JAX einsums.
+
+Dropout on the attention probabilities is drawn per COARSE head c from seeds
+``bits(fold_in(key, c))`` with a counter-based hash of (batch row, query, key), the same
+in both implementations and independent of how finely a program splits heads.
 """
 from __future__ import annotations
 
 import math
+import os
 
 import flax.linen as nn
 import jax
@@ -39,6 +50,47 @@ def head_groups(heads, num_fine: int):
     return jnp.arange(num_fine) // group_size
 
 
+# "auto": the CPU kernel when the default backend is the CPU and it builds; "kernel"; "jax".
+IMPLEMENTATION = os.environ.get("MHJAX_ATTENTION", "auto")
+
+
+def use_cpu_kernel() -> bool:
+    if IMPLEMENTATION == "jax" or (IMPLEMENTATION == "auto" and jax.default_backend() != "cpu"):
+        return False
+    from mhjax.models import cpu_attention
+
+    return cpu_attention.available()
+
+
+def dropout_threshold(rate: float) -> tuple[int, float]:
+    """(threshold, 1 / keep_prob): keep iff a 24-bit uniform integer < threshold."""
+    keep = 1.0 - rate
+    return int(math.ceil(keep * (1 << 24))), 1.0 / keep
+
+
+def _fmix32(h):
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def dropout_keep(seed, batch: int, length: int, threshold: int):
+    """(B, T, T) bool keep mask of one coarse head from its seed (2,) uint32; the same
+    hash as the C++ kernel: mix(seed, b * T + i, j)."""
+    rows = jnp.arange(batch * length, dtype=jnp.uint32).reshape(batch, length, 1)
+    cols = jnp.arange(length, dtype=jnp.uint32).reshape(1, 1, length)
+    a = _fmix32(rows * jnp.uint32(0x9E3779B9) + seed[0])
+    h = _fmix32((a ^ (cols * jnp.uint32(0x85EBCA77))) + seed[1])
+    return (h >> 8) < jnp.uint32(threshold)
+
+
+def coarse_seeds(key, count: int):
+    """(count, 2) uint32: the dropout seeds of coarse heads 0..count-1, from fold_in(key, c)."""
+    return jnp.stack([jax.random.bits(jax.random.fold_in(key, c), (2,), jnp.uint32) for c in range(count)])
+
+
 class CausalSelfAttention(nn.Module):
     width: int
     num_heads: int  # fine heads F in this program (static)
@@ -48,40 +100,50 @@ class CausalSelfAttention(nn.Module):
     def __call__(self, x, heads=None, deterministic: bool = True):
         """x: (B, T, D) -> (out (B, T, D), probs (B, F, T, T)); probs[b, f, i, j] is query i
         (receiver) attending to key j (sender); in grouped mode fine heads of one coarse head
-        carry identical rows."""
+        carry identical rows. probs are computed only if used (dead code otherwise)."""
         batch, length, width = x.shape
         fine = self.num_heads
-        head_dim = width // fine
-
-        def project(name):
-            return dense(width, width, name)(x).reshape(batch, length, fine, head_dim)
-
-        q, k, v = project("query"), project("key"), project("value")
-        scores = jnp.einsum("btfd,bsfd->bfts", q, k)
-        if heads is None:
-            group = jnp.arange(fine)
-            scale = 1.0 / math.sqrt(head_dim)
+        q, k, v = (dense(width, width, name)(x) for name in ("query", "key", "value"))
+        dropout = not deterministic and self.dropout_rate > 0.0
+        if dropout:
+            seeds = coarse_seeds(self.make_rng("dropout"), fine)
+            threshold, inv_keep = dropout_threshold(self.dropout_rate)
         else:
-            group = head_groups(heads, fine)
-            same_group = (group[:, None] == group[None, :]).astype(scores.dtype)
-            scores = jnp.einsum("fg,bgts->bfts", same_group, scores)
-            scale = jax.lax.rsqrt(width / jnp.asarray(heads, scores.dtype))
-        causal = jnp.tril(jnp.ones((length, length), dtype=bool))
-        scores = jnp.where(causal, scores * scale, jnp.finfo(scores.dtype).min)
-        probs = jax.nn.softmax(scores, axis=-1)
-        attended = probs
-        if not deterministic and self.dropout_rate > 0.0:
-            attended = probs * self._dropout_mask(group, (batch, length, length))
-        out = jnp.einsum("bfts,bsfd->btfd", attended, v).reshape(batch, length, width)
+            seeds, threshold, inv_keep = jnp.zeros((fine, 2), jnp.uint32), 1 << 24, 1.0
+        if use_cpu_kernel():
+            from mhjax.models import cpu_attention
+
+            count = jnp.full((1,), fine if heads is None else heads, jnp.int32)
+            out = cpu_attention.attention(q, k, v, count, seeds, threshold, inv_keep)
+            probs = attention_probs(q, k, fine, heads)
+        else:
+            probs = attention_probs(q, k, fine, heads)
+            attended = probs
+            if dropout:
+                group = jnp.arange(fine) if heads is None else head_groups(heads, fine)
+                keep = jax.vmap(lambda s: dropout_keep(s, batch, length, threshold))(seeds)[group]
+                attended = probs * jnp.moveaxis(keep, 0, 1).astype(probs.dtype) * inv_keep
+            out = jnp.einsum("bfts,bsfd->btfd", attended, _split(v, fine)).reshape(batch, length, width)
         return dense(width, width, "out")(out), probs
 
-    def _dropout_mask(self, group, shape):
-        """Inverted-dropout mask, one draw per COARSE head: coarse head c's mask comes from
-        fold_in(key, c), so a member's dropout does not depend on how finely its program
-        splits heads (plain == grouped under dropout too)."""
-        key = self.make_rng("dropout")
-        keep_prob = 1.0 - self.dropout_rate
-        coarse_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(self.num_heads))
-        keep = jax.vmap(lambda k: jax.random.bernoulli(k, keep_prob, shape))(coarse_keys)
-        keep = keep[group]  # (F, B, T, T): fine head f uses its coarse head's mask
-        return jnp.moveaxis(keep, 0, 1).astype(jnp.float32) / keep_prob
+
+def _split(x, fine: int):
+    batch, length, width = x.shape
+    return x.reshape(batch, length, fine, width // fine)
+
+
+def attention_probs(q, k, fine: int, heads=None):
+    """(B, F, T, T) causal attention probabilities of the fine heads (grouped: summed
+    scores over each coarse head's fine heads, scaled by 1/sqrt(D/H))."""
+    width, length = q.shape[-1], q.shape[-2]
+    scores = jnp.einsum("btfd,bsfd->bfts", _split(q, fine), _split(k, fine))
+    if heads is None:
+        scale = 1.0 / math.sqrt(width // fine)
+    else:
+        group = head_groups(heads, fine)
+        same_group = (group[:, None] == group[None, :]).astype(scores.dtype)
+        scores = jnp.einsum("fg,bgts->bfts", same_group, scores)
+        scale = jax.lax.rsqrt(width / jnp.asarray(heads, scores.dtype))
+    causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+    scores = jnp.where(causal, scores * scale, jnp.finfo(scores.dtype).min)
+    return jax.nn.softmax(scores, axis=-1)

@@ -62,6 +62,15 @@ def train_step(kernel, state: MemberState, consts):
     return new_state, metrics
 
 
+def member_status(state: MemberState) -> dict:
+    """The few per-member values the host loop reads every chunk (not the whole state)."""
+    status = {"diverged": state.diverged, "diverged_at": state.diverged_at}
+    hyper = getattr(state.opt_state, "hyperparams", None)
+    if hyper is not None and "learning_rate" in hyper:
+        status["learning_rate"] = hyper["learning_rate"]
+    return status
+
+
 def make_init(kernel):
     return jax.jit(jax.vmap(lambda c: init_member(kernel, c)))
 

@@ -9,12 +9,14 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from mhjax.io.checkpoint import SweepCheckpointer, check_or_write_metadata
 from mhjax.io.results import write_results
 from mhjax.io.tensorboard import MemberWriters
 from mhjax.train import engine
+from mhjax.train.placement import Placement
 
 
 class Interrupted(Exception):
@@ -46,7 +48,7 @@ class _StopFlag:
 
 def stack_constants(experiment, indices):
     per_member = [experiment.member_constants(experiment.members[i]) for i in indices]
-    return jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack(xs)), *per_member)
+    return jax.tree_util.tree_map(lambda *xs: np.stack(xs), *per_member)
 
 
 class Sweep:
@@ -56,12 +58,20 @@ class Sweep:
         self.experiment = experiment
         backend = backend or jax.default_backend()
         self.programs = experiment.programs(experiment.config.strategy, backend)
-        self.consts = {name: stack_constants(experiment, idx) for name, idx, _ in self.programs}
+        self.placement = Placement()
+        self.consts = {name: self.placement.put(stack_constants(experiment, idx), len(idx)) for name, idx, _ in self.programs}
         self._chunks = {}
         self._evaluate = {name: engine.make_evaluate(kernel) for name, _, kernel in self.programs}
 
     def init_states(self):
-        return {name: engine.make_init(kernel)(self.consts[name]) for name, _, kernel in self.programs}
+        return {
+            name: jax.jit(engine.make_init(kernel), out_shardings=self.placement.sharding(len(idx)))(self.consts[name])
+            for name, idx, kernel in self.programs
+        }
+
+    def host(self, tree):
+        """Device values -> numpy on this process (gathered across processes)."""
+        return self.placement.to_host(tree)
 
     def abstract_states(self):
         return {name: jax.eval_shape(engine.make_init(kernel), self.consts[name]) for name, _, kernel in self.programs}
@@ -72,13 +82,16 @@ class Sweep:
         """{member name: its own (unstacked) MemberState}."""
         out = {}
         for name, idx, _ in self.programs:
+            program = self.host(states[name])
             for j, i in enumerate(idx):
-                out[self.experiment.members[i].name] = jax.tree_util.tree_map(lambda x, j=j: x[j], states[name])
+                out[self.experiment.members[i].name] = jax.tree_util.tree_map(lambda x, j=j: x[j], program)
         return out
 
     def stack_members(self, members: dict):
         return {
-            name: jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[members[self.experiment.members[i].name] for i in idx])
+            name: self.placement.put(
+                jax.tree_util.tree_map(lambda *xs: np.stack(xs), *[members[self.experiment.members[i].name] for i in idx]), len(idx)
+            )
             for name, idx, _ in self.programs
         }
 
@@ -118,7 +131,7 @@ class Sweep:
     def evaluate(self, states):
         out = {}
         for name, idx, kernel in self.programs:
-            metrics = jax.device_get(self._evaluate[name](states[name], self.consts[name]))
+            metrics = self.host(self._evaluate[name](states[name], self.consts[name]))
             for j, i in enumerate(idx):
                 out[i] = {k: float(v[j]) for k, v in metrics.items()}
         return out
@@ -127,8 +140,15 @@ class Sweep:
 def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
     """Train (or resume) the sweep in ``workdir``; returns the results payload."""
     config = experiment.config
-    resuming = check_or_write_metadata(workdir, config.to_dict(), experiment.kind)
+    # With several processes (jax.distributed) only process 0 writes metadata, logs and results;
+    # every process takes part in checkpoints (orbax coordinates them).
+    primary = jax.process_index() == 0
+    resuming = check_or_write_metadata(workdir, config.to_dict(), experiment.kind) if primary else True
     sweep = Sweep(experiment)
+    if jax.process_count() > 1:
+        for name, idx, _ in sweep.programs:
+            mine = [experiment.members[idx[j]].name for j in sweep.placement.local_members(len(idx))]
+            log(f"process {jax.process_index()}/{jax.process_count()} computes program {name}: {', '.join(mine)}")
     members = experiment.members
     total, chunk = config.train.steps, config.train.chunk_steps
     checkpointer = SweepCheckpointer(workdir)
@@ -139,9 +159,10 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
     else:
         states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
     step = int(latest or 0)
-    writers = MemberWriters(workdir, [m.name for m in members])
+    writers = MemberWriters(workdir, [m.name for m in members]) if primary else _NoWriters()
+    writers.start(experiment, step)  # config text and HParams session starts
     reported_divergence = set()
-    bar = tqdm(total=total, initial=step, unit="step", disable=not progress, dynamic_ncols=True, file=sys.stderr)
+    bar = tqdm(total=total, initial=step, unit="step", disable=not (progress and primary), dynamic_ncols=True, file=sys.stderr)
     try:
         with _StopFlag() as stop:
             while step < total:
@@ -150,12 +171,12 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
                 for name, idx, kernel in sweep.programs:
                     start = time.perf_counter()
                     states[name], metrics = sweep.run_chunk(name, kernel, states[name], n)
-                    metrics = jax.device_get(metrics)
+                    metrics = sweep.host(metrics)
                     elapsed = time.perf_counter() - start
                     for i in idx:  # a program's members share its wall time
                         seconds[members[i].name] += elapsed
                     chunk_time += elapsed
-                    _log_chunk(writers, members, idx, metrics, states[name], step + n, reported_divergence, log)
+                    _log_chunk(writers, members, idx, metrics, sweep.host(engine.member_status(states[name])), step + n, reported_divergence, log)
                 rate = n * len(members) / max(chunk_time, 1e-9)
                 for i, m in enumerate(members):
                     writers.scalars(m.name, {"perf/member_steps_per_s": rate}, step + n)
@@ -173,14 +194,40 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
             log(f"training already complete at step {latest}; not retraining")
         evaluation = sweep.evaluate(states)
         payload = _results(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
-        write_results(workdir, payload)
-        if hasattr(experiment, "finalize"):  # experiment-specific figures and summaries
+        if primary:
+            write_results(workdir, payload)
+        # Host copies are gathered by EVERY process (a collective); then only process 0 draws.
+        final = _HostStates(sweep.member_states(states))
+        writers.finish(experiment, final, None, payload, log=log)  # final metrics, HParams, images
+        if primary and hasattr(experiment, "finalize"):  # experiment-specific figures and summaries
             experiment.finalize(workdir, payload)
         return payload
     finally:
         bar.close()
         writers.close()
         checkpointer.close()
+        if jax.process_count() > 1:  # leave together, or the shutdown barrier times out
+            multihost_utils.sync_global_devices("mhjax:run-end")
+
+
+class _HostStates:
+    """Per-member host states, offered with Sweep.member_states' signature."""
+
+    def __init__(self, members: dict):
+        self.members = members
+
+    def member_states(self, states=None) -> dict:
+        return self.members
+
+
+class _NoWriters:
+    """TensorBoard stand-in for non-primary processes."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+    def __getitem__(self, name):
+        return self
 
 
 def _key(member_name: str) -> str:
@@ -192,9 +239,8 @@ def _crossed(previous: int, step: int, every: int) -> bool:
     return every > 0 and previous // every != step // every
 
 
-def _log_chunk(writers, members, idx, metrics, state, step, reported, log):
-    diverged, diverged_at = jax.device_get((state.diverged, state.diverged_at))
-    lr = jax.device_get(state.opt_state.hyperparams["learning_rate"]) if hasattr(state.opt_state, "hyperparams") else None
+def _log_chunk(writers, members, idx, metrics, status, step, reported, log):
+    diverged, diverged_at, lr = status["diverged"], status["diverged_at"], status.get("learning_rate")
     for j, i in enumerate(idx):
         losses = metrics["loss"][:, j]
         finite = losses[np.isfinite(losses)]
@@ -218,7 +264,7 @@ def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from)
     records = [None] * len(experiment.members)
     for name, idx, kernel in sweep.programs:
         s = states[name]
-        diverged, diverged_at, steps, losses = jax.device_get((s.diverged, s.diverged_at, s.step, s.last_loss))
+        diverged, diverged_at, steps, losses = sweep.host((s.diverged, s.diverged_at, s.step, s.last_loss))
         for j, i in enumerate(idx):
             member = experiment.members[i]
             record = {"name": member.name, **member.hparams, **experiment.member_info(member)}

@@ -14,6 +14,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from mhjax.config import ConfigError
+
 
 @dataclasses.dataclass(frozen=True)
 class Member:
@@ -41,6 +43,10 @@ def member_name(hparams: dict[str, Any], swept_many: set[str], leading: str | No
 def expand(sweep: dict[str, tuple], leading: str | None = None) -> list[Member]:
     """Cartesian product in the config's field order (first field varies slowest)."""
     fields = list(sweep.keys())
+    for f in fields:
+        values = list(sweep[f])
+        if len({repr(v) for v in values}) != len(values):
+            raise ConfigError(f"config.sweep.{f}: repeated values {tuple(values)!r}; each member must be distinct")
     swept_many = {f for f in fields if len(sweep[f]) > 1}
     members = []
     for values in itertools.product(*(tuple(sweep[f]) for f in fields)):
@@ -48,7 +54,7 @@ def expand(sweep: dict[str, tuple], leading: str | None = None) -> list[Member]:
         members.append(Member(member_name(hparams, swept_many, leading), hparams))
     names = [m.name for m in members]
     if len(set(names)) != len(names):
-        raise ValueError("sweep: member names collide; a swept field has repeated values")
+        raise ConfigError(f"config.sweep: member names collide ({', '.join(sorted({n for n in names if names.count(n) > 1}))})")
     return members
 
 

@@ -1,0 +1,55 @@
+"""One-layer multi-head attention on the tokenized mixture under GD: H 1..64 x 3 seeds x 2 n, NTK margins (CPU, minutes).
+
+Spec: ../shared/spec/multihead_optimization.md (model §1, GD §2, diagnostics §3, data §4).
+All 42 members (7 head counts x 3 seeds x 2 training-set sizes) run in ONE compiled
+program: heads padded to 64 and masked, training sets padded to the largest n with zero
+weights. theta_0 = zero init + one GD step (the spec's default); plain full-batch GD with a
+constant step on the logistic loss. Data: the generator's defaults (T=8 tokens, 2 of them
+relevant, 1 relevant cluster per label, 4 noise clusters, S=3, sigma=1) but tokens in d=8
+instead of 16 (a third of the cost per head). At n=128 the mean token is not linearly
+separable while the flattened tokens (T*d = 64 numbers) still are, with a small margin.
+Every member's cost is that of an H=64, n=128 member (padding), so it is the sweep's size.
+
+Outputs in the workdir besides the core ones (results.json/.md, tb/, checkpoints):
+loss_vs_K.png, test_loss_vs_n.png, ntk_margin_vs_H.png and mixture_summary.md.
+"""
+import ml_collections
+
+from mhjax.data.mixture import default_mixture_config
+
+
+def get_config():
+    config = ml_collections.ConfigDict()
+    config.experiment = "mixture"
+    config.seed = 0
+    config.strategy = "auto"  # ignored: a mixture sweep is always one program
+
+    config.sweep = ml_collections.ConfigDict()
+    config.sweep.heads = (1, 2, 4, 8, 16, 32, 64)
+    config.sweep.seed = (0, 1, 2)
+    config.sweep.num_train = (32, 128)  # n; the n=32 set is the first 32 examples of the n=128 set
+    config.sweep.step_size = (1.0,)
+
+    config.data = default_mixture_config()  # dim, seq_len, clusters, fraction, norm, noise
+    config.data.dim = 8
+    config.data.num_test = 500  # fresh test examples per seed (the same for every H and n of a seed)
+
+    config.model = ml_collections.ConfigDict()
+    config.model.query = "full"  # full (every token a query) | first (first-token query)
+
+    config.init = ml_collections.ConfigDict()
+    config.init.scheme = "zero_plus_step"  # zero_plus_step | random
+    config.init.first_step = ml_collections.FieldReference(None, field_type=float)  # None: the member's step_size
+    config.init.scale = 0.1  # std of the random init (scheme "random" only)
+
+    config.analysis = ml_collections.ConfigDict()
+    config.analysis.lanczos_iters = 16  # Hessian extreme eigenvalues, every train.eval_every steps
+    config.analysis.margin_iters = 20000  # cap of the simplex (Frank-Wolfe) margin solver
+    config.analysis.margin_tol = 1e-4  # relative duality gap at which the solver stops
+
+    config.train = ml_collections.ConfigDict()
+    config.train.steps = 150
+    config.train.chunk_steps = 10  # train/loss is logged per chunk: also the loss curve's resolution
+    config.train.eval_every = 75  # test loss, ||grad L||/L and the Hessian ratio along training
+    config.train.checkpoint_every = 150
+    return config

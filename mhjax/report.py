@@ -1,0 +1,402 @@
+"""`mhjax report --workdir W`: a Markdown summary of a sweep that reads well on GitHub.
+
+Reads ``W/results.json`` (required), the members' TensorBoard scalars ``W/tb/<member>``
+(with tensorboard's EventAccumulator; no TensorFlow) and ``W/analysis/analysis.json`` when
+``mhjax analyze --workdir W`` has been run, and writes ``W/report.md`` with figures under
+``W/report/``:
+
+* ``curves.png``: training loss, held-out loss and held-out accuracy against steps, one line
+  per member, coloured by head count;
+* ``mixing_fidelity.png``: mixing time and minimax fidelity per layer, per head count
+  (mean over seeds);
+* ``synergy.png``: the share of sequences on which the combined operator's fidelity beats the
+  best single head, per layer and head count.
+
+Any other experiment (e.g. the mixture sweep) gets the generic tables and the curves; the
+PNG figures an experiment writes at the top of ``W`` are embedded as they are.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections import defaultdict
+
+import numpy as np
+
+from mhjax.config import ConfigError
+from mhjax.io.results import markdown_table
+
+CURVE_TAGS = (("train/loss", "training loss"), ("eval/loss", "held-out loss"), ("eval/accuracy", "held-out accuracy"))
+REPORT_DIR = "report"
+
+
+# ---------------------------------------------------------------------- #
+# Reading
+# ---------------------------------------------------------------------- #
+def load_results(workdir: str) -> dict:
+    path = os.path.join(workdir, "results.json")
+    if not os.path.isdir(workdir):
+        raise ConfigError(f"--workdir: no such directory: {workdir}")
+    if not os.path.isfile(path):
+        raise ConfigError(f"--workdir: {workdir} has no results.json; train it first (mhjax train --config ... --workdir {workdir})")
+    try:
+        with open(path) as f:
+            results = json.load(f)
+        results["members"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--workdir: {path} is unreadable ({type(exc).__name__})") from None
+    return results
+
+
+def load_analysis(workdir: str) -> dict | None:
+    path = os.path.join(workdir, "analysis", "analysis.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def load_sweep_fields(workdir: str) -> list[str]:
+    """The config's swept fields (from W/mhjax.json), or [] when unreadable."""
+    try:
+        with open(os.path.join(workdir, "mhjax.json")) as f:
+            return list(json.load(f)["config"]["sweep"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def load_curves(workdir: str, names: list[str], tags=None) -> dict:
+    """{member: {tag: (steps, values)}} from the members' TensorBoard runs (missing runs: empty).
+    ``tags=None``: ``train/loss`` and every ``eval/...`` tag."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = {}
+    for name in names:
+        path = os.path.join(workdir, "tb", name)
+        out[name] = {}
+        if not os.path.isdir(path):
+            continue
+        ea = EventAccumulator(path, size_guidance={"scalars": 0, "images": 1, "tensors": 1, "histograms": 1})
+        ea.Reload()
+        available = set(ea.Tags().get("scalars", []))
+        wanted = tags if tags is not None else sorted(t for t in available if t == "train/loss" or t.startswith("eval/"))
+        for tag in wanted:
+            if tag in available:
+                by_step = {e.step: e.value for e in ea.Scalars(tag)}  # a resumed run may repeat steps: keep the last
+                steps = sorted(by_step)
+                out[name][tag] = (np.array(steps), np.array([by_step[s] for s in steps], float))
+    return out
+
+
+# ---------------------------------------------------------------------- #
+# Tables
+# ---------------------------------------------------------------------- #
+def _num(value) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+    return value
+
+
+def _mean_sd(values, fmt: str = "{:.4g}", scale: float = 1.0) -> str:
+    vals = np.array([_num(v) * scale for v in values], float)
+    vals = vals[np.isfinite(vals)]
+    if vals.size == 0:
+        return "-"
+    if vals.size == 1:
+        return fmt.format(vals[0])
+    return f"{fmt.format(vals.mean())} ± {fmt.format(vals.std())}"
+
+
+def _group_members(members: list[dict], keys: tuple[str, ...]) -> dict:
+    groups = defaultdict(list)
+    for m in members:
+        groups[tuple(m.get(k) for k in keys)].append(m)
+    return dict(sorted(groups.items(), key=lambda kv: tuple(str(x) if not isinstance(x, (int, float)) else f"{x:020.6f}"
+                                                           for x in kv[0])))
+
+
+_LABELS = {"eval_accuracy": "held-out accuracy %", "eval_loss": "held-out loss", "train_loss": "training loss",
+           "wall_time_s": "wall time s"}
+_SUMMARY_WORDS = ("loss", "accuracy", "margin", "fidelity", "mixing")
+
+
+def _group_keys(members: list[dict], sweep_fields: list[str] | None = None) -> tuple[str, ...]:
+    """Fields that tell head counts (and tasks, sizes, ...) apart: the swept fields except the seed."""
+    fields = [f for f in (sweep_fields or ("task", "heads")) if f != "seed" and any(f in m for m in members)]
+    return tuple(sorted(fields, key=lambda f: (f != "task", f != "heads")))  # task, heads first; config order after
+
+
+def _summary_metrics(members: list[dict], keys) -> list[str]:
+    seen: dict[str, None] = {}
+    for m in members:
+        for k, v in m.items():
+            if k in keys or k == "seed" or isinstance(v, bool) or not isinstance(v, (int, float, type(None))):
+                continue
+            if k in _LABELS or (any(w in k for w in _SUMMARY_WORDS) and not k.endswith(("_gap", "_std"))):
+                seen[k] = None
+    metrics = [k for k in _LABELS if k in seen and k != "wall_time_s"] + [k for k in seen if k not in _LABELS]
+    return metrics + (["wall_time_s"] if "wall_time_s" in seen else [])
+
+
+def summary_table(members: list[dict], sweep_fields: list[str] | None = None) -> str:
+    """Per group of swept fields (task, heads, ...; not the seed): mean ± std over seeds of the final metrics."""
+    keys = _group_keys(members, sweep_fields)
+    if not keys:
+        return ""
+    metrics = [(k, _LABELS.get(k, k.replace("_", " ") + (" %" if "accuracy" in k else ""))) for k in _summary_metrics(members, keys)]
+    lines = ["| " + " | ".join(list(keys) + ["members"] + [label for _, label in metrics]) + " |",
+             "|" + "---|" * len(keys) + "---:|" + "---:|" * len(metrics)]
+    for key, group in _group_members(members, keys).items():
+        diverged = sum(1 for m in group if m.get("status") == "diverged")
+        count = f"{len(group)}" + (f" ({diverged} diverged)" if diverged else "")
+        cells = [str(k) for k in key] + [count]
+        for k, _ in metrics:
+            if "accuracy" in k:
+                cells.append(_mean_sd([m.get(k) for m in group], "{:.2f}", 100.0))
+            elif k == "wall_time_s":
+                cells.append(_mean_sd([m.get(k) for m in group], "{:.1f}"))
+            else:
+                cells.append(_mean_sd([m.get(k) for m in group], "{:.4f}"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _analysis_by_task_heads(analysis: dict) -> dict:
+    """{task: {heads: [member analysis entries]}}."""
+    out: dict = defaultdict(lambda: defaultdict(list))
+    for entry in analysis.get("members", {}).values():
+        out[entry.get("task")][entry.get("heads")].append(entry)
+    return {t: dict(sorted(h.items())) for t, h in sorted(out.items(), key=lambda kv: str(kv[0]))}
+
+
+def _layer_values(entries: list[dict], key: str, layer: int) -> list:
+    return [e["layers"][layer][key] for e in entries if layer < len(e.get("layers", []))]
+
+
+def analysis_tables(analysis: dict) -> str:
+    conv = analysis.get("conventions") or {}
+    lines = [
+        f"Evaluated at step {analysis.get('step')} on {_first(analysis, 'num_sequences')} sequences of length "
+        f"{_first(analysis, 'seq_len')}; mean ± std over seeds of the per-member means. Mixing time: expected steps "
+        f"to the sink ({conv.get('chain')} chain, capped at {conv.get('max_steps')}); fidelity: minimax fidelity in % "
+        f"(horizon {conv.get('horizon')}, sink included: {conv.get('include_sink')}); synergy: share of sequences on "
+        "which the combined operator beats the best single head. Layers from 0.",
+        "",
+    ]
+    for task, by_heads in _analysis_by_task_heads(analysis).items():
+        num_layers = max(len(e["layers"]) for entries in by_heads.values() for e in entries)
+        for n, (title, key, fmt, scale) in enumerate( (("mixing time", "mixing_time_mean", "{:.3f}", 1.0),
+                                       ("minimax fidelity %", "fidelity_pct_mean", "{:.2f}", 1.0),
+                                       ("synergy: combined beats best head, % of sequences", "combined_beats_best_share",
+                                        "{:.0f}", 100.0))):
+            accuracy = ["accuracy %"] if n == 0 else []
+            lines += [f"**{task}: {title}**", "",
+                      "| " + " | ".join(["heads"] + accuracy + [f"layer {l}" for l in range(num_layers)]) + " |",
+                      "|---:|" + "---:|" * (len(accuracy) + num_layers)]
+            for heads, entries in by_heads.items():
+                cells = [str(heads)] + ([_mean_sd([e.get("accuracy") for e in entries], "{:.2f}", 100.0)] if n == 0 else [])
+                cells += [_mean_sd(_layer_values(entries, key, l), fmt, scale) for l in range(num_layers)]
+                lines.append("| " + " | ".join(cells) + " |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+def _first(analysis: dict, key: str):
+    for entry in analysis.get("members", {}).values():
+        return entry.get(key)
+    return None
+
+
+# ---------------------------------------------------------------------- #
+# Figures
+# ---------------------------------------------------------------------- #
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _heads_colours(values) -> dict:
+    plt = _plt()
+    values = sorted(set(values), key=lambda v: (not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else str(v)))
+    cmap = plt.get_cmap("viridis")
+    return {v: cmap(0.85 * i / max(len(values) - 1, 1)) for i, v in enumerate(values)}
+
+
+def _heads_label(heads) -> str:
+    return f"{heads} head" if heads == 1 else f"{heads} heads"
+
+
+def _curve_tags(curves: dict, limit: int = 6) -> list[tuple[str, str]]:
+    found = {t for c in curves.values() for t in c}
+    tags = [(t, label) for t, label in CURVE_TAGS if t in found]
+    known = {t for t, _ in CURVE_TAGS}
+    extra = sorted(t for t in found if t not in known)
+    extra.sort(key=lambda t: ("loss" not in t, "accuracy" not in t))
+    tags += [(t, t.split("/", 1)[-1].replace("_", " ")) for t in extra]
+    return tags[:limit]
+
+
+def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
+    tags = _curve_tags(curves)
+    if not tags:
+        return False
+    plt = _plt()
+    tasks = sorted({str(m.get("task", "")) for m in members})
+    colours = _heads_colours([m.get("heads") for m in members]) if all("heads" in m for m in members) else {}
+    fig, axes = plt.subplots(len(tasks), len(tags), figsize=(4.2 * len(tags), 3.2 * len(tasks)), squeeze=False)
+    seeds = sorted({m.get("seed") for m in members}, key=str)
+    styles = ["-", "--", ":", "-."]
+    for r, task in enumerate(tasks):
+        for c, (tag, label) in enumerate(tags):
+            ax = axes[r][c]
+            labelled = set()
+            for m in members:
+                if str(m.get("task", "")) != task or tag not in curves.get(m["name"], {}):
+                    continue
+                steps, values = curves[m["name"]][tag]
+                heads = m.get("heads")
+                key = heads if colours else m["name"]
+                label_text = (_heads_label(heads) if colours else m["name"]) if key not in labelled else None
+                labelled.add(key)
+                ax.plot(steps, values * (100 if "accuracy" in tag else 1), marker="o", ms=3,
+                        color=colours.get(heads), ls=styles[seeds.index(m.get("seed")) % len(styles)], label=label_text)
+            ax.set(xlabel="step", ylabel=label + (" %" if "accuracy" in tag else ""),
+                   title=f"{task}: {label}" if task else label)
+            ax.grid(alpha=0.3)
+            if c == len(tags) - 1:
+                ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _per_layer(ax, by_heads: dict, key: str, scale: float, colours: dict, bars: bool = False):
+    n = len(by_heads)
+    for k, (heads, entries) in enumerate(by_heads.items()):
+        num_layers = max(len(e["layers"]) for e in entries)
+        layers = np.arange(num_layers)
+        values = np.array([[scale * _num(e["layers"][l][key]) for l in layers] for e in entries], float)
+        mean = np.nanmean(values, axis=0)
+        sd = np.nanstd(values, axis=0) if len(entries) > 1 else None
+        if bars:
+            width = 0.8 / n
+            ax.bar(layers + (k - (n - 1) / 2) * width, mean, width, yerr=sd, color=colours[heads], label=_heads_label(heads))
+        else:
+            ax.errorbar(layers, mean, yerr=sd, marker="o", capsize=3, color=colours[heads], label=_heads_label(heads))
+    ax.set_xticks(np.arange(max(len(e["layers"]) for entries in by_heads.values() for e in entries)))
+    ax.set_xlabel("layer")
+    ax.grid(alpha=0.3)
+
+
+def plot_mixing_fidelity(analysis: dict, path: str) -> bool:
+    by_task = _analysis_by_task_heads(analysis)
+    if not by_task:
+        return False
+    plt = _plt()
+    colours = _heads_colours([h for by_heads in by_task.values() for h in by_heads])
+    fig, axes = plt.subplots(len(by_task), 2, figsize=(10, 3.4 * len(by_task)), squeeze=False)
+    for r, (task, by_heads) in enumerate(by_task.items()):
+        _per_layer(axes[r][0], by_heads, "mixing_time_mean", 1.0, colours)
+        axes[r][0].set(ylabel="mixing time (steps to sink)", title=f"{task}: mixing time")
+        _per_layer(axes[r][1], by_heads, "fidelity_pct_mean", 1.0, colours)
+        axes[r][1].set(ylabel="minimax fidelity %", title=f"{task}: minimax fidelity")
+        axes[r][1].legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_synergy(analysis: dict, path: str) -> bool:
+    by_task = _analysis_by_task_heads(analysis)
+    if not by_task:
+        return False
+    plt = _plt()
+    colours = _heads_colours([h for by_heads in by_task.values() for h in by_heads])
+    fig, axes = plt.subplots(1, len(by_task), figsize=(5 * len(by_task), 3.4), squeeze=False)
+    for c, (task, by_heads) in enumerate(by_task.items()):
+        ax = axes[0][c]
+        _per_layer(ax, by_heads, "combined_beats_best_share", 100.0, colours, bars=True)
+        ax.set(ylabel="% of sequences", ylim=(0, 105), title=f"{task}: combined operator beats best single head")
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ---------------------------------------------------------------------- #
+# The report
+# ---------------------------------------------------------------------- #
+def write_report(workdir: str, log=None) -> dict:
+    """Write ``W/report.md`` and ``W/report/*.png``; returns {"md": path, "figures": [paths]}."""
+    workdir = str(workdir)
+    results = load_results(workdir)
+    members = results["members"]
+    analysis = load_analysis(workdir)
+    out_dir = os.path.join(workdir, REPORT_DIR)
+    os.makedirs(out_dir, exist_ok=True)
+    figures = []
+
+    def figure(name, fn, *args):
+        path = os.path.join(out_dir, name)
+        if fn(*args, path):
+            figures.append(path)
+            return f"![{os.path.splitext(name)[0]}]({REPORT_DIR}/{name})"
+        return None
+
+    title = results.get("title", "mhjax sweep")
+    lines = [f"# {title}", ""]
+    resumed = results.get("resumed_from_step")
+    backend = f", backend `{results['backend']}`" if results.get("backend") else ""
+    lines += [f"{len(members)} members, {results.get('steps')} steps each{backend}"
+              + (f", resumed from step {resumed}" if resumed else "") + ". "
+              f"TensorBoard: `tensorboard --logdir {os.path.join(workdir, 'tb')}`.", ""]
+    summary = summary_table(members, load_sweep_fields(workdir))
+    if summary:
+        lines += ["## Results", "", "Final metrics; mean ± std over seeds.", "", summary]
+    curves = load_curves(workdir, [m["name"] for m in members])
+    link = figure("curves.png", plot_curves, members, curves)
+    if link:
+        lines += ["## Training curves", "", link, ""]
+
+    sequence = results.get("experiment", "sequence") == "sequence"
+    if sequence or analysis is not None:
+        lines += ["## Attention as a DAG: mixing time, fidelity and synergy", ""]
+    if analysis is None:
+        if sequence:
+            lines += [f"No analysis yet: run `mhjax analyze --workdir {workdir}` and then `mhjax report --workdir {workdir}` "
+                      "again to add mixing time, minimax fidelity and synergy per layer and head count.", ""]
+    else:
+        lines += [analysis_tables(analysis), ""]
+        for name, fn in (("mixing_fidelity.png", plot_mixing_fidelity), ("synergy.png", plot_synergy)):
+            link = figure(name, fn, analysis)
+            if link:
+                lines += [link, ""]
+
+    extra = sorted(glob.glob(os.path.join(workdir, "*.png")))
+    if extra:
+        lines += ["## Experiment figures", ""]
+        lines += [f"![{os.path.splitext(os.path.basename(p))[0]}]({os.path.basename(p)})" for p in extra] + [""]
+
+    lines += ["## Every member", "", markdown_table(members, "Members").split("\n", 2)[2]]
+    path = os.path.join(workdir, "report.md")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("\n".join(lines).rstrip() + "\n")
+    os.replace(tmp, path)
+    if log is not None:
+        log(f"wrote {path} and {len(figures)} figure(s) in {out_dir}")
+    return {"md": path, "figures": figures, "analysis": analysis is not None,
+            "needs_analysis": analysis is None and results.get("experiment", "sequence") == "sequence"}

@@ -1,0 +1,124 @@
+"""Sharding the member axis over devices and processes does not change any member."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from tests.test_sweep import assert_trees_close
+
+TINY_CONFIG = textwrap.dedent(
+    """
+    import ml_collections
+
+    def get_config():
+        c = ml_collections.ConfigDict()
+        c.experiment = "sequence"; c.seed = 0; c.strategy = "fused"
+        c.sweep = ml_collections.ConfigDict(dict(task=("copy", "cycle"), heads=(1, 2), seed=(0,), learning_rate=(3e-3,)))
+        c.model = ml_collections.ConfigDict(dict(width=16, num_layers=1, mlp_dim=32, vocab_size=16, seq_len=8, dropout=0.1))
+        c.data = ml_collections.ConfigDict(dict(protocol="fixed", num_train=16, batch_size=4, num_eval=8))
+        c.train = ml_collections.ConfigDict(dict(steps=4, chunk_steps=2, eval_every=2, checkpoint_every=2))
+        return c
+    """
+)
+
+
+def _env(devices: int) -> dict:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] = "gloo"
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _train(args, devices=1):
+    cmd = [sys.executable, "-m", "mhjax", "train", "--no-progress", *args]
+    return subprocess.Popen(cmd, env=_env(devices), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _final_params(workdir):
+    import ml_collections
+
+    from mhjax.experiments import make_experiment
+    from mhjax.io.checkpoint import SweepCheckpointer
+    from mhjax.train.loop import Sweep
+
+    config = ml_collections.ConfigDict(json.load(open(os.path.join(workdir, "mhjax.json")))["config"])
+    sweep = Sweep(make_experiment(config))
+    checkpointer = SweepCheckpointer(workdir)
+    try:
+        states, _ = sweep.restore(checkpointer, checkpointer.latest_step())
+    finally:
+        checkpointer.close()
+    return {name: state.params for name, state in sweep.member_states(states).items()}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    (root / "tiny.py").write_text(TINY_CONFIG)
+    proc = _train(["--config", str(root / "tiny.py"), "--workdir", str(root / "single")])
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    return root, _final_params(str(root / "single"))
+
+
+def test_four_devices_shard_members_and_match_one_device(reference):
+    root, single = reference
+    proc = _train(["--config", str(root / "tiny.py"), "--workdir", str(root / "four")], devices=4)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    four = _final_params(str(root / "four"))
+    for name in single:
+        assert_trees_close(single[name], four[name])
+
+
+def test_placement_shards_member_axis_over_local_devices():
+    code = textwrap.dedent(
+        """
+        import numpy as np
+        from mhjax.train.placement import Placement
+        p = Placement()
+        x = p.put(np.arange(8.0), 8)
+        assert len(x.sharding.device_set) == 4 and tuple(x.sharding.spec) == ("members",), x.sharding
+        assert [s.data.shape for s in x.addressable_shards] == [(2,)] * 4
+        y = p.put(np.arange(6.0), 6)  # not divisible: replicated, still correct
+        assert y.sharding.is_fully_replicated
+        assert np.array_equal(p.to_host(x), np.arange(8.0))
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], env=_env(4), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_train_disjoint_members_matching_one_process(reference):
+    root, single = reference
+    port = _free_port()
+    args = ["--config", str(root / "tiny.py"), "--workdir", str(root / "multi"), "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
+    procs = [_train(args + ["--process-id", str(i)]) for i in range(2)]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    for proc, (out, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err
+    owned = []
+    for _, err in outputs:
+        line = next(line for line in err.splitlines() if "computes program all:" in line)
+        owned.append(set(line.split(": ", 1)[1].split(", ")))
+    assert owned[0] and owned[1] and not owned[0] & owned[1]
+    assert owned[0] | owned[1] == set(single)
+    multi = _final_params(str(root / "multi"))
+    for name in single:
+        assert_trees_close(single[name], multi[name])
+    results = json.load(open(root / "multi" / "results.json"))
+    assert len(results["members"]) == 4

@@ -1,0 +1,230 @@
+"""The mixture experiment end to end: one tiny sweep through the host loop (module fixture,
+reused), padding invariance against independent plain models, and config validation."""
+import json
+import math
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from mhjax.analysis.ntk import simplex_margin
+from mhjax.config import ConfigError
+from mhjax.data.mixture import default_mixture_config
+from mhjax.experiments import make_experiment
+from mhjax.experiments.mixture import read_loss_curve
+from mhjax.io.checkpoint import SweepCheckpointer
+from mhjax.models.classifier import classifier_apply, gd_step
+from mhjax.train.loop import Sweep, run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 20
+EXTRA_KEYS = ("ntk_margin", "ntk_margin_gap", "linear_margin", "linear_margin_mean", "test_loss", "test_accuracy",
+              "train_accuracy", "param_distance", "min_hessian_eig_over_loss_sqrtH", "grad_norm_over_loss")
+
+
+def tiny_mixture_config(**sweep):
+    """d=6 (the least for 1 relevant cluster per label and 4 noise clusters), T=4: seconds."""
+    config = ml_collections.ConfigDict()
+    config.experiment = "mixture"
+    config.seed = 0
+    config.strategy = "auto"
+    fields = dict(heads=(2, 8), seed=(0,), num_train=(8, 16), step_size=(1.0,))
+    fields.update({k: tuple(v) for k, v in sweep.items()})
+    config.sweep = ml_collections.ConfigDict(fields)
+    config.data = default_mixture_config()
+    config.data.dim, config.data.seq_len, config.data.relevant_fraction = 6, 4, 0.5
+    config.data.num_test = 64
+    config.model = ml_collections.ConfigDict(dict(query="full"))
+    config.init = ml_collections.ConfigDict(dict(scheme="zero_plus_step", first_step=None, scale=0.1))
+    config.analysis = ml_collections.ConfigDict(dict(lanczos_iters=8, margin_iters=20000, margin_tol=1e-6))
+    config.train = ml_collections.ConfigDict(dict(steps=STEPS, chunk_steps=10, eval_every=10, checkpoint_every=STEPS))
+    return config
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    """One run of the tiny sweep (4 members, one program): (experiment, workdir, payload)."""
+    workdir = str(tmp_path_factory.mktemp("mixture"))
+    experiment = make_experiment(tiny_mixture_config())
+    payload = run(experiment, workdir, progress=False, log=lambda m: None)
+    return experiment, workdir, payload
+
+
+def by_name(payload):
+    return {m["name"]: m for m in payload["members"]}
+
+
+def test_results_have_the_mixture_fields_and_figures(swept):
+    experiment, workdir, payload = swept
+    assert list(payload["programs"]) == ["all"] and len(payload["members"]) == 4
+    with open(os.path.join(workdir, "results.json")) as f:
+        members = json.load(f)["members"]
+    for m in members:
+        assert m["status"] == "ok" and m["steps"] == STEPS
+        for key in EXTRA_KEYS:
+            assert isinstance(m[key], float) and math.isfinite(m[key]), (m["name"], key)
+        assert m["params"] == m["heads"] * (6 * 6 + 4 * 6)  # active heads only
+        assert 0.0 <= m["test_accuracy"] <= 1.0 and m["param_distance"] > 0
+    for name in ("loss_vs_K.png", "test_loss_vs_n.png", "ntk_margin_vs_H.png", "mixture_summary.md"):
+        assert os.path.getsize(os.path.join(workdir, name)) > 0, name
+    with open(os.path.join(workdir, "mixture_summary.md")) as f:
+        summary = f.read()
+    assert summary.count("\n| 8 | 1 | ") == 2 and summary.count("\n| 16 | 1 | ") == 2  # a row per (n, H)
+    steps, losses = read_loss_curve(workdir, "h2-n8-s0")
+    assert list(steps) == [10, 20] and np.all(np.isfinite(losses)) and losses[1] < losses[0]
+
+
+def test_training_drives_the_loss_down_on_separable_data(swept):
+    _, _, payload = swept
+    for m in payload["members"]:
+        assert m["train_accuracy"] == 1.0 and m["train_loss_eval"] < 0.05, m["name"]
+
+
+def test_zero_plus_one_step_gives_a_positive_ntk_margin(swept):
+    """On separable data (a small n: P >> n NTK features), theta_0 = zero + one GD step
+    already separates: certified margin > 0 with a small duality gap."""
+    _, _, payload = swept
+    for m in payload["members"]:
+        assert m["ntk_margin"] > 0 and 0 <= m["ntk_margin_gap"] <= 1e-3 * m["ntk_margin"], m["name"]
+        assert m["ntk_margin"] == pytest.approx(m["ntk_margin_normalized"] * m["ntk_radius"], rel=1e-9)
+
+
+def plain_member(experiment, name):
+    """An independent plain model of one member: its own H heads and own n examples, theta_0
+    from ``classifier.gd_step`` on zero parameters, K plain GD steps."""
+    member = next(m for m in experiment.members if m.name == name)
+    h, n, eta = member["heads"], member["num_train"], member["step_size"]
+    X, y = experiment.train_data(member["seed"])
+    X, y = jnp.asarray(X[:n]), jnp.asarray(y[:n])
+    d, t = experiment.config.data.dim, experiment.config.data.seq_len
+    mask = jnp.ones(h)
+    zero = {"W": jnp.zeros((h, d, d)), "U": jnp.zeros((h, t, d))}
+    theta0, _ = gd_step(zero, X, y, eta, mask, h)
+    step = jax.jit(lambda p: gd_step(p, X, y, eta, mask, h)[0])
+    theta = theta0
+    for _ in range(STEPS):
+        theta = step(theta)
+    return member, X, y, theta0, theta
+
+
+def test_padded_member_equals_the_plain_model(swept):
+    """h2-n8-s0 runs with H_max=8 and n_max=16 (6 masked heads, 8 zero-weight examples): its
+    parameters, NTK margin and distance equal those of a plain 2-head model on its 8 examples."""
+    experiment, workdir, payload = swept
+    member, X, y, theta0, theta = plain_member(experiment, "h2-n8-s0")
+    sweep = Sweep(experiment)
+    checkpointer = SweepCheckpointer(workdir)
+    try:
+        states, _ = sweep.restore(checkpointer, STEPS)
+    finally:
+        checkpointer.close()
+    padded = sweep.member_states(states)["h2-n8-s0"].params
+    for key in ("W", "U"):
+        np.testing.assert_allclose(np.asarray(padded[key])[:2], np.asarray(theta[key]), rtol=1e-5, atol=1e-5, err_msg=key)
+        assert not np.any(np.asarray(padded[key])[2:]), f"masked heads of {key} moved"
+    # NTK margin at theta_0 from an explicit Jacobian of the plain model (reverse mode, whole batch).
+    jac = jax.jacrev(lambda p: classifier_apply(p, X, jnp.ones(2), 2))(theta0)
+    J = np.concatenate([np.asarray(jac[k]).reshape(X.shape[0], -1) for k in ("W", "U")], axis=1).astype(np.float64)
+    margin, gap = simplex_margin(J @ J.T, np.asarray(y), tol=1e-6)
+    record = by_name(payload)["h2-n8-s0"]
+    assert record["ntk_margin"] == pytest.approx(margin, rel=1e-3, abs=1e-6)
+    flat = lambda p: np.concatenate([np.ravel(p["W"]), np.ravel(p["U"])])
+    assert record["param_distance"] == pytest.approx(np.linalg.norm(flat(theta) - flat(theta0)), rel=1e-4)
+
+
+def test_member_alone_equals_member_in_the_sweep(swept):
+    """The same member trained alone (H_max=2, n_max=8: no padding at all) matches the sweep."""
+    experiment, workdir, payload = swept
+    alone = make_experiment(tiny_mixture_config(heads=(2,), num_train=(8,)))
+    sweep = Sweep(alone)
+    states = sweep.train(sweep.init_states(), STEPS, 10)
+    params = sweep.member_states(states)["h2-s0"].params
+    _, _, _, _, theta = plain_member(experiment, "h2-n8-s0")
+    for key in ("W", "U"):
+        np.testing.assert_allclose(np.asarray(params[key]), np.asarray(theta[key]), rtol=1e-5, atol=1e-5, err_msg=key)
+
+
+def test_random_init_of_a_head_does_not_depend_on_the_padding():
+    config = tiny_mixture_config(heads=(2, 8), num_train=(8,))
+    config.init.scheme = "random"
+    wide = make_experiment(config)
+    config.sweep.heads = (2,)
+    narrow = make_experiment(config)
+    p_wide = [wide.programs("auto", "cpu")[0][2].init_params(jax.tree_util.tree_map(jnp.asarray, wide.member_constants(m)))
+              for m in wide.members if m["heads"] == 2][0]
+    p_narrow = narrow.programs("auto", "cpu")[0][2].init_params(jax.tree_util.tree_map(jnp.asarray, narrow.member_constants(narrow.members[0])))
+    for key in ("W", "U"):
+        np.testing.assert_array_equal(np.asarray(p_wide[key])[:2], np.asarray(p_narrow[key]))
+        assert not np.any(np.asarray(p_wide[key])[2:]) and np.std(np.asarray(p_narrow[key])) > 0.05
+
+
+def test_smaller_training_set_is_a_prefix_and_test_data_are_fresh():
+    experiment = make_experiment(tiny_mixture_config(num_train=(8, 16)))
+    X16, y16 = experiment.train_data(0)
+    small = make_experiment(tiny_mixture_config(num_train=(8,)))
+    X8, y8 = small.train_data(0)
+    np.testing.assert_array_equal(X16[:8], X8)
+    np.testing.assert_array_equal(y16[:8], y8)
+    X_test, _ = experiment.test_data(0)
+    assert X_test.shape == (64, 4, 6) and not np.any(np.isclose(X_test[:16, 0, 0][:, None], X16[:, 0, 0][None]))
+    X_other, _ = experiment.train_data(1)
+    assert not np.allclose(X_other, X16)
+
+
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("sweep.heads", (0, 2), "config.sweep.heads"),
+        ("sweep.heads", (2.5,), "config.sweep.heads"),
+        ("sweep.num_train", (0,), "config.sweep.num_train"),
+        ("sweep.step_size", (-1.0,), "config.sweep.step_size"),
+        ("model.query", "last", "config.model.query"),
+        ("init.scheme", "orthogonal", "config.init.scheme"),
+        ("init.first_step", -0.5, "config.init.first_step"),
+        ("data.dim", 4, "config.data.dim"),
+        ("data.relevant_fraction", 0.0, "config.data.relevant_fraction"),
+        ("analysis.margin_tol", 2.0, "config.analysis.margin_tol"),
+        ("train.steps", 0, "config.train.steps"),
+    ],
+)
+def test_bad_fields_raise_one_line_naming_the_field(field, value, needle):
+    config = tiny_mixture_config()
+    node = config
+    *path, last = field.split(".")
+    for part in path:
+        node = node[part]
+    with node.unlocked():
+        node[last] = value
+    with pytest.raises(ConfigError) as info:
+        make_experiment(config)
+    message = str(info.value)
+    assert message.startswith(needle) and "\n" not in message, message
+
+
+def test_unknown_sweep_field_and_unknown_field_are_errors():
+    config = tiny_mixture_config(learning_rate=(1.0,))
+    with pytest.raises(ConfigError, match=r"^config\.sweep\.learning_rate: unknown"):
+        make_experiment(config)
+    config = tiny_mixture_config()
+    config.model.width = 8
+    with pytest.raises(ConfigError, match=r"^config\.model\.width: unknown"):
+        make_experiment(config)
+
+
+def test_bundled_config_is_one_program_of_42_members():
+    sys.path.insert(0, os.path.join(ROOT, "configs"))
+    try:
+        from mhjax.config import load_config_file
+
+        config = load_config_file(os.path.join(ROOT, "configs", "mixture.py"))
+    finally:
+        sys.path.pop(0)
+    experiment = make_experiment(config)
+    assert len(experiment.members) == 42 and experiment.max_heads == 64
+    assert {m["heads"] for m in experiment.members} == {1, 2, 4, 8, 16, 32, 64}
+    assert len({m["num_train"] for m in experiment.members}) >= 2 and len({m["seed"] for m in experiment.members}) == 3
+    assert len(experiment.programs("auto", "cpu")) == 1

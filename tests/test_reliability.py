@@ -1,0 +1,254 @@
+"""Crash-safe resume: `mhjax train` killed with SIGKILL at several points, then run again
+with the same command, ends bit-identical to an uninterrupted run (CPU).
+
+Each killed run is a real subprocess of the real CLI. To land the SIGKILL at a known
+point without timing races, the subprocess is started through a tiny driver that wraps
+one function (JAX compile, a training chunk, orbax's final rename of a checkpoint) so
+that it writes a marker file and then waits; the test kills the process with SIGKILL as
+soon as the marker appears. The run that resumes is the plain `python -m mhjax train`.
+
+Compiles are shared across runs through JAX's persistent compilation cache (the same
+executables as a fresh compile), except for the kill-during-compile run, which must
+really compile.
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CONFIG = '''
+import ml_collections
+
+
+def get_config():
+    c = ml_collections.ConfigDict()
+    c.experiment = "sequence"
+    c.seed = 0
+    c.strategy = "grouped"
+    c.sweep = ml_collections.ConfigDict(dict(task=("copy",), heads=(2,), seed=(0, 1), learning_rate=(3e-3,)))
+    c.model = ml_collections.ConfigDict(dict(width=16, num_layers=1, mlp_dim=32, vocab_size=16, seq_len=8, dropout=0.1))
+    c.data = ml_collections.ConfigDict(dict(protocol="fixed", num_train=16, batch_size=4, num_eval=8))
+    c.train = ml_collections.ConfigDict(dict(steps=9, chunk_steps=3, eval_every=3, checkpoint_every=6))
+    return c
+'''
+STEPS, FIRST_CHECKPOINT = 9, 6  # chunks 0-3, 3-6 (checkpoint 6), 6-9 (checkpoint 9)
+
+# Runs mhjax.cli.main in a subprocess with one function wrapped to signal "kill me now".
+DRIVER = '''
+import os, sys, time
+
+POINT, MARKER = os.environ["MHJAX_KILL_POINT"], os.environ["MHJAX_KILL_MARKER"]
+
+
+def wait_for_kill():
+    with open(MARKER + ".tmp", "w") as f:
+        f.write(POINT)
+    os.replace(MARKER + ".tmp", MARKER)
+    time.sleep(600)
+    os._exit(99)  # never reached when the test kills us
+
+
+if POINT == "compile":  # right before the first compile (initial states): nothing saved yet
+    from mhjax.train import engine
+
+    original_init = engine.make_init
+
+    def make_init(*args, **kwargs):
+        fn = original_init(*args, **kwargs)
+
+        def call(*a, **k):
+            with open(MARKER, "w") as f:  # the kill lands while XLA compiles
+                f.write(POINT)
+            return fn(*a, **k)
+
+        return call
+
+    engine.make_init = make_init
+elif POINT == "chunk":  # the third chunk (steps 6-9) dispatched, its results not yet fetched
+    from mhjax.train import engine
+
+    original_chunk = engine.make_train_chunk
+    calls = [0]
+
+    def make_train_chunk(*args, **kwargs):
+        fn = original_chunk(*args, **kwargs)
+
+        def call(*a, **k):
+            out = fn(*a, **k)
+            calls[0] += 1
+            if calls[0] == 3:
+                wait_for_kill()
+            return out
+
+        return call
+
+    engine.make_train_chunk = make_train_chunk
+elif POINT == "save":  # checkpoint 9 fully written to its tmp dir, not yet renamed into place
+    from orbax.checkpoint._src.path import atomicity
+
+    original_finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+    async def finalize(self, *a, **k):
+        if self._final_path.name == os.environ["MHJAX_KILL_STEP"]:
+            wait_for_kill()
+        return await original_finalize(self, *a, **k)
+
+    atomicity.AtomicRenameTemporaryPath.finalize = finalize
+else:
+    raise SystemExit("unknown kill point " + POINT)
+
+from mhjax.cli import main
+
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def _env(cache_dir):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    if cache_dir:
+        env.update(JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    return env
+
+
+def _train_args(config_path, workdir):
+    return ["train", "--config", str(config_path), "--workdir", str(workdir), "--no-progress"]
+
+
+def train(config_path, workdir, cache_dir):
+    proc = subprocess.run([sys.executable, "-m", "mhjax", *_train_args(config_path, workdir)],
+                          env=_env(cache_dir), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc
+
+
+def train_and_kill(tmp_path, config_path, workdir, point, cache_dir, step=None):
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    marker = tmp_path / f"kill-{point}"
+    env = _env(cache_dir)
+    env.update(MHJAX_KILL_POINT=point, MHJAX_KILL_MARKER=str(marker), MHJAX_KILL_STEP=str(step))
+    proc = subprocess.Popen([sys.executable, str(driver), *_train_args(config_path, workdir)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 600
+    try:
+        while not marker.exists():
+            if proc.poll() is not None:
+                pytest.fail(f"run ended (rc {proc.returncode}) before reaching kill point {point}: {proc.stderr.read()[-3000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"kill point {point} not reached in time")
+            time.sleep(0.01)
+        proc.kill()  # SIGKILL: no handler, no cleanup, no flush
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    assert proc.returncode == -9
+
+
+def complete_steps(workdir):
+    return sorted(int(os.path.basename(p)) for p in glob.glob(os.path.join(workdir, "checkpoints", "*")) if os.path.basename(p).isdigit())
+
+
+def load_checkpoint(workdir, step):
+    """The raw saved tree (no template, no mhjax code): every array as numpy."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    tree = ocp.StandardCheckpointer().restore(os.path.join(workdir, "checkpoints", str(step), "default"))
+    return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def assert_identical_runs(reference, workdir):
+    ref, got = load_checkpoint(reference, STEPS), load_checkpoint(workdir, STEPS)
+    assert sorted(ref) == sorted(got)
+    for key in ref:
+        if key.startswith("['seconds']"):  # wall time
+            continue
+        assert ref[key].dtype == got[key].dtype and np.array_equal(ref[key], got[key], equal_nan=True), key
+    a = json.load(open(os.path.join(reference, "results.json")))
+    b = json.load(open(os.path.join(workdir, "results.json")))
+    assert a["steps"] == b["steps"] == STEPS
+    for x, y in zip(a["members"], b["members"], strict=True):
+        for k in x:
+            if k != "wall_time_s":
+                assert x[k] == y[k], (x["name"], k)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """The config, a shared compilation cache and the uninterrupted reference run."""
+    base = tmp_path_factory.mktemp("reliability")
+    config_path = base / "tiny.py"
+    config_path.write_text(CONFIG)
+    cache = base / "jax-cache"
+    reference = base / "reference"
+    train(config_path, reference, cache)
+    assert complete_steps(reference) == [FIRST_CHECKPOINT, STEPS]
+    return config_path, cache, str(reference)
+
+
+def _no_tmp_checkpoints(workdir):
+    return not glob.glob(os.path.join(workdir, "checkpoints", "*orbax-checkpoint-tmp*"))
+
+
+def test_sigkill_mid_chunk_resumes_bit_identical(setup, tmp_path):
+    config_path, cache, reference = setup
+    workdir = tmp_path / "w"
+    train_and_kill(tmp_path, config_path, workdir, "chunk", cache)
+    assert complete_steps(workdir) == [FIRST_CHECKPOINT]
+    assert not (workdir / "results.json").exists()
+    # Leftovers of interrupted atomic writes (tmp file + os.replace) must not break resume.
+    (workdir / "mhjax.json.tmp").write_text('{"truncated')
+    (workdir / "results.json.tmp").write_text('{"truncated')
+    proc = train(config_path, workdir, cache)
+    assert f"resuming from checkpoint at step {FIRST_CHECKPOINT}" in proc.stderr
+    assert json.load(open(workdir / "results.json"))["resumed_from_step"] == FIRST_CHECKPOINT
+    assert_identical_runs(reference, str(workdir))
+
+
+@pytest.mark.slow
+def test_sigkill_during_checkpoint_write_resumes_bit_identical(setup, tmp_path):
+    config_path, cache, reference = setup
+    workdir = tmp_path / "w"
+    train_and_kill(tmp_path, config_path, workdir, "save", cache, step=STEPS)
+    # Killed between writing checkpoint 9 and renaming it into place: a tmp dir, not a step.
+    assert complete_steps(workdir) == [FIRST_CHECKPOINT]
+    assert not _no_tmp_checkpoints(workdir)
+    proc = train(config_path, workdir, cache)
+    assert f"resuming from checkpoint at step {FIRST_CHECKPOINT}" in proc.stderr
+    assert complete_steps(workdir) == [FIRST_CHECKPOINT, STEPS] and _no_tmp_checkpoints(workdir)
+    assert_identical_runs(reference, str(workdir))
+
+
+@pytest.mark.slow
+def test_sigkill_during_compile_resumes_bit_identical(setup, tmp_path):
+    config_path, cache, reference = setup
+    workdir = tmp_path / "w"
+    train_and_kill(tmp_path, config_path, workdir, "compile", cache_dir=None)  # really compiling
+    assert complete_steps(workdir) == [] and (workdir / "mhjax.json").exists()
+    proc = train(config_path, workdir, cache)
+    assert "resuming" not in proc.stderr
+    assert_identical_runs(reference, str(workdir))
+
+
+def test_interrupted_metadata_write_does_not_block_a_fresh_start(setup, tmp_path):
+    """Killed before W/mhjax.json was renamed into place: only its .tmp exists; the rerun
+    starts fresh (no checkpoint can exist yet, metadata is written before any)."""
+    from mhjax.io.checkpoint import METADATA, check_or_write_metadata
+
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / (METADATA + ".tmp")).write_text('{"mhjax_version": "0.0.0", "conf')
+    assert check_or_write_metadata(str(workdir), {"a": 1}, "sequence") is False
+    assert json.load(open(workdir / METADATA))["config"] == {"a": 1}
+    assert check_or_write_metadata(str(workdir), {"a": 1}, "sequence") is True

@@ -1,0 +1,143 @@
+"""TensorBoard without TensorFlow: per-member runs, HParams, images, text; served for real."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from mhjax.experiments import make_experiment
+from mhjax.io import tensorboard as tb
+from mhjax.train.loop import run
+from tests.conftest import tiny_sequence_config
+
+MEMBERS = ["copy-h1-s0", "copy-h4-s0"]
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("tb") / "w")
+    run(make_experiment(tiny_sequence_config()), workdir, progress=False, log=lambda m: None)
+    return workdir
+
+
+def _accumulator(path):
+    ea = EventAccumulator(path, size_guidance={"images": 0, "tensors": 0, "scalars": 0})
+    ea.Reload()
+    return ea
+
+
+def test_event_files_hold_scalars_hparams_images_and_config(sweep_dir):
+    assert sorted(os.listdir(os.path.join(sweep_dir, "tb"))) == MEMBERS  # one run per member, no subfolders
+    results = {m["name"]: m for m in json.load(open(os.path.join(sweep_dir, "results.json")))["members"]}
+    for name in MEMBERS:
+        ea = _accumulator(os.path.join(sweep_dir, "tb", name))
+        tags = ea.Tags()
+        for tag in ("train/loss", "train/learning_rate", "eval/loss", "eval/accuracy",
+                    "final/train_loss", "final/eval_loss", "final/eval_accuracy", "final/wall_time_s"):
+            assert tag in tags["scalars"], (name, tag)
+        assert ea.Scalars("final/eval_accuracy")[-1].value == pytest.approx(results[name]["eval_accuracy"])
+        assert ea.Scalars("final/eval_accuracy")[-1].step == 6
+        assert {"attention/layer0", "diffusion/sink_signal"} <= set(tags["images"])
+        heatmap = ea.Images("attention/layer0")[-1]
+        assert heatmap.width >= 64 and heatmap.height >= 64
+        for tag in ("_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info",
+                    "config/text_summary"):
+            assert tag in tags["tensors"], (name, tag)
+        text = ea.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+        assert '"width": 16' in text and "heads=" in text
+
+
+def test_sink_signal_matches_dag_fidelity():
+    from mhjax.analysis import dag
+
+    rng = np.random.default_rng(0)
+    A = np.tril(rng.random((6, 6)))
+    A /= A.sum(axis=1, keepdims=True)
+    signal = tb.sink_signal(A, horizon=20)
+    assert signal.shape == (20, 6)
+    np.testing.assert_allclose(signal[2], np.linalg.matrix_power(A, 3)[-1], rtol=1e-12)
+    np.testing.assert_allclose(signal.max(axis=0), np.asarray(dag.node_fidelity(A, 20)), rtol=1e-5)
+    image = tb.diffusion_image(A[None], "x", horizon=20)
+    assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url, body=None):
+    headers = {"Content-Type": "application/json", "X-XSRF-Protected": "1"} if body is not None else {}
+    data = None if body is None else json.dumps(body).encode()
+    with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_tensorboard_server_serves_runs_scalars_images_and_hparams(sweep_dir, tmp_path):
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = open(tmp_path / "tensorboard.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", os.path.join(sweep_dir, "tb"), "--host", "127.0.0.1",
+         "--port", str(port), "--load_fast", "false", "--reload_interval", "1"],
+        stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline, runs = time.time() + 120, None
+        while time.time() < deadline:
+            assert proc.poll() is None, open(tmp_path / "tensorboard.log").read()
+            try:
+                runs = _get(f"{base}/data/runs")
+                images = _get(f"{base}/data/plugin/images/tags")
+                if sorted(runs) == MEMBERS and all(images.get(m) for m in MEMBERS):
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        assert sorted(runs or []) == MEMBERS
+
+        scalars = _get(f"{base}/data/plugin/scalars/tags")
+        for name in MEMBERS:
+            assert {"train/loss", "eval/loss", "eval/accuracy", "final/eval_accuracy"} <= set(scalars[name])
+            assert {"attention/layer0", "diffusion/sink_signal"} <= set(images[name])
+        sample = _get(f"{base}/data/plugin/images/images?run={MEMBERS[1]}&tag=attention/layer0")
+        assert sample and sample[-1]["step"] == 6
+        with urllib.request.urlopen(f"{base}/data/plugin/images/individualImage?{sample[-1]['query']}", timeout=30) as r:
+            assert r.read(8) == b"\x89PNG\r\n\x1a\n"
+        assert MEMBERS[0] in _get(f"{base}/data/plugin/text/tags")
+
+        experiment = _get(f"{base}/data/plugin/hparams/experiment", {"experimentName": ""})
+        infos = {h["name"]: h for h in experiment["hparamInfos"]}
+        assert set(infos) == {"task", "heads", "seed", "learning_rate"}
+        assert infos["heads"]["domainDiscrete"] == [1.0, 4.0] and infos["heads"]["differs"]
+        assert infos["task"]["domainDiscrete"] == ["copy"]
+        metrics = {m["name"]["tag"] for m in experiment["metricInfos"]}
+        assert {"final/train_loss", "final/eval_loss", "final/eval_accuracy",
+                "analysis/layer0/mixing_time", "analysis/layer0/fidelity_pct"} <= metrics
+
+        groups = _get(f"{base}/data/plugin/hparams/session_groups", {
+            "experimentName": "", "startIndex": 0, "sliceSize": 100,
+            "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
+            "colParams": [{"hparam": "heads", "order": "ORDER_DESC"}],
+        })["sessionGroups"]
+        assert [g["name"] for g in groups] == MEMBERS[::-1]  # sorted by heads, descending
+        results = {m["name"]: m for m in json.load(open(os.path.join(sweep_dir, "results.json")))["members"]}
+        for group in groups:
+            assert group["hparams"]["heads"] == float(results[group["name"]]["heads"])
+            assert group["sessions"][0]["status"] == "STATUS_SUCCESS"
+            values = {v["name"]["tag"]: v["value"] for v in group["metricValues"]}
+            assert values["final/eval_accuracy"] == pytest.approx(results[group["name"]]["eval_accuracy"])
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
