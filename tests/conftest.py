@@ -7,6 +7,12 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+# Many tests (and the subprocesses they start) compile the same tiny programs: share XLA's
+# persistent compilation cache between them. Set before jax is imported anywhere.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(ROOT, ".pytest_cache", "xla"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
 
 def tiny_sequence_config(**sweep):
     """The paper config shrunk to run in seconds: width 16, 1 layer, length 8."""
