@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 from collections import defaultdict
 
@@ -123,12 +124,13 @@ def _group_members(members: list[dict], keys: tuple[str, ...]) -> dict:
 
 _LABELS = {"eval_accuracy": "held-out accuracy %", "eval_loss": "held-out loss", "train_loss": "training loss",
            "wall_time_s": "wall time s"}
-_SUMMARY_WORDS = ("loss", "accuracy", "margin", "fidelity", "mixing")
+_SUMMARY_ENDINGS = ("_loss", "_accuracy", "margin", "fidelity", "mixing_time")  # the rest: in "Every member"
 
 
 def _group_keys(members: list[dict], sweep_fields: list[str] | None = None) -> tuple[str, ...]:
     """Fields that tell head counts (and tasks, sizes, ...) apart: the swept fields except the seed."""
-    fields = [f for f in (sweep_fields or ("task", "heads")) if f != "seed" and any(f in m for m in members)]
+    fields = [f for f in (sweep_fields or ("task", "heads")) if f != "seed" and any(f in m for m in members)
+              and (f in ("task", "heads") or len({str(m.get(f)) for m in members}) > 1)]
     return tuple(sorted(fields, key=lambda f: (f != "task", f != "heads")))  # task, heads first; config order after
 
 
@@ -138,7 +140,7 @@ def _summary_metrics(members: list[dict], keys) -> list[str]:
         for k, v in m.items():
             if k in keys or k == "seed" or isinstance(v, bool) or not isinstance(v, (int, float, type(None))):
                 continue
-            if k in _LABELS or (any(w in k for w in _SUMMARY_WORDS) and not k.endswith(("_gap", "_std"))):
+            if k in _LABELS or (k.endswith(_SUMMARY_ENDINGS) and "_over_" not in k):
                 seen[k] = None
     metrics = [k for k in _LABELS if k in seen and k != "wall_time_s"] + [k for k in seen if k not in _LABELS]
     return metrics + (["wall_time_s"] if "wall_time_s" in seen else [])
@@ -241,7 +243,7 @@ def _curve_tags(curves: dict, limit: int = 6) -> list[tuple[str, str]]:
     tags = [(t, label) for t, label in CURVE_TAGS if t in found]
     known = {t for t, _ in CURVE_TAGS}
     extra = sorted(t for t in found if t not in known)
-    extra.sort(key=lambda t: ("loss" not in t, "accuracy" not in t))
+    extra.sort(key=lambda t: ("_over_" in t, not t.endswith("loss"), not t.endswith("accuracy"), t))
     tags += [(t, t.split("/", 1)[-1].replace("_", " ")) for t in extra]
     return tags[:limit]
 
@@ -253,28 +255,34 @@ def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
     plt = _plt()
     tasks = sorted({str(m.get("task", "")) for m in members})
     colours = _heads_colours([m.get("heads") for m in members]) if all("heads" in m for m in members) else {}
-    fig, axes = plt.subplots(len(tasks), len(tags), figsize=(4.2 * len(tags), 3.2 * len(tasks)), squeeze=False)
+    # one row per task; a single task wraps its panels three to a row
+    ncols = len(tags) if len(tasks) > 1 else min(3, len(tags))
+    panels = [(task, tag, label) for task in tasks for tag, label in tags]
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
     seeds = sorted({m.get("seed") for m in members}, key=str)
     styles = ["-", "--", ":", "-."]
-    for r, task in enumerate(tasks):
-        for c, (tag, label) in enumerate(tags):
-            ax = axes[r][c]
-            labelled = set()
-            for m in members:
-                if str(m.get("task", "")) != task or tag not in curves.get(m["name"], {}):
-                    continue
-                steps, values = curves[m["name"]][tag]
-                heads = m.get("heads")
-                key = heads if colours else m["name"]
-                label_text = (_heads_label(heads) if colours else m["name"]) if key not in labelled else None
-                labelled.add(key)
-                ax.plot(steps, values * (100 if "accuracy" in tag else 1), marker="o", ms=3,
-                        color=colours.get(heads), ls=styles[seeds.index(m.get("seed")) % len(styles)], label=label_text)
-            ax.set(xlabel="step", ylabel=label + (" %" if "accuracy" in tag else ""),
-                   title=f"{task}: {label}" if task else label)
-            ax.grid(alpha=0.3)
-            if c == len(tags) - 1:
-                ax.legend(fontsize="small")
+    for n, (task, tag, label) in enumerate(panels):
+        ax = axes.flat[n]
+        c = n % ncols
+        labelled = set()
+        for m in members:
+            if str(m.get("task", "")) != task or tag not in curves.get(m["name"], {}):
+                continue
+            steps, values = curves[m["name"]][tag]
+            heads = m.get("heads")
+            key = heads if colours else m["name"]
+            label_text = (_heads_label(heads) if colours else m["name"]) if key not in labelled else None
+            labelled.add(key)
+            ax.plot(steps, values * (100 if "accuracy" in tag else 1), marker="o", ms=3,
+                    color=colours.get(heads), ls=styles[seeds.index(m.get("seed")) % len(styles)], label=label_text)
+        ax.set(xlabel="step", ylabel=label + (" %" if "accuracy" in tag else ""),
+               title=f"{task}: {label}" if task else label)
+        ax.grid(alpha=0.3)
+        if c == ncols - 1 or n == len(panels) - 1:
+            ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -3,7 +3,6 @@ reused), padding invariance against independent plain models, and config validat
 import json
 import math
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 
 from mhjax.analysis.ntk import simplex_margin
-from mhjax.config import ConfigError
+from mhjax.config import ConfigError, load_config_file
 from mhjax.data.mixture import default_mixture_config
 from mhjax.experiments import make_experiment
 from mhjax.experiments.mixture import read_loss_curve
@@ -216,15 +215,27 @@ def test_unknown_sweep_field_and_unknown_field_are_errors():
 
 
 def test_bundled_config_is_one_program_of_42_members():
-    sys.path.insert(0, os.path.join(ROOT, "configs"))
-    try:
-        from mhjax.config import load_config_file
-
-        config = load_config_file(os.path.join(ROOT, "configs", "mixture.py"))
-    finally:
-        sys.path.pop(0)
+    config = load_config_file(os.path.join(ROOT, "configs", "mixture.py"))
     experiment = make_experiment(config)
     assert len(experiment.members) == 42 and experiment.max_heads == 64
     assert {m["heads"] for m in experiment.members} == {1, 2, 4, 8, 16, 32, 64}
     assert len({m["num_train"] for m in experiment.members}) >= 2 and len({m["seed"] for m in experiment.members}) == 3
     assert len(experiment.programs("auto", "cpu")) == 1
+
+
+def test_first_token_query_variant_pads_like_the_plain_model():
+    """query="first": theta_0 of H=2 inside H_max=8 equals classifier.gd_step on a plain 2-head model."""
+    config = tiny_mixture_config(heads=(2, 8), num_train=(8,))
+    config.model.query = "first"
+    experiment = make_experiment(config)
+    member = next(m for m in experiment.members if m["heads"] == 2)
+    assert experiment.member_info(member) == {"params": 2 * (6 * 6 + 6)}
+    kernel = experiment.programs("auto", "cpu")[0][2]
+    theta0 = kernel.init_params(jax.tree_util.tree_map(jnp.asarray, experiment.member_constants(member)))
+    X, y = (jnp.asarray(a[:8]) for a in experiment.train_data(0))
+    zero = {"W": jnp.zeros((2, 6, 6)), "U": jnp.zeros((2, 6))}
+    plain, _ = gd_step(zero, X, y, 1.0, jnp.ones(2), 2, "first")
+    for key in ("W", "U"):
+        np.testing.assert_allclose(np.asarray(theta0[key])[:2], np.asarray(plain[key]), rtol=1e-6, atol=1e-7)
+        assert not np.any(np.asarray(theta0[key])[2:])
+    assert np.any(np.asarray(plain["U"]))

@@ -116,6 +116,8 @@ def _env(cache_dir):
     if cache_dir:
         env.update(JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    else:  # no persistent cache (tests/conftest.py sets one): this run really compiles
+        env.pop("JAX_COMPILATION_CACHE_DIR", None)
     return env
 
 
@@ -190,7 +192,7 @@ def setup(tmp_path_factory):
     base = tmp_path_factory.mktemp("reliability")
     config_path = base / "tiny.py"
     config_path.write_text(CONFIG)
-    cache = base / "jax-cache"
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or base / "jax-cache"  # tests/conftest.py shares one
     reference = base / "reference"
     train(config_path, reference, cache)
     assert complete_steps(reference) == [FIRST_CHECKPOINT, STEPS]
@@ -216,7 +218,6 @@ def test_sigkill_mid_chunk_resumes_bit_identical(setup, tmp_path):
     assert_identical_runs(reference, str(workdir))
 
 
-@pytest.mark.slow
 def test_sigkill_during_checkpoint_write_resumes_bit_identical(setup, tmp_path):
     config_path, cache, reference = setup
     workdir = tmp_path / "w"
@@ -230,7 +231,6 @@ def test_sigkill_during_checkpoint_write_resumes_bit_identical(setup, tmp_path):
     assert_identical_runs(reference, str(workdir))
 
 
-@pytest.mark.slow
 def test_sigkill_during_compile_resumes_bit_identical(setup, tmp_path):
     config_path, cache, reference = setup
     workdir = tmp_path / "w"

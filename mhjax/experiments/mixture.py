@@ -9,9 +9,10 @@ nothing, so a member computes the same numbers in any sweep (up to float summati
 
 Data. Example i of a seed's training set is drawn from ``fold_in(data key, i)`` with the
 data key a function of (config.seed, member seed) only: every head count and step size of a
-seed trains on the same examples, and the n=64 set is the first 64 examples of the n=256
-set. Test data (``data.num_test`` examples) come the same way from a separate key of the
-seed, fresh draws from the same distribution.
+seed trains on the same examples, and a smaller n is a prefix of a larger one (n=32 = the
+first 32 examples of n=128). Test data (``data.num_test`` examples) come the same way from a
+separate key of the seed: fresh draws from the same distribution, the same for every member
+of a seed. Both are sampled once on the host and carried in the member constants.
 
 theta_0. ``init.scheme``:
   * "zero_plus_step" (default, the spec's theta_0): zero parameters followed by ONE full-batch
@@ -48,6 +49,7 @@ import functools
 import math
 import os
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -173,15 +175,24 @@ def sample_examples(key, data_config, count: int, start=0):
     return X[:, 0], y[:, 0]
 
 
+DATA_FIELDS = ("dim", "seq_len", "num_relevant_per_label", "num_noise_clusters", "relevant_fraction", "signal_norm", "noise_std")
+
+
+@functools.partial(jax.jit, static_argnames="data")
+def _sample_block(key, start, data):
+    return sample_examples(key, types.SimpleNamespace(**dict(data)), SAMPLE_BLOCK, start)
+
+
 class HostSampler:
-    """``sample_examples`` on the host, compiled once for a block of SAMPLE_BLOCK examples and
-    called block after block (the sampler's compile is slow on CPU: seconds per shape)."""
+    """``sample_examples`` on the host, compiled once per data config and process for a block of
+    SAMPLE_BLOCK examples and called block after block (the sampler's compile takes seconds on
+    CPU, so neither the count nor a new experiment object may trigger another)."""
 
     def __init__(self, data_config):
-        self._block = jax.jit(lambda key, start: sample_examples(key, data_config, SAMPLE_BLOCK, start))
+        self.data = tuple((field, data_config[field]) for field in DATA_FIELDS)
 
     def __call__(self, key, count: int):
-        blocks = [jax.device_get(self._block(jnp.asarray(key), jnp.uint32(b * SAMPLE_BLOCK)))
+        blocks = [jax.device_get(_sample_block(jnp.asarray(key), jnp.uint32(b * SAMPLE_BLOCK), self.data))
                   for b in range(-(-count // SAMPLE_BLOCK))]
         X = np.concatenate([b[0] for b in blocks])[:count]
         y = np.concatenate([b[1] for b in blocks])[:count]

@@ -267,15 +267,15 @@ def diffusion_image(combined: np.ndarray, title: str = "", horizon: int = DIFFUS
 
     L, T = combined.shape[0], combined.shape[-1]
     sources = sorted({0, T // 4, T // 2, (3 * T) // 4, max(T - 2, 0)})
-    fig, axes = plt.subplots(1, L, figsize=(3.2 * L, 2.8), squeeze=False)
+    fig, axes = plt.subplots(1, L, figsize=(max(3.2 * L, 4.5), 2.8), squeeze=False)
     steps = np.arange(1, horizon + 1)
     for layer, ax in enumerate(axes[0]):
         signal = sink_signal(combined[layer], horizon)
         for j in sources:
-            ax.plot(steps, signal[:, j], label=f"from {j}")
+            ax.plot(steps, np.maximum(signal[:, j], 1e-6), label=f"from {j}")
         fidelity = signal.max(axis=0).min()
-        ax.axhline(fidelity, color="k", ls="--", lw=0.8, label=f"minimax {100 * fidelity:.1f}%")
-        ax.set(xscale="log", xlabel="steps t", title=f"layer {layer}")
+        ax.axhline(max(fidelity, 1e-6), color="k", ls="--", lw=0.8, label=f"minimax {100 * fidelity:.2f}%")
+        ax.set(xscale="log", yscale="log", ylim=(1e-4, 1.5), xlabel="steps t", title=f"layer {layer}")
         if layer == 0:
             ax.set_ylabel("signal at sink")
         ax.grid(alpha=0.3)

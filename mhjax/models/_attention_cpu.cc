@@ -139,28 +139,29 @@ struct Params {
   bool dropout() const { return threshold < (1u << 24); }
 };
 
-// Per-task scratch, reused across tasks of one thread.
+constexpr int64_t V = 16;  // vector width in floats; rows are padded to a multiple
+constexpr float kNeg = -1e30f;
+
+inline int64_t RoundUp(int64_t x) { return (x + V - 1) / V * V; }
+
+// Per-task scratch, reused across tasks of one thread. Arrays over keys have length
+// Tp = RoundUp(T), zero beyond T, so every loop over keys runs whole vectors.
 struct Scratch {
-  std::vector<float> kt, vt, dkt, dvt, row, prob, mask, qi, gi;
+  std::vector<float> kt, vt, dkt, dvt, row, prob, mask, qs;
   std::vector<uint32_t> col;
-  void Reserve(int64_t t, int64_t dh) {
-    kt.resize(dh * t);
-    vt.resize(dh * t);
-    dkt.resize(dh * t);
-    dvt.resize(dh * t);
-    row.resize(t);
-    prob.resize(t);
-    mask.resize(t);
-    col.resize(t);
-    qi.resize(dh);
-    gi.resize(dh);
+  void Reserve(int64_t tp, int64_t dh) {
+    for (auto* x : {&kt, &vt, &dkt, &dvt}) x->assign(dh * tp, 0.0f);
+    for (auto* x : {&row, &prob, &mask}) x->assign(tp, 0.0f);
+    qs.assign(dh, 0.0f);
+    col.resize(tp);
+    for (int64_t j = 0; j < tp; ++j) col[j] = static_cast<uint32_t>(j) * kColMul;
   }
 };
 
 thread_local Scratch tls;
 
 struct Task {
-  int64_t row0;  // first element of this (batch row) in q: row * T * D
+  int64_t row0;  // first element of this batch row in q: row * T * D
   int64_t col0;  // first column of the head
   int64_t dh;
   int64_t b;     // batch index within the member
@@ -169,9 +170,9 @@ struct Task {
   float scale;
 };
 
-inline Task MakeTask(const Params& p, int64_t item, int64_t heads_max) {
+inline Task MakeTask(const Params& p, int64_t item, int64_t slots) {
   const Shape& s = p.s;
-  int64_t row = item / heads_max, c = item % heads_max;
+  int64_t row = item / slots, c = item % slots;
   int64_t member = row / s.batch;
   int64_t h = p.heads[member];
   Task t;
@@ -186,141 +187,150 @@ inline Task MakeTask(const Params& p, int64_t item, int64_t heads_max) {
   return t;
 }
 
-// Loads the head's slice of x (T, D) transposed into xt (dh, T).
-inline void LoadT(const float* x, const Task& t, int64_t T, int64_t D, float* xt) {
+// The head's slice of x (T, D), transposed into xt (dh, Tp).
+inline void LoadT(const float* x, const Task& t, int64_t T, int64_t Tp, int64_t D, float* xt) {
   for (int64_t j = 0; j < T; ++j) {
     const float* src = x + t.row0 + j * D + t.col0;
-    for (int64_t d = 0; d < t.dh; ++d) xt[d * T + j] = src[d];
+    for (int64_t d = 0; d < t.dh; ++d) xt[d * Tp + j] = src[d];
   }
 }
 
-// Scores of query i against keys 0..i into row (scaled).
-inline void Scores(const float* qi, const float* kt, int64_t T, int64_t dh, int64_t len, float scale,
-                   float* row) {
-  for (int64_t j = 0; j < len; ++j) row[j] = 0.0f;
+// Scaled scores of query i (qs = q_i * scale) against the keys of one vector block.
+inline void ScoreBlock(const float* qs, const float* kt, int64_t Tp, int64_t dh, int64_t jb,
+                       float* acc) {
+  for (int64_t j = 0; j < V; ++j) acc[j] = 0.0f;
   for (int64_t d = 0; d < dh; ++d) {
-    const float qd = qi[d] * scale;
-    const float* kd = kt + d * T;
-    for (int64_t j = 0; j < len; ++j) row[j] += qd * kd[j];
+    const float qd = qs[d];
+    const float* kd = kt + d * Tp + jb;
+    for (int64_t j = 0; j < V; ++j) acc[j] += qd * kd[j];
   }
 }
 
-inline void Mask(const Params& p, const Task& t, int64_t i, int64_t len, const uint32_t* col,
+// Dropout multipliers (0 or 1/keep) of query i for keys [0, lenp).
+inline void Mask(const Params& p, const Task& t, int64_t i, int64_t lenp, const uint32_t* col,
                  float* mask) {
   const uint32_t a = fmix32(static_cast<uint32_t>(t.b * p.s.t + i) * kRowMul + t.s0);
   const uint32_t thr = p.threshold, s1 = t.s1;
   const float inv = p.inv_keep;
-  for (int64_t j = 0; j < len; ++j) {
+  for (int64_t j = 0; j < lenp; ++j) {
     uint32_t h = fmix32((a ^ col[j]) + s1);
     mask[j] = (h >> 8) < thr ? inv : 0.0f;
   }
 }
 
-void ForwardTask(const Params& p, int64_t item, int64_t heads_max, float* out, float* lse) {
+inline float Dot(const float* a, const float* b, int64_t lenp) {
+  float acc[V] = {};
+  for (int64_t jb = 0; jb < lenp; jb += V)
+    for (int64_t j = 0; j < V; ++j) acc[j] += a[jb + j] * b[jb + j];
+  float total = 0.0f;
+  for (int64_t j = 0; j < V; ++j) total += acc[j];
+  return total;
+}
+
+void ForwardTask(const Params& p, int64_t item, int64_t slots, float* out, float* lse) {
   const Shape& s = p.s;
-  const Task t = MakeTask(p, item, heads_max);
-  if (t.col0 >= s.d) {  // a member with fewer heads than heads_max: unused row
+  const Task t = MakeTask(p, item, slots);
+  if (t.col0 >= s.d) {  // a member with fewer heads than slots: unused lse rows
     std::fill(lse + t.lse0, lse + t.lse0 + s.t, 0.0f);
     return;
   }
-  const int64_t T = s.t, D = s.d, dh = t.dh;
+  const int64_t T = s.t, Tp = RoundUp(T), D = s.d, dh = t.dh;
   Scratch& w = tls;
-  w.Reserve(T, dh);
-  LoadT(p.k, t, T, D, w.kt.data());
-  LoadT(p.v, t, T, D, w.vt.data());
-  for (int64_t j = 0; j < T; ++j) w.col[j] = static_cast<uint32_t>(j) * kColMul;
+  w.Reserve(Tp, dh);
+  LoadT(p.k, t, T, Tp, D, w.kt.data());
+  LoadT(p.v, t, T, Tp, D, w.vt.data());
   float* row = w.row.data();
   float* mask = w.mask.data();
+  float* qs = w.qs.data();
   for (int64_t i = 0; i < T; ++i) {
-    const int64_t len = i + 1;
-    Scores(p.q + t.row0 + i * D + t.col0, w.kt.data(), T, dh, len, t.scale, row);
-    float m = row[0];
-    for (int64_t j = 1; j < len; ++j) m = std::max(m, row[j]);
+    const int64_t lenp = RoundUp(i + 1);
+    const float* qi = p.q + t.row0 + i * D + t.col0;
+    for (int64_t d = 0; d < dh; ++d) qs[d] = qi[d] * t.scale;
+    float m = kNeg;
+    for (int64_t jb = 0; jb < lenp; jb += V) {
+      float acc[V];
+      ScoreBlock(qs, w.kt.data(), Tp, dh, jb, acc);
+      for (int64_t j = 0; j < V; ++j) {
+        const float x = jb + j <= i ? acc[j] : kNeg;
+        row[jb + j] = x;
+        m = std::max(m, x);
+      }
+    }
     float l = 0.0f;
-    for (int64_t j = 0; j < len; ++j) {
-      row[j] = fast_exp(row[j] - m);
-      l += row[j];
+    for (int64_t j = 0; j < lenp; ++j) {
+      const float e = j <= i ? fast_exp(row[j] - m) : 0.0f;
+      row[j] = e;
+      l += e;
     }
     lse[t.lse0 + i] = m + std::log(l);
-    float inv_l = 1.0f / l;
+    const float inv_l = 1.0f / l;
     if (p.dropout()) {
-      Mask(p, t, i, len, w.col.data(), mask);
-      for (int64_t j = 0; j < len; ++j) row[j] *= inv_l * mask[j];
+      Mask(p, t, i, lenp, w.col.data(), mask);
+      for (int64_t j = 0; j < lenp; ++j) row[j] *= inv_l * mask[j];
     } else {
-      for (int64_t j = 0; j < len; ++j) row[j] *= inv_l;
+      for (int64_t j = 0; j < lenp; ++j) row[j] *= inv_l;
     }
     float* o = out + t.row0 + i * D + t.col0;
-    for (int64_t d = 0; d < dh; ++d) {
-      const float* vd = w.vt.data() + d * T;
-      float acc = 0.0f;
-      for (int64_t j = 0; j < len; ++j) acc += row[j] * vd[j];
-      o[d] = acc;
-    }
+    for (int64_t d = 0; d < dh; ++d) o[d] = Dot(row, w.vt.data() + d * Tp, lenp);
   }
 }
 
-void BackwardTask(const Params& p, int64_t item, int64_t heads_max, const float* out,
+void BackwardTask(const Params& p, int64_t item, int64_t slots, const float* out,
                   const float* lse, const float* dout, float* dq, float* dk, float* dv) {
   const Shape& s = p.s;
-  const Task t = MakeTask(p, item, heads_max);
+  const Task t = MakeTask(p, item, slots);
   if (t.col0 >= s.d) return;
-  const int64_t T = s.t, D = s.d, dh = t.dh;
+  const int64_t T = s.t, Tp = RoundUp(T), D = s.d, dh = t.dh;
   Scratch& w = tls;
-  w.Reserve(T, dh);
-  LoadT(p.k, t, T, D, w.kt.data());
-  LoadT(p.v, t, T, D, w.vt.data());
-  std::fill(w.dkt.begin(), w.dkt.begin() + dh * T, 0.0f);
-  std::fill(w.dvt.begin(), w.dvt.begin() + dh * T, 0.0f);
-  for (int64_t j = 0; j < T; ++j) w.col[j] = static_cast<uint32_t>(j) * kColMul;
-  float* row = w.row.data();
-  float* prob = w.prob.data();
+  w.Reserve(Tp, dh);
+  LoadT(p.k, t, T, Tp, D, w.kt.data());
+  LoadT(p.v, t, T, Tp, D, w.vt.data());
+  float* ds = w.row.data();
+  float* pm = w.prob.data();
   float* mask = w.mask.data();
+  float* qs = w.qs.data();
+  const bool dropout = p.dropout();
   for (int64_t i = 0; i < T; ++i) {
-    const int64_t len = i + 1;
+    const int64_t lenp = RoundUp(i + 1);
     const float* qi = p.q + t.row0 + i * D + t.col0;
     const float* gi = dout + t.row0 + i * D + t.col0;
     const float* oi = out + t.row0 + i * D + t.col0;
     float di = 0.0f;
-    for (int64_t d = 0; d < dh; ++d) di += gi[d] * oi[d];
-    Scores(qi, w.kt.data(), T, dh, len, t.scale, row);
+    for (int64_t d = 0; d < dh; ++d) {
+      di += gi[d] * oi[d];
+      qs[d] = qi[d] * t.scale;
+    }
     const float li = lse[t.lse0 + i];
-    for (int64_t j = 0; j < len; ++j) prob[j] = fast_exp(row[j] - li);
-    if (p.dropout()) {
-      Mask(p, t, i, len, w.col.data(), mask);
-    } else {
-      for (int64_t j = 0; j < len; ++j) mask[j] = 1.0f;
+    if (dropout) Mask(p, t, i, lenp, w.col.data(), mask);
+    for (int64_t jb = 0; jb < lenp; jb += V) {
+      float sc[V], gv[V];
+      ScoreBlock(qs, w.kt.data(), Tp, dh, jb, sc);
+      ScoreBlock(gi, w.vt.data(), Tp, dh, jb, gv);  // dO_i . v_j
+      for (int64_t j = 0; j < V; ++j) {
+        const float pr = jb + j <= i ? fast_exp(sc[j] - li) : 0.0f;
+        const float mk = dropout ? mask[jb + j] : 1.0f;
+        pm[jb + j] = pr * mk;
+        ds[jb + j] = pr * (gv[j] * mk - di) * t.scale;
+      }
     }
-    // dP (after dropout) = dO_i . v_j  -> row
-    for (int64_t j = 0; j < len; ++j) row[j] = 0.0f;
-    for (int64_t d = 0; d < dh; ++d) {
-      const float g = gi[d];
-      const float* vd = w.vt.data() + d * T;
-      for (int64_t j = 0; j < len; ++j) row[j] += g * vd[j];
-    }
-    // dV += (P * mask)^T dO ; dS = P * (dP * mask - D_i)
-    for (int64_t d = 0; d < dh; ++d) {
-      const float g = gi[d];
-      float* dvd = w.dvt.data() + d * T;
-      for (int64_t j = 0; j < len; ++j) dvd[j] += prob[j] * mask[j] * g;
-    }
-    for (int64_t j = 0; j < len; ++j) row[j] = prob[j] * (row[j] * mask[j] - di) * t.scale;
     float* dqi = dq + t.row0 + i * D + t.col0;
     for (int64_t d = 0; d < dh; ++d) {
-      const float* kd = w.kt.data() + d * T;
-      float acc = 0.0f;
-      for (int64_t j = 0; j < len; ++j) acc += row[j] * kd[j];
-      dqi[d] = acc;
-      const float qd = qi[d];
-      float* dkd = w.dkt.data() + d * T;
-      for (int64_t j = 0; j < len; ++j) dkd[j] += row[j] * qd;
+      dqi[d] = Dot(ds, w.kt.data() + d * Tp, lenp);
+      const float qd = qi[d], gd = gi[d];
+      float* dkd = w.dkt.data() + d * Tp;
+      float* dvd = w.dvt.data() + d * Tp;
+      for (int64_t j = 0; j < lenp; ++j) {
+        dkd[j] += ds[j] * qd;
+        dvd[j] += pm[j] * gd;
+      }
     }
   }
   for (int64_t j = 0; j < T; ++j) {
     float* dkj = dk + t.row0 + j * D + t.col0;
     float* dvj = dv + t.row0 + j * D + t.col0;
     for (int64_t d = 0; d < dh; ++d) {
-      dkj[d] = w.dkt[d * T + j];
-      dvj[d] = w.dvt[d * T + j];
+      dkj[d] = w.dkt[d * Tp + j];
+      dvj[d] = w.dvt[d * Tp + j];
     }
   }
 }

@@ -50,13 +50,22 @@ def head_groups(heads, num_fine: int):
     return jnp.arange(num_fine) // group_size
 
 
-# "auto": the CPU kernel when the default backend is the CPU and it builds; "kernel"; "jax".
+# "auto": on the CPU backend, the kernel for grouped heads and for plain heads of dim <=
+# KERNEL_MAX_HEAD_DIM (above it XLA's batched matmuls win, benchmarks/RESULTS.md), else JAX;
+# "kernel": the kernel whenever it builds; "jax": never the kernel.
 IMPLEMENTATION = os.environ.get("MHJAX_ATTENTION", "auto")
+KERNEL_MAX_HEAD_DIM = 8
 
 
-def use_cpu_kernel() -> bool:
-    if IMPLEMENTATION == "jax" or (IMPLEMENTATION == "auto" and jax.default_backend() != "cpu"):
+def use_cpu_kernel(head_dim: int | None = None) -> bool:
+    """head_dim: the plain head dim, None for grouped heads (any head dim at run time)."""
+    if IMPLEMENTATION == "jax":
         return False
+    if IMPLEMENTATION == "auto":
+        if jax.default_backend() != "cpu":
+            return False
+        if head_dim is not None and head_dim > KERNEL_MAX_HEAD_DIM:
+            return False
     from mhjax.models import cpu_attention
 
     return cpu_attention.available()
@@ -110,7 +119,7 @@ class CausalSelfAttention(nn.Module):
             threshold, inv_keep = dropout_threshold(self.dropout_rate)
         else:
             seeds, threshold, inv_keep = jnp.zeros((fine, 2), jnp.uint32), 1 << 24, 1.0
-        if use_cpu_kernel():
+        if use_cpu_kernel(width // fine if heads is None else None):
             from mhjax.models import cpu_attention
 
             count = jnp.full((1,), fine if heads is None else heads, jnp.int32)

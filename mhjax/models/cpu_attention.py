@@ -47,7 +47,9 @@ def _cache_dir() -> Path:
 
 
 def _flags() -> list[str]:
-    return ["-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC"]
+    # -ffast-math without its crtfastmath.o (which would set flush-to-zero for the whole process)
+    return ["-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
+            "-fassociative-math", "-ffinite-math-only", "-std=c++17", "-shared", "-fPIC"]
 
 
 def _compiler() -> str | None:
@@ -102,7 +104,13 @@ def _attrs(threshold: int, inv_keep: float) -> dict:
     return {"threshold": np.int64(threshold), "inv_keep": np.float32(inv_keep)}
 
 
+def _require():
+    if not available():
+        raise RuntimeError("the mhjax CPU attention kernel is unavailable (see the warning above)")
+
+
 def _forward(q, k, v, heads, seeds, threshold, inv_keep):
+    _require()
     lse_shape = q.shape[:-2] + (seeds.shape[-2], q.shape[-2])
     out_types = (jax.ShapeDtypeStruct(q.shape, jnp.float32), jax.ShapeDtypeStruct(lse_shape, jnp.float32))
     call = jax.ffi.ffi_call(FORWARD, out_types, vmap_method="broadcast_all")
@@ -110,6 +118,7 @@ def _forward(q, k, v, heads, seeds, threshold, inv_keep):
 
 
 def _backward(q, k, v, out, lse, dout, heads, seeds, threshold, inv_keep):
+    _require()
     out_types = tuple(jax.ShapeDtypeStruct(q.shape, jnp.float32) for _ in range(3))
     call = jax.ffi.ffi_call(BACKWARD, out_types, vmap_method="broadcast_all")
     return call(q, k, v, out, lse, dout, heads, seeds, **_attrs(threshold, inv_keep))

@@ -161,7 +161,7 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
     step = int(latest or 0)
     writers = MemberWriters(workdir, [m.name for m in members]) if primary else _NoWriters()
     writers.start(experiment, step)  # config text and HParams session starts
-    reported_divergence = set()
+    reported_divergence, evaluation = set(), None
     bar = tqdm(total=total, initial=step, unit="step", disable=not (progress and primary), dynamic_ncols=True, file=sys.stderr)
     try:
         with _StopFlag() as stop:
@@ -184,7 +184,8 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
                 bar.set_postfix_str(f"{rate:,.0f} member-steps/s")
                 bar.update(n)
                 if _crossed(previous, step, config.train.eval_every) or step == total:
-                    _log_eval(writers, members, sweep.evaluate(states), step)
+                    evaluation = sweep.evaluate(states)
+                    _log_eval(writers, members, evaluation, step)
                 if _crossed(previous, step, config.train.checkpoint_every) or step == total:
                     sweep.save(checkpointer, step, states, seconds)
                 if stop.raised and step < total:
@@ -192,7 +193,8 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
                     raise Interrupted(f"interrupted at step {step}; checkpoint written, run the same command to resume")
         if latest is not None and latest >= total:
             log(f"training already complete at step {latest}; not retraining")
-        evaluation = sweep.evaluate(states)
+        if evaluation is None:  # else the loop's last evaluation is of this very state
+            evaluation = sweep.evaluate(states)
         payload = _results(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
         if primary:
             write_results(workdir, payload)
