@@ -14,7 +14,7 @@ def get_config():
     config.model.seq_len = 32
     config.data.num_eval = 200
     config.train.steps = 200
-    config.train.chunk_steps = 100
+    config.train.chunk_steps = 50
     config.train.eval_every = 100
     config.train.checkpoint_every = 100
     return config

@@ -73,10 +73,13 @@ def test_training_changes_params_and_lowers_loss():
 
 def test_diverging_member_is_frozen_and_reported(tmp_path):
     config = tiny_sequence_config(heads=(2,), learning_rate=(3e-3, 1e30))
-    payload = run(make_experiment(config), str(tmp_path / "w"), progress=False, log=lambda m: None)
+    messages = []
+    payload = run(make_experiment(config), str(tmp_path / "w"), progress=False, log=messages.append)
     by_lr = {m["learning_rate"]: m for m in payload["members"]}
     bad, good = by_lr[1e30], by_lr[3e-3]
     assert bad["status"] == "diverged" and 0 <= bad["diverged_at_step"] < config.train.steps
+    reports = [m for m in messages if "diverged" in m]  # once, naming the member and the step
+    assert len(reports) == 1 and bad["name"] in reports[0] and f"diverged at step {bad['diverged_at_step']}" in reports[0]
     assert good["status"] == "ok" and np.isfinite(good["train_loss"])
     # Frozen: the diverged member's checkpointed params are finite (the bad update was rejected).
     sweep = Sweep(make_experiment(config), backend="cpu")
