@@ -6,8 +6,6 @@ import subprocess
 import sys
 import textwrap
 
-import jax
-import numpy as np
 import pytest
 
 from tests.test_sweep import assert_trees_close

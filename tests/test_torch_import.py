@@ -1,6 +1,5 @@
 """Safe torch.save loader (mhjax.io.torch_import): real checkpoints, crafted and hostile files."""
 
-import io
 import os
 import pickle
 import re
@@ -131,6 +130,57 @@ def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path, kind):
     assert str(f) in msg and "\n" not in msg
     assert isinstance(exc.value, ValueError)
     assert not marker.exists()
+
+
+# Globals a pickle could name: lookalikes of the allowed ones under other modules or names,
+# builtins under both spellings, numpy reconstructors, pickle helpers, torch itself.
+REFUSED_GLOBALS = [
+    ("builtins", "eval"), ("builtins", "exec"), ("builtins", "getattr"), ("builtins", "__import__"),
+    ("builtins", "open"), ("__builtin__", "eval"), ("__builtin__", "getattr"), ("__builtin__", "apply"),
+    ("os", "system"), ("posix", "system"), ("nt", "system"), ("subprocess", "Popen"), ("shutil", "rmtree"),
+    ("numpy", "load"), ("numpy", "dtype"), ("numpy", "ndarray"), ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"), ("numpy", "frombuffer"),
+    ("_codecs", "encode"), ("copyreg", "_reconstructor"), ("copy_reg", "_reconstructor"), ("functools", "partial"),
+    ("collections", "defaultdict"), ("collections", "OrderedDict.fromkeys"), ("collections", "namedtuple"),
+    ("torch", "load"), ("torch", "Tensor"), ("torch", "FloatStorage.__class__"), ("torch", "UntypedStorage"),
+    ("torch._utils", "_rebuild_tensor"), ("torch._utils", "_rebuild_tensor_v3"), ("torch._utils", "_rebuild_tensor_v2.__globals__"),
+    ("torch._utils", "_rebuild_from_type_v2"), ("torch._utils", "_rebuild_qtensor"), ("torch._utils", "_rebuild_device_tensor_from_numpy"),
+    ("torch.utils", "_rebuild_tensor_v2"), ("torch_utils", "_rebuild_tensor_v2"), ("torch._utils.x", "_rebuild_tensor_v2"),
+    ("_utils", "_rebuild_tensor_v2"), ("Torch._utils", "_rebuild_tensor_v2"), ("torch._utils ", "_rebuild_tensor_v2"),
+    ("collections ", "OrderedDict"), ("mhjax.io.torch_import", "_rebuild_tensor_v2"), ("mhjax.io.torch_import", "_ALLOWED_FUNCS"),
+    ("torch", "_utils"), ("__main__", "Evil"), ("pickle", "loads"), ("marshal", "loads"), ("types", "FunctionType"),
+]
+
+
+def _global_pickles(module: str, name: str) -> dict[str, bytes]:
+    """The opcodes that resolve a global: GLOBAL (+REDUCE), STACK_GLOBAL, INST, OBJ."""
+    m, n = module.encode(), name.encode()
+    return {
+        "GLOBAL": b"\x80\x02c" + m + b"\n" + n + b"\n)R.",
+        "STACK_GLOBAL": b"\x80\x04" + _str(module) + _str(name) + b"\x93)R.",
+        "INST": b"(i" + m + b"\n" + n + b"\n.",
+        "OBJ": b"\x80\x02(c" + m + b"\n" + n + b"\no.",
+        "nested": b"\x80\x02ccollections\nOrderedDict\n)R" + _str("w") + b"]c" + m + b"\n" + n + b"\n)Ra\x86.",
+    }
+
+
+@pytest.mark.parametrize("module,name", REFUSED_GLOBALS, ids=lambda x: repr(x))
+def test_every_global_outside_the_allow_list_is_refused(tmp_path, module, name):
+    assert (module, name) not in ti._ALLOWED_FUNCS
+    for opcode, pkl in _global_pickles(module, name).items():
+        f = tmp_path / f"{opcode}.pt"
+        write_zip(f, pkl, {})
+        with pytest.raises(UnsafeCheckpointError) as exc:
+            load_state_dict(f)
+        assert f"refused global '{module}.{name}'" in str(exc.value), (opcode, str(exc.value))
+
+
+def test_the_allow_list_is_exactly_the_tensor_state_dict_needs():
+    assert set(ti._ALLOWED_FUNCS) == {
+        ("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_parameter")
+    }
+    assert all(not isinstance(f, type(os)) for f in ti._ALLOWED_FUNCS.values())
+    assert ti._ALLOWED_FUNCS[("torch._utils", "_rebuild_tensor_v2")].__module__ == "mhjax.io.torch_import"
 
 
 def test_non_state_dict_pickle_is_rejected(tmp_path):

@@ -391,3 +391,71 @@ def test_subprocess_errors_are_one_line(workdir_copy, tmp_path):
         assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr[-2000:]
         assert proc.stderr.startswith("mhjax: error: ") and match in proc.stderr and proc.stdout == ""
     assert snapshot(workdir) == before
+
+
+# ---- untrusted files: restoring a checkpoint never runs code from disk ----
+
+class _Payload:
+    """Unpickling this creates the marker file (what a hostile pickle would do)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_checkpoint_restore_never_unpickles(workdir_copy, tmp_path, capsys):
+    """orbax StandardRestore reads JSON metadata and tensorstore (zarr/OCDBT) arrays only: pickle
+    files planted in a checkpoint are ignored, and metadata replaced by a pickle is an error."""
+    import pickle
+
+    config, workdir, _ = workdir_copy
+    marker = tmp_path / "pwned"
+    evil = pickle.dumps(_Payload(str(marker)), protocol=2)
+    step = os.path.join(workdir, "checkpoints", "2")
+    planted = ["checkpoint", "checkpoint.pkl", "_CHECKPOINT_METADATA.pkl", "default/data.pkl",
+               "default/pytree.pkl", "default/_METADATA.pkl", "default/checkpoint.msgpack"]
+    for name in planted:
+        with open(os.path.join(step, name), "wb") as f:
+            f.write(evil)
+    # Training is complete: this restores the checkpoint, evaluates and rewrites the results.
+    assert cli.main(["train", "--config", config, "--workdir", workdir, "--no-progress"]) == 0
+    assert "not retraining" in capsys.readouterr().err
+    assert not marker.exists()
+    # default/checkpoint is orbax's legacy msgpack file name: read as msgpack (data, never code).
+    for name in ("_CHECKPOINT_METADATA", "default/_METADATA", "default/manifest.ocdbt", "default/checkpoint"):
+        with open(os.path.join(step, name), "wb") as f:
+            f.write(evil)
+    code = cli.main(["train", "--config", config, "--workdir", workdir, "--no-progress"])
+    assert step in assert_one_line_error(capsys, code, "checkpoint")
+    assert not marker.exists()
+
+
+def test_the_package_has_no_unsafe_loaders():
+    """No pickle/dill/torch.load/np.load(allow_pickle=True) anywhere in mhjax: the only
+    unpickler is torch_import's allow-list one (tested in tests/test_torch_import.py)."""
+    import ast
+
+    package = os.path.join(ROOT, "mhjax")
+    problems = []
+    for root, _, files in os.walk(package):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(root, name)
+            tree = ast.parse(open(path).read(), path)
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                    for m in modules:
+                        if m.split(".")[0] in ("pickle", "dill", "cloudpickle", "joblib", "shelve", "marshal") and not path.endswith("torch_import.py"):
+                            problems.append(f"{path}:{node.lineno} imports {m}")
+                if isinstance(node, ast.Call):
+                    func = ast.unparse(node.func)
+                    if func in ("torch.load", "pickle.load", "pickle.loads", "eval", "exec") or func.endswith("PyTreeCheckpointHandler"):
+                        problems.append(f"{path}:{node.lineno} calls {func}")
+                    for kw in node.keywords:
+                        if kw.arg == "allow_pickle" and not (isinstance(kw.value, ast.Constant) and kw.value.value is False):
+                            problems.append(f"{path}:{node.lineno} {func}(allow_pickle=...)")
+    assert not problems, problems

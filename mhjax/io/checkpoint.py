@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import jax
 import orbax.checkpoint as ocp
@@ -44,6 +45,7 @@ class SweepCheckpointer:
             stored = ocp.StandardCheckpointHandler().metadata(epath.Path(where) / "default")
             stored = getattr(stored, "tree", stored)
         except Exception as exc:
+            _quiet_abandoned_reads()
             detail = " ".join(str(exc).split())[:300]
             raise ConfigError(f"checkpoint {where}: unreadable, corrupt or truncated ({type(exc).__name__}: {detail})") from None
         mismatch = describe_mismatch(stored, target)
@@ -52,11 +54,31 @@ class SweepCheckpointer:
         try:
             return self.manager.restore(step, args=ocp.args.StandardRestore(target))
         except Exception as exc:  # orbax raises many types for corrupt/mismatched files
+            _quiet_abandoned_reads()
             detail = " ".join(str(exc).split())[:300]
             raise ConfigError(f"checkpoint {self.directory}/{step}: cannot restore into this sweep ({type(exc).__name__}: {detail})") from None
 
     def close(self) -> None:
         self.manager.close()
+
+
+def _quiet_abandoned_reads() -> None:
+    """After a failed read, tensorstore still completes the read's other in-flight requests
+    and hands them to the asyncio loop orbax has already closed; each reports "Event loop is
+    closed" as an unraisable exception, i.e. a traceback on stderr after our one-line error.
+    They are harmless: drop exactly those and pass every other unraisable exception on."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_mhjax_quiet", False):
+        return
+
+    def hook(unraisable):
+        exc = unraisable.exc_value
+        if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook._mhjax_quiet = True
+    sys.unraisablehook = hook
 
 
 def _flat(tree) -> dict:

@@ -1,0 +1,81 @@
+"""The fused CPU attention kernel computes the same function as the JAX attention:
+values and gradients, plain and grouped heads, with and without dropout, vmapped members
+with different head counts; and its dropout keeps the right fraction."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mhjax.models import Transformer, attention, cpu_attention
+
+pytestmark = pytest.mark.skipif(
+    jax.default_backend() != "cpu" or not cpu_attention.available(), reason="CPU attention kernel unavailable"
+)
+
+
+@pytest.fixture
+def implementation():
+    saved = attention.IMPLEMENTATION
+    yield lambda name: setattr(attention, "IMPLEMENTATION", name)
+    attention.IMPLEMENTATION = saved
+
+
+def _value_and_grad(model, params, tokens, heads, deterministic):
+    def loss(p):
+        logits = model.apply({"params": p}, tokens, heads, deterministic=deterministic, rngs={"dropout": jax.random.PRNGKey(5)})
+        return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+@pytest.mark.parametrize("heads", [1, 2, 8])
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_kernel_equals_jax_attention(implementation, heads, grouped, deterministic):
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 12), 0, 16)
+    plain = Transformer(16, 12, 16, 2, 32, heads, 0.3)
+    model = Transformer(16, 12, 16, 2, 32, 8, 0.3) if grouped else plain
+    params = plain.init(jax.random.PRNGKey(0), tokens)["params"]
+    h = jnp.int32(heads) if grouped else None
+    implementation("jax")
+    a, ga = _value_and_grad(model, params, tokens, h, deterministic)
+    implementation("kernel")
+    b, gb = _value_and_grad(model, params, tokens, h, deterministic)
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+    for x, y in zip(jax.tree_util.tree_leaves(ga), jax.tree_util.tree_leaves(gb)):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+
+
+def test_kernel_vmapped_members_with_different_heads(implementation):
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 10), 0, 16)
+    model = Transformer(16, 10, 16, 1, 32, 8, 0.2)
+    params = model.init(jax.random.PRNGKey(0), tokens)["params"]
+    heads = jnp.array([1, 2, 4, 8], jnp.int32)
+
+    def run():
+        def one(h):
+            def loss(p):
+                logits = model.apply({"params": p}, tokens, h, deterministic=False, rngs={"dropout": jax.random.PRNGKey(5)})
+                return jnp.mean(logits**2)
+
+            return jax.value_and_grad(loss)(params)
+
+        return jax.jit(jax.vmap(one))(heads)
+
+    implementation("jax")
+    a, ga = run()
+    implementation("kernel")
+    b, gb = run()
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+    for x, y in zip(jax.tree_util.tree_leaves(ga), jax.tree_util.tree_leaves(gb)):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+
+
+def test_dropout_keep_fraction_and_independence():
+    threshold, inv_keep = attention.dropout_threshold(0.1)
+    assert inv_keep == pytest.approx(1 / 0.9)
+    keep = np.asarray(attention.dropout_keep(jnp.array([123, 456], jnp.uint32), 50, 100, threshold))
+    assert abs(keep.mean() - 0.9) < 0.003
+    other = np.asarray(attention.dropout_keep(jnp.array([124, 456], jnp.uint32), 50, 100, threshold))
+    assert abs(np.corrcoef(keep.ravel(), other.ravel())[0, 1]) < 0.01  # another head: independent
+    assert abs(np.corrcoef(keep[..., 1:].ravel(), keep[..., :-1].ravel())[0, 1]) < 0.01  # neighbours
