@@ -29,6 +29,17 @@ def tiny_sequence_config(**sweep):
     return config
 
 
+def config_source(config) -> str:
+    """The text of a config file whose get_config() returns ``config`` (for subprocess runs)."""
+    return f"import ml_collections\n\n\ndef get_config():\n    return ml_collections.ConfigDict({config.to_dict()!r})\n"
+
+
+def tiny_train(config, steps, chunk_steps, eval_every, checkpoint_every):
+    with config.train.unlocked():
+        config.train.update(dict(steps=steps, chunk_steps=chunk_steps, eval_every=eval_every, checkpoint_every=checkpoint_every))
+    return config
+
+
 @pytest.fixture
 def tiny_config():
     return tiny_sequence_config

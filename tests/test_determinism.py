@@ -9,7 +9,7 @@ import sys
 import jax
 import numpy as np
 
-from tests.conftest import tiny_sequence_config
+from tests.conftest import config_source, tiny_sequence_config, tiny_train
 from tests.test_sweep import assert_trees_close, member_params, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,21 +23,7 @@ def _checkpoint(workdir, step):
     return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
-SAME_CONFIG = """
-import ml_collections
-
-
-def get_config():
-    c = ml_collections.ConfigDict()
-    c.experiment = "sequence"
-    c.seed = 0
-    c.strategy = "grouped"
-    c.sweep = ml_collections.ConfigDict(dict(task=("copy", "cycle"), heads=(2,), seed=(0,), learning_rate=(3e-3,)))
-    c.model = ml_collections.ConfigDict(dict(width=16, num_layers=1, mlp_dim=32, vocab_size=16, seq_len=8, dropout=0.1))
-    c.data = ml_collections.ConfigDict(dict(protocol="fixed", num_train=16, batch_size=4, num_eval=8))
-    c.train = ml_collections.ConfigDict(dict(steps=4, chunk_steps=2, eval_every=0, checkpoint_every=0))
-    return c
-"""
+SAME_CONFIG = config_source(tiny_train(tiny_sequence_config(task=("copy", "cycle"), heads=(2,)), 4, 2, 0, 0))
 
 
 def _train_subprocess(config, workdir, **env_extra):

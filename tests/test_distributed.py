@@ -8,22 +8,16 @@ import textwrap
 
 import pytest
 
+from tests.conftest import config_source, tiny_sequence_config, tiny_train
 from tests.test_sweep import assert_trees_close
 
-TINY_CONFIG = textwrap.dedent(
-    """
-    import ml_collections
 
-    def get_config():
-        c = ml_collections.ConfigDict()
-        c.experiment = "sequence"; c.seed = 0; c.strategy = "fused"
-        c.sweep = ml_collections.ConfigDict(dict(task=("copy", "cycle"), heads=(1, 2), seed=(0,), learning_rate=(3e-3,)))
-        c.model = ml_collections.ConfigDict(dict(width=16, num_layers=1, mlp_dim=32, vocab_size=16, seq_len=8, dropout=0.1))
-        c.data = ml_collections.ConfigDict(dict(protocol="fixed", num_train=16, batch_size=4, num_eval=8))
-        c.train = ml_collections.ConfigDict(dict(steps=4, chunk_steps=2, eval_every=2, checkpoint_every=2))
-        return c
-    """
-)
+def fused(config):
+    config.strategy = "fused"
+    return config
+
+
+TINY_CONFIG = config_source(tiny_train(fused(tiny_sequence_config(task=("copy", "cycle"), heads=(1, 2))), 4, 2, 2, 2))
 
 
 def _env(devices: int) -> dict:

@@ -21,28 +21,17 @@ import time
 import numpy as np
 import pytest
 
+from tests.conftest import config_source, tiny_sequence_config, tiny_train
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-CONFIG = '''
-import ml_collections
-
-
-def get_config():
-    c = ml_collections.ConfigDict()
-    c.experiment = "sequence"
-    c.seed = 0
-    c.strategy = "grouped"
-    c.sweep = ml_collections.ConfigDict(dict(task=("copy",), heads=(2,), seed=(0, 1), learning_rate=(3e-3,)))
-    c.model = ml_collections.ConfigDict(dict(width=16, num_layers=1, mlp_dim=32, vocab_size=16, seq_len=8, dropout=0.1))
-    c.data = ml_collections.ConfigDict(dict(protocol="fixed", num_train=16, batch_size=4, num_eval=8))
-    c.train = ml_collections.ConfigDict(dict(steps=9, chunk_steps=3, eval_every=3, checkpoint_every=6))
-    return c
-'''
+CONFIG = config_source(tiny_train(tiny_sequence_config(heads=(2,), seed=(0, 1)), 9, 3, 3, 6))
 STEPS, FIRST_CHECKPOINT = 9, 6  # chunks 0-3, 3-6 (checkpoint 6), 6-9 (checkpoint 9)
 
 # Runs mhjax.cli.main in a subprocess with one function wrapped to signal "kill me now".
 DRIVER = '''
 import os, sys, time
+from tests.conftest import config_source, tiny_sequence_config, tiny_train
 
 POINT, MARKER = os.environ["MHJAX_KILL_POINT"], os.environ["MHJAX_KILL_MARKER"]
 
