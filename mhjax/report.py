@@ -26,7 +26,7 @@ from collections import defaultdict
 import numpy as np
 
 from mhjax.config import ConfigError
-from mhjax.io.results import markdown_table
+from mhjax.io.results import markdown_table, read_workdir_json
 
 CURVE_TAGS = (("train/loss", "training loss"), ("eval/loss", "held-out loss"), ("eval/accuracy", "held-out accuracy"))
 REPORT_DIR = "report"
@@ -36,17 +36,9 @@ REPORT_DIR = "report"
 # Reading
 # ---------------------------------------------------------------------- #
 def load_results(workdir: str) -> dict:
-    path = os.path.join(workdir, "results.json")
-    if not os.path.isdir(workdir):
-        raise ConfigError(f"--workdir: no such directory: {workdir}")
-    if not os.path.isfile(path):
-        raise ConfigError(f"--workdir: {workdir} has no results.json; train it first (mhjax train --config ... --workdir {workdir})")
-    try:
-        with open(path) as f:
-            results = json.load(f)
-        results["members"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"--workdir: {path} is unreadable ({type(exc).__name__})") from None
+    results = read_workdir_json(workdir, "results.json", f"train it first (mhjax train --config ... --workdir {workdir})")
+    if not isinstance(results.get("members"), list):
+        raise ConfigError(f"--workdir: {os.path.join(workdir, 'results.json')} has no member list")
     return results
 
 

@@ -346,17 +346,13 @@ def _workdir_sweep(workdir: str):
     from mhjax.io.checkpoint import METADATA, SweepCheckpointer
     from mhjax.train.loop import Sweep
 
-    meta_path = os.path.join(workdir, METADATA)
-    if not os.path.isdir(workdir):
-        raise ConfigError(f"--workdir: no such directory: {workdir}")
-    if not os.path.isfile(meta_path):
-        raise ConfigError(f"--workdir: {workdir} has no {METADATA}; not a mhjax sweep workdir")
+    from mhjax.io.results import read_workdir_json
+
+    meta = read_workdir_json(workdir, METADATA, "not a mhjax sweep workdir")
     try:
-        with open(meta_path) as f:
-            meta = json.load(f)
         config = ml_collections.ConfigDict(meta["config"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"--workdir: {meta_path} is unreadable ({type(exc).__name__})") from None
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"--workdir: {os.path.join(workdir, METADATA)} is unreadable ({type(exc).__name__})") from None
     experiment = make_experiment(config)
     if experiment.kind != "sequence":
         raise ConfigError(f"--workdir: analyze needs a sequence (copy/cycle/zero) sweep; {workdir} holds a {experiment.kind!r} sweep")

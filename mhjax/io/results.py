@@ -8,6 +8,25 @@ import os
 CORE_COLUMNS = ("name", "task", "heads", "seed", "params", "steps", "train_loss", "eval_loss", "eval_accuracy", "wall_time_s", "status")
 
 
+def read_workdir_json(workdir: str, name: str, missing_hint: str) -> dict:
+    """A JSON object from a sweep workdir; every problem is a one-line ConfigError."""
+    from mhjax.config import ConfigError
+
+    path = os.path.join(workdir, name)
+    if not os.path.isdir(workdir):
+        raise ConfigError(f"--workdir: no such directory: {workdir}")
+    if not os.path.isfile(path):
+        raise ConfigError(f"--workdir: {workdir} has no {name}; {missing_hint}")
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--workdir: {path} is unreadable ({type(exc).__name__})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--workdir: {path} is not a JSON object")
+    return data
+
+
 def _clean(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None  # JSON has no NaN
