@@ -23,6 +23,7 @@ def get_config():
     config.experiment = "mixture"
     config.seed = 0
     config.strategy = "auto"  # ignored: a mixture sweep is always one program
+    config.devices = 0  # devices the member axis is sharded over; 0 = all
 
     config.sweep = ml_collections.ConfigDict()
     config.sweep.heads = (1, 2, 4, 8, 16, 32, 64)

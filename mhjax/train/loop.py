@@ -58,7 +58,8 @@ class Sweep:
         self.experiment = experiment
         backend = backend or jax.default_backend()
         self.programs = experiment.programs(experiment.config.strategy, backend)
-        self.placement = Placement()
+        count = int(experiment.config.get("devices", 0) or 0)  # 0: every device
+        self.placement = Placement(jax.devices()[:count] if count else None)
         self.consts = {name: self.placement.put(stack_constants(experiment, idx), len(idx)) for name, idx, _ in self.programs}
         self._chunks = {}
         self._evaluate = {name: engine.make_evaluate(kernel) for name, _, kernel in self.programs}
