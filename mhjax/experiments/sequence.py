@@ -145,10 +145,14 @@ class SequenceExperiment:
 
     def programs(self, strategy: str, backend: str) -> list[tuple[str, list[int], SequenceKernel]]:
         """[(program name, member indices, kernel)]. fused: one program at the finest head count;
-        grouped: one program per head count. auto picks grouped on CPU (measured faster there,
-        benchmarks/) and fused elsewhere."""
+        grouped: one program per head count. auto picks fused, except on a CPU without the
+        fused attention kernel, where XLA's fine-head scores made it 2x slower than grouped
+        (benchmarks/RESULTS.md)."""
         if strategy == "auto":
-            strategy = "grouped" if backend == "cpu" else "fused"
+            from mhjax.models.attention import use_cpu_kernel
+
+            slow_fused = backend == "cpu" and not (jax.default_backend() == "cpu" and use_cpu_kernel(None))
+            strategy = "grouped" if slow_fused else "fused"
         heads = [m["heads"] for m in self.members]
         finest = math.lcm(*heads)
         if strategy == "fused" and self.config.model.width % finest == 0:

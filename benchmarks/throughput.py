@@ -1,0 +1,527 @@
+"""Training throughput of a head-count sweep: mhjax's strategies against PyTorch.
+
+The paper model (width 64, 4 layers, MLP 128, vocab 256, batch 50, length 100, dropout
+0.1, Adam) and the sweep over 1/4/8/16 heads (copy task, one seed: four members), run as
+  fused       all head counts in one program (mhjax strategy "fused", Sweep.run_chunk)
+  grouped     one program per head count (strategy "grouped", Sweep.run_chunk)
+  sequential  each member alone: the engine's train_step jitted per head count, called
+              once per step from Python (no vmap, no scan): a plain JAX loop
+  torch       the same model and step in PyTorch (benchmarks/torch_model.py), members
+              one after another
+and an fp32 matmul (2048^2, jax and torch) for the machine's peak. Everything is timed in
+ONE process, interleaved (every repetition runs every strategy once, in turn), and the
+medians over repetitions are reported, so ratios stay honest on a noisy, shared machine.
+
+Reported per strategy: member-steps/s, tokens/s, model FLOPs per member-step (analytic,
+mhjax.models.flops: matmuls only, causal attention counted as half; independent of the
+head count), achieved FLOP/s, MFU (achieved / the best fp32 matmul FLOP/s measured in
+this run), per-head-count ms per member-step, and memory (mhjax: peak of the compiled
+program's buffers from XLA's memory analysis; torch: sampled process-RSS rise during a
+step). JSON keys ``ratio_vs_torch`` (best mhjax strategy's sweep member-steps/s over
+torch's) and ``mfu`` (that strategy's sweep MFU: all its FLOPs over all its time).
+
+Then scaling with work, for one head count (4) in one grouped program: members per
+program (1, 2, 4, 8, ...: seeds) and sequence length (50, 100, 200).
+
+    python benchmarks/throughput.py [--json OUT] [--quick] [--reps N] [--steps N]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from mhjax.experiments.sequence import SequenceExperiment, SequenceKernel  # noqa: E402
+from mhjax.models import attention as attention_module  # noqa: E402
+from mhjax.models.flops import train_step_flops  # noqa: E402
+from mhjax.train import engine  # noqa: E402
+from mhjax.train.loop import Sweep  # noqa: E402
+
+HEADS = (1, 4, 8, 16)
+
+
+def paper_config():
+    spec = importlib.util.spec_from_file_location("mhjax_paper_config", ROOT / "configs" / "paper.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def make_config(heads, length=100, seeds=(0,), strategy="grouped"):
+    config = paper_config()
+    config.sweep.task = ("copy",)
+    config.sweep.heads = tuple(heads)
+    config.sweep.seed = tuple(seeds)
+    config.model.seq_len = length
+    config.strategy = strategy
+    return config
+
+
+def model_flops(config) -> float:
+    m, d = config.model, config.data
+    return train_step_flops(d.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, m.vocab_size)
+
+
+# ---------------------------------------------------------------- memory
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+class RSSSampler:
+    """Peak rise of the process's resident memory while the block runs (sampled every ms)."""
+
+    def __enter__(self):
+        self.base = self.peak = _rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss_bytes())
+            time.sleep(0.001)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_bytes())
+        self.rise = self.peak - self.base
+
+
+def xla_peak_bytes(jitted, *args) -> float | None:
+    """Arguments + outputs + temporaries of the compiled program (donated outputs alias)."""
+    try:
+        stats = jitted.lower(*args).compile().memory_analysis()
+        return float(stats.argument_size_in_bytes + stats.output_size_in_bytes
+                     - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
+    except Exception:  # noqa: BLE001 - memory analysis is best effort
+        return None
+
+
+# ---------------------------------------------------------------- runners
+# Each runner: warm() compiles and runs once; run(steps) -> {head count: seconds} for
+# `steps` steps of all its members (blocking until done).
+
+class SweepRunner:
+    """mhjax's own engine: Sweep.run_chunk over each program (a scanned, vmapped chunk)."""
+
+    def __init__(self, config, label):
+        self.label = label
+        self.config = config
+        self.sweep = Sweep(SequenceExperiment(config), "cpu" if jax.default_backend() == "cpu" else None)
+        self.states = self.sweep.init_states()
+        members = self.sweep.experiment.members
+        self.members = len(members)
+        self.program_heads = {name: sorted({members[i]["heads"] for i in idx}) for name, idx, _ in self.sweep.programs}
+
+    def run(self, steps):
+        out = {}
+        for name, idx, kernel in self.sweep.programs:
+            start = time.perf_counter()
+            self.states[name], metrics = self.sweep.run_chunk(name, kernel, self.states[name], steps)
+            jax.block_until_ready((self.states[name], metrics))
+            heads = self.program_heads[name]
+            out[heads[0] if len(heads) == 1 else "all"] = time.perf_counter() - start
+        self.last_loss = float(np.nanmean(np.asarray(jax.device_get(metrics["loss"]))))
+        return out
+
+    def warm(self, steps):
+        self.run(steps)
+
+    def memory(self, steps):
+        total = 0.0
+        for name, _, kernel in self.sweep.programs:
+            fn = self.sweep._chunks.get((name, steps))
+            size = None if fn is None else xla_peak_bytes(fn, self.states[name], self.sweep.consts[name])
+            if size is None:
+                return None
+            total = max(total, size)  # programs run one after another
+        return total
+
+
+class ProgramView:
+    """One program of a SweepRunner, timed on its own (reuses its compiled chunk)."""
+
+    def __init__(self, parent: SweepRunner, program: str, label: str):
+        self.parent, self.label, self.config = parent, label, parent.config
+        self.program = next(p for p in parent.sweep.programs if p[0] == program)
+        self.members = len(self.program[1])
+
+    def run(self, steps):
+        name, _, kernel = self.program
+        sweep, states = self.parent.sweep, self.parent.states
+        start = time.perf_counter()
+        states[name], metrics = sweep.run_chunk(name, kernel, states[name], steps)
+        jax.block_until_ready((states[name], metrics))
+        return {"all": time.perf_counter() - start}
+
+    def warm(self, steps):
+        self.run(steps)
+
+    def memory(self, steps):
+        name = self.program[0]
+        fn = self.parent.sweep._chunks.get((name, steps))
+        return None if fn is None else xla_peak_bytes(fn, self.parent.states[name], self.parent.sweep.consts[name])
+
+
+class SequentialRunner:
+    """Each member alone: engine.train_step jitted per head count, one call per step."""
+
+    def __init__(self, config, label="sequential"):
+        self.label = label
+        experiment = SequenceExperiment(config)
+        self.items = []
+        for member in experiment.members:
+            kernel = SequenceKernel(config, member["heads"], plain=True)
+            consts = jax.tree_util.tree_map(jnp.asarray, experiment.member_constants(member))
+            state = jax.jit(lambda c, kernel=kernel: engine.init_member(kernel, c))(consts)
+            step = jax.jit(lambda s, c, kernel=kernel: engine.train_step(kernel, s, c), donate_argnums=0)
+            self.items.append([member["heads"], step, consts, state])
+        self.members = len(self.items)
+
+    def run(self, steps):
+        out = {}
+        for item in self.items:
+            heads, step, consts, state = item
+            start = time.perf_counter()
+            for _ in range(steps):
+                state, metrics = step(state, consts)
+            jax.block_until_ready((state, metrics))
+            out[heads] = out.get(heads, 0.0) + time.perf_counter() - start
+            item[3] = state
+        self.last_loss = float(metrics["loss"])
+        return out
+
+    def warm(self, steps):
+        self.run(steps)
+
+    def memory(self, steps):
+        sizes = [xla_peak_bytes(step, state, consts) for _, step, consts, state in self.items]
+        return None if None in sizes else max(sizes)
+
+
+class TorchRunner:
+    def __init__(self, config, threads, label="torch"):
+        from torch_model import Trainer
+
+        m, d = config.model, config.data
+        self.label, self.threads = label, threads
+        self.trainers = [
+            (h, Trainer(h, vocab_size=m.vocab_size, length=m.seq_len, width=m.width, num_layers=m.num_layers,
+                        mlp_dim=m.mlp_dim, dropout=m.dropout, batch_size=d.batch_size, learning_rate=1e-3))
+            for h in config.sweep.heads
+        ]
+        self.members = len(self.trainers)
+        self.rss_rise = 0
+
+    def run(self, steps):
+        import torch
+
+        torch.set_num_threads(self.threads)
+        out = {}
+        for h, trainer in self.trainers:
+            start = time.perf_counter()
+            with RSSSampler() as rss:
+                self.last_loss = trainer.run(steps)
+            out[h] = out.get(h, 0.0) + time.perf_counter() - start
+            self.rss_rise = max(self.rss_rise, rss.rise)
+        return out
+
+    def warm(self, steps):
+        self.run(steps)
+
+    def memory(self, steps):
+        return float(self.rss_rise)
+
+
+class MatmulPeak:
+    """fp32 matmul FLOP/s: jitted jnp.dot and torch.mm of 2048 x 2048 (inputs as arguments)."""
+
+    N = 2048
+
+    def __init__(self, use_torch=True):
+        key = jax.random.PRNGKey(0)
+        self.a = jax.random.normal(key, (self.N, self.N), jnp.float32)
+        self.b = jax.random.normal(jax.random.fold_in(key, 1), (self.N, self.N), jnp.float32)
+        self.dot = jax.jit(jnp.dot)
+        self.torch = None
+        if use_torch:
+            import torch
+
+            self.torch = (torch.from_numpy(np.array(self.a)), torch.from_numpy(np.array(self.b)))
+        self.times = {"jax": [], "torch": []}
+
+    def warm(self, _steps=None):
+        self.dot(self.a, self.b).block_until_ready()
+        if self.torch is not None:
+            import torch
+
+            torch.mm(*self.torch)
+
+    def run(self, threads=None):
+        for _ in range(2):
+            start = time.perf_counter()
+            self.dot(self.a, self.b).block_until_ready()
+            self.times["jax"].append(time.perf_counter() - start)
+        if self.torch is not None:
+            import torch
+
+            if threads:
+                torch.set_num_threads(threads)
+            for _ in range(2):
+                start = time.perf_counter()
+                torch.mm(*self.torch)
+                self.times["torch"].append(time.perf_counter() - start)
+
+    def flops(self):
+        work = 2.0 * self.N ** 3
+        return {k: work / min(v) for k, v in self.times.items() if v}  # best observed: the peak
+
+
+def pick_torch_threads(config, log) -> tuple[int, dict]:
+    """PyTorch's intra-op threads: the faster of 1 and all cores on this machine, now (its
+    OpenMP barriers suffer badly when other processes share the cores)."""
+    import torch
+
+    from torch_model import Trainer
+
+    cores = os.cpu_count() or 1
+    candidates = sorted({1, cores})
+    trainer = Trainer(4, length=config.model.seq_len, batch_size=config.data.batch_size)
+    trainer.run(1)
+    times = {t: [] for t in candidates}
+    for _ in range(2):
+        for t in candidates:
+            torch.set_num_threads(t)
+            start = time.perf_counter()
+            trainer.run(1)
+            times[t].append(time.perf_counter() - start)
+    seconds = {t: min(v) for t, v in times.items()}
+    best = min(seconds, key=seconds.get)
+    log(f"torch threads: {', '.join(f'{t}: {1000 * s:.0f} ms' for t, s in seconds.items())} per H=4 step -> {best}")
+    return best, seconds
+
+
+# ---------------------------------------------------------------- measurement
+
+def interleaved(runners, steps, reps, log, extra=None):
+    """{label: [ {heads: seconds} per rep ]}, runners taking turns in every repetition."""
+    samples = {r.label: [] for r in runners}
+    for rep in range(reps):
+        for r in runners:
+            samples[r.label].append(r.run(steps))
+        if extra is not None:
+            extra()
+        log(f"  rep {rep + 1}/{reps}: " + ", ".join(
+            f"{r.label} {1000 * sum(samples[r.label][-1].values()) / (steps * r.members):.0f}" for r in runners
+        ) + " ms/member-step")
+    return samples
+
+
+def summarise(runner, reps_samples, steps, flops_per_step, peak, tokens_per_step):
+    totals = [sum(s.values()) for s in reps_samples]
+    seconds = statistics.median(totals)
+    rate = runner.members * steps / seconds
+    per_heads = {}
+    for key in reps_samples[0]:
+        per_heads[str(key)] = 1000 * statistics.median(s[key] for s in reps_samples) / steps
+    achieved = rate * flops_per_step
+    return {
+        "member_steps_per_s": rate,
+        "tokens_per_s": rate * tokens_per_step,
+        "ms_per_member_step": 1000 / rate,
+        "flops_per_member_step": flops_per_step,
+        "achieved_flops_per_s": achieved,
+        "mfu": achieved / peak,
+        "ms_per_step_by_heads": per_heads,
+        "seconds_per_rep": totals,
+        "members": runner.members,
+        "last_loss": getattr(runner, "last_loss", None),
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions, smaller scaling sweep")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions (default 3, quick 2)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per repetition per member (default 3, quick 2)")
+    parser.add_argument("--members", default=None, help="members per program for the scaling part (default 1,2,4,8; quick 1,2,4)")
+    parser.add_argument("--lengths", default=None, help="sequence lengths for the scaling part (default 50,100,200; quick 50,100)")
+    parser.add_argument("--no-torch", action="store_true", help="skip PyTorch")
+    parser.add_argument("--no-scaling", action="store_true", help="skip the scaling part")
+    parser.add_argument("--strategies", default="fused,grouped,sequential",
+                        help="mhjax strategies to time; NAME:IMPL pins the attention implementation (e.g. grouped:jax)")
+    parser.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/mhjax/jax_compilation_cache"),
+                        help="JAX persistent compilation cache (reruns skip compiling); '' to disable")
+    args = parser.parse_args(argv)
+    if args.cache_dir:
+        jax.config.update("jax_compilation_cache_dir", args.cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    reps = args.reps or (2 if args.quick else 3)
+    steps = args.steps or (2 if args.quick else 3)
+    members_list = [int(x) for x in (args.members or ("1,2,4" if args.quick else "1,2,4,8")).split(",")]
+    lengths = [int(x) for x in (args.lengths or ("50,100" if args.quick else "50,100,200")).split(",")]
+    t0 = time.perf_counter()
+
+    def log(msg):
+        print(f"[{time.perf_counter() - t0:6.0f}s] {msg}", flush=True)
+
+    backend = jax.default_backend()
+    kernel = attention_module.use_cpu_kernel(None)
+    log(f"jax {jax.__version__} on {backend} ({len(jax.devices())} device(s)), {os.cpu_count()} cores; "
+        f"CPU attention kernel: {'on' if kernel else 'off'}")
+    config = make_config(HEADS)
+    flops = model_flops(config)
+    tokens = config.data.batch_size * config.model.seq_len
+
+    use_torch = not args.no_torch
+    torch_threads, torch_thread_times = (None, {})
+    if use_torch:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            log("torch not installed (pip install -e '.[bench]'); skipping it")
+            use_torch = False
+    if use_torch:
+        torch_threads, torch_thread_times = pick_torch_threads(config, log)
+
+    runners = []
+    for label in args.strategies.split(","):
+        # "name:impl" times strategy `name` with attention implementation `impl` (auto | kernel
+        # | jax, see mhjax/models/attention.py); programs are traced at warm-up, so the
+        # setting sticks to this runner's compiled programs.
+        name, _, impl = label.partition(":")
+        log(f"compiling {label} ...")
+        saved = attention_module.IMPLEMENTATION
+        attention_module.IMPLEMENTATION = impl or saved
+        try:
+            if name == "sequential":
+                runner = SequentialRunner(config, label)
+            else:
+                runner = SweepRunner(make_config(HEADS, strategy=name), label)
+            start = time.perf_counter()
+            runner.warm(steps)
+        finally:
+            attention_module.IMPLEMENTATION = saved
+        runner.compile_s = time.perf_counter() - start
+        runners.append(runner)
+        log(f"  {name}: first chunk (compile + run) {runner.compile_s:.1f} s")
+    if use_torch:
+        runner = TorchRunner(config, torch_threads)
+        runner.warm(1)
+        runners.append(runner)
+    peak = MatmulPeak(use_torch)
+    peak.warm()
+
+    log(f"timing: {reps} repetitions x {steps} steps per member, interleaved")
+    samples = interleaved(runners, steps, reps, log, extra=lambda: peak.run(torch_threads))
+    peaks = peak.flops()
+    peak_flops = max(peaks.values())
+    results = {}
+    for r in runners:
+        results[r.label] = summarise(r, samples[r.label], steps, flops, peak_flops, tokens)
+        mem = r.memory(steps)
+        results[r.label]["memory_bytes"] = mem
+        results[r.label]["memory_kind"] = "rss_rise" if r.label == "torch" else "xla_program_peak"
+        results[r.label]["compile_s"] = getattr(r, "compile_s", None)
+    mhjax_labels = [r.label for r in runners if r.label != "torch"]
+    best = max(mhjax_labels, key=lambda k: results[k]["member_steps_per_s"])
+    ratio = results[best]["member_steps_per_s"] / results["torch"]["member_steps_per_s"] if "torch" in results else None
+
+    print()
+    print(f"Paper model, heads {'/'.join(map(str, HEADS))}, batch {config.data.batch_size}, length {config.model.seq_len}: "
+          f"{flops / 1e9:.2f} GFLOP per member-step (analytic)")
+    print(f"fp32 matmul peak (2048^2, best of run): " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peaks.items()))
+    header = f"{'strategy':14s} {'member-steps/s':>14s} {'tokens/s':>10s} {'GFLOP/s':>8s} {'MFU':>6s} {'memory MB':>10s}   ms per member-step by heads"
+    print(header)
+    print("-" * len(header))
+    for label, r in results.items():
+        mem = "-" if r["memory_bytes"] is None else f"{r['memory_bytes'] / 2**20:.0f}"
+        by = ", ".join(f"{k}: {v:.0f}" for k, v in r["ms_per_step_by_heads"].items())
+        print(f"{label:14s} {r['member_steps_per_s']:14.2f} {r['tokens_per_s']:10.0f} {r['achieved_flops_per_s'] / 1e9:8.1f} "
+              f"{r['mfu']:6.2f} {mem:>10s}   {by}")
+    if ratio is not None:
+        print(f"\nbest mhjax strategy: {best}; ratio_vs_torch = {ratio:.2f}; mfu = {results[best]['mfu']:.2f}")
+
+    scaling = {}
+    if not args.no_scaling:
+        log(f"scaling: members per program {members_list} and lengths {lengths} (heads 4, grouped)")
+        grouped = next((r for r in runners if r.label == "grouped"), None)
+        reuse = grouped is not None and "h4" in grouped.program_heads
+        scale_runners = []
+        for n in members_list:
+            if n == 1 and reuse:  # the grouped sweep's H=4 program is exactly this one
+                r = ProgramView(grouped, "h4", "members=1")
+            else:
+                r = SweepRunner(make_config((4,), seeds=tuple(range(n))), f"members={n}")
+                r.warm(steps)
+            scale_runners.append(r)
+        for length in lengths:
+            if length == config.model.seq_len and reuse:
+                r = ProgramView(grouped, "h4", f"length={length}")
+            else:
+                r = SweepRunner(make_config((4,), length=length), f"length={length}")
+                r.warm(steps)
+            scale_runners.append(r)
+        s_samples = interleaved(scale_runners, steps, reps, log)
+        print(f"\n{'program':12s} {'member-steps/s':>14s} {'tokens/s':>10s} {'MFU':>6s} {'memory MB':>10s}")
+        for r in scale_runners:
+            length = r.config.model.seq_len
+            out = summarise(r, s_samples[r.label], steps, model_flops(r.config), peak_flops, config.data.batch_size * length)
+            out["memory_bytes"] = r.memory(steps)
+            scaling[r.label] = out
+            mem = "-" if out["memory_bytes"] is None else f"{out['memory_bytes'] / 2**20:.0f}"
+            print(f"{r.label:12s} {out['member_steps_per_s']:14.2f} {out['tokens_per_s']:10.0f} {out['mfu']:6.2f} {mem:>10s}")
+
+    payload = {
+        "date": datetime.date.today().isoformat(),
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                    "cores": os.cpu_count(), "backend": backend, "jax": jax.__version__,
+                    "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None},
+        "model": {"width": 64, "layers": 4, "mlp": 128, "vocab": 256, "batch": config.data.batch_size,
+                  "length": config.model.seq_len, "heads": list(HEADS), "dropout": config.model.dropout},
+        "cpu_attention_kernel": kernel,
+        "reps": reps,
+        "steps_per_rep": steps,
+        "flops_per_member_step": flops,
+        "peak_flops_per_s": peaks,
+        "peak_used": peak_flops,
+        "torch_threads": torch_threads,
+        "torch_thread_calibration_s": {str(k): v for k, v in torch_thread_times.items()},
+        "strategies": results,
+        "best_strategy": best,
+        "ratio_vs_torch": ratio,
+        "mfu": results[best]["mfu"],
+        "scaling": scaling,
+        "wall_s": time.perf_counter() - t0,
+    }
+    if args.json:
+        Path(args.json).write_text(json.dumps(payload, indent=2, default=float))
+        log(f"wrote {args.json}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()
