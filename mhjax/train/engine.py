@@ -71,8 +71,8 @@ def member_status(state: MemberState) -> dict:
     return status
 
 
-def make_init(kernel):
-    return jax.jit(jax.vmap(lambda c: init_member(kernel, c)))
+def make_init(kernel, out_shardings=None):
+    return jax.jit(jax.vmap(lambda c: init_member(kernel, c)), out_shardings=out_shardings)
 
 
 def make_train_chunk(kernel, length: int):

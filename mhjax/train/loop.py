@@ -66,7 +66,7 @@ class Sweep:
 
     def init_states(self):
         return {
-            name: jax.jit(engine.make_init(kernel), out_shardings=self.placement.sharding(len(idx)))(self.consts[name])
+            name: engine.make_init(kernel, self.placement.sharding(len(idx)))(self.consts[name])
             for name, idx, kernel in self.programs
         }
 
@@ -187,10 +187,10 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
                 if _crossed(previous, step, config.train.eval_every) or step == total:
                     evaluation = sweep.evaluate(states)
                     _log_eval(writers, members, evaluation, step)
-                if _crossed(previous, step, config.train.checkpoint_every) or step == total:
+                due = _crossed(previous, step, config.train.checkpoint_every) or step == total
+                if due or stop.raised:
                     sweep.save(checkpointer, step, states, seconds)
                 if stop.raised and step < total:
-                    sweep.save(checkpointer, step, states, seconds)
                     raise Interrupted(f"interrupted at step {step}; checkpoint written, run the same command to resume")
         if latest is not None and latest >= total:
             log(f"training already complete at step {latest}; not retraining")
