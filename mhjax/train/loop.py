@@ -172,12 +172,13 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
                 for name, idx, kernel in sweep.programs:
                     start = time.perf_counter()
                     states[name], metrics = sweep.run_chunk(name, kernel, states[name], n)
-                    metrics = sweep.host(metrics)
+                    # One device-to-host transfer per program and chunk: the metrics and status.
+                    metrics, status = sweep.host((metrics, engine.member_status(states[name])))
                     elapsed = time.perf_counter() - start
                     for i in idx:  # a program's members share its wall time
                         seconds[members[i].name] += elapsed
                     chunk_time += elapsed
-                    _log_chunk(writers, members, idx, metrics, sweep.host(engine.member_status(states[name])), step + n, reported_divergence, log)
+                    _log_chunk(writers, members, idx, metrics, status, step + n, reported_divergence, log)
                 rate = n * len(members) / max(chunk_time, 1e-9)
                 for i, m in enumerate(members):
                     writers.scalars(m.name, {"perf/member_steps_per_s": rate}, step + n)
