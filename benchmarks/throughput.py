@@ -371,7 +371,7 @@ def main(argv=None):
     parser.add_argument("--lengths", default=None, help="sequence lengths for the scaling part (default 50,100,200; quick 50,100)")
     parser.add_argument("--no-torch", action="store_true", help="skip PyTorch")
     parser.add_argument("--no-scaling", action="store_true", help="skip the scaling part")
-    parser.add_argument("--strategies", default="fused,grouped,sequential",
+    parser.add_argument("--strategies", default="unrolled,fused,grouped,sequential",
                         help="mhjax strategies to time; NAME:IMPL pins the attention implementation (e.g. grouped:jax)")
     parser.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/mhjax/jax_compilation_cache"),
                         help="JAX persistent compilation cache (reruns skip compiling); '' to disable")
@@ -389,7 +389,7 @@ def main(argv=None):
         print(f"[{time.perf_counter() - t0:6.0f}s] {msg}", flush=True)
 
     backend = jax.default_backend()
-    kernel = attention_module.use_cpu_kernel(None)
+    kernel = attention_module.use_cpu_kernel()
     log(f"jax {jax.__version__} on {backend} ({len(jax.devices())} device(s)), {os.cpu_count()} cores; "
         f"CPU attention kernel: {'on' if kernel else 'off'}")
     config = make_config(HEADS)

@@ -46,6 +46,30 @@ def test_kernel_equals_jax_attention(implementation, heads, grouped, determinist
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("heads", [1, 2, 4, 16])
+def test_kernel_equals_jax_at_wide_heads_and_odd_length(implementation, heads):
+    """Width 64: head dims 64/32/16 (the kernel's row-major value path) and 4; length 13
+    (not a multiple of the kernel's 4-query blocks), with dropout."""
+    x = jax.random.normal(jax.random.PRNGKey(3), (2, 13, 64))
+    layer = attention.CausalSelfAttention(64, heads, 0.2)
+    params = layer.init(jax.random.PRNGKey(0), x)["params"]
+
+    def run():
+        def loss(p, x):
+            out, _ = layer.apply({"params": p}, x, None, False, rngs={"dropout": jax.random.PRNGKey(7)})
+            return jnp.sum(jnp.sin(out))
+
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, x)
+
+    implementation("jax")
+    a, ga = run()
+    implementation("kernel")
+    b, gb = run()
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+    for x_, y_ in zip(jax.tree_util.tree_leaves(ga), jax.tree_util.tree_leaves(gb)):
+        np.testing.assert_allclose(x_, y_, rtol=1e-4, atol=1e-5)
+
+
 def test_kernel_vmapped_members_with_different_heads(implementation):
     tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 10), 0, 16)
     model = Transformer(16, 10, 16, 1, 32, 8, 0.2)
@@ -69,6 +93,17 @@ def test_kernel_vmapped_members_with_different_heads(implementation):
     np.testing.assert_allclose(a, b, rtol=1e-5)
     for x, y in zip(jax.tree_util.tree_leaves(ga), jax.tree_util.tree_leaves(gb)):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+
+
+def test_hash_dropout_keeps_the_fraction_scales_and_is_off_in_eval():
+    x = jnp.ones((40, 50, 64))
+    layer = attention.HashDropout(0.25)
+    assert np.all(np.asarray(layer.apply({}, x, True)) == 1.0)
+    y = np.asarray(layer.apply({}, x, False, rngs={"dropout": jax.random.PRNGKey(0)}))
+    assert set(np.unique(y)) == {0.0, np.float32(1 / 0.75)}
+    assert abs((y > 0).mean() - 0.75) < 0.005
+    z = np.asarray(layer.apply({}, x, False, rngs={"dropout": jax.random.PRNGKey(1)}))
+    assert abs(np.corrcoef((y > 0).ravel(), (z > 0).ravel())[0, 1]) < 0.01  # another key: independent
 
 
 def test_dropout_keep_fraction_and_independence():

@@ -23,6 +23,39 @@ def test_rmsnorm_eps_is_float32_machine_epsilon():
     assert RMS_EPS == np.finfo(np.float32).eps
 
 
+def test_rmsnorm_matches_its_definition_and_flax():
+    import flax.linen as nn
+
+    from mhjax.models.transformer import RMSNorm
+
+    x = np.asarray(jax.random.normal(jax.random.PRNGKey(0), (3, 5, 16))) * 3.0
+    scale = np.asarray(jax.random.normal(jax.random.PRNGKey(1), (16,)))
+    ours = np.asarray(RMSNorm().apply({"params": {"scale": scale}}, x))
+    expected = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + RMS_EPS) * scale
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-6)
+    flax_out = nn.RMSNorm(epsilon=RMS_EPS).apply({"params": {"scale": scale}}, x)
+    np.testing.assert_allclose(ours, flax_out, rtol=1e-6, atol=1e-6)
+
+
+def test_fused_qkv_initialises_like_separate_dense_layers():
+    """query/key/value are one (D, 3D) matmul but keep nn.Dense's names, shapes and init."""
+    import flax.linen as nn
+
+    from mhjax.models.attention import CausalSelfAttention, dense
+
+    class Reference(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return [dense(16, 16, name)(x) for name in ("query", "key", "value")]
+
+    x = jnp.ones((1, 4, 16))
+    ours = CausalSelfAttention(16, 2).init(jax.random.PRNGKey(4), x)["params"]
+    ref = Reference().init(jax.random.PRNGKey(4), x)["params"]
+    for name in ("query", "key", "value"):
+        for leaf in ("kernel", "bias"):
+            np.testing.assert_array_equal(ours[name][leaf], ref[name][leaf])
+
+
 def test_initialisation_scales_match_reference_framework():
     model = Transformer(256, 100, 64, 4, 128, 4, 0.1)
     params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 100), jnp.int32))["params"]

@@ -41,7 +41,7 @@ def test_members_are_the_cartesian_product_with_stable_names():
     assert len(names) == 12 and names[0] == "copy-h1-s0" and "cycle-h4-s1" in names
 
 
-@pytest.mark.parametrize("strategy", ["grouped", "fused"])
+@pytest.mark.parametrize("strategy", ["grouped", "fused", "unrolled"])
 def test_member_alone_equals_member_in_sweep(strategy):
     big = tiny_sequence_config(task=("copy", "cycle"), heads=(1, 2, 4), seed=(0, 1))
     big.strategy = strategy
@@ -51,14 +51,32 @@ def test_member_alone_equals_member_in_sweep(strategy):
     assert_trees_close(member_params(sweep_big, states_big, "cycle-h2-s1"), member_params(sweep_alone, states_alone, "cycle-h2-s1"))
 
 
-def test_fused_and_grouped_programs_train_identically():
-    grouped, fused = tiny_sequence_config(heads=(1, 2, 4)), tiny_sequence_config(heads=(1, 2, 4))
-    fused.strategy = "fused"
+@pytest.mark.parametrize("strategy", ["fused", "unrolled"])
+def test_one_program_and_grouped_programs_train_identically(strategy):
+    grouped, single = tiny_sequence_config(heads=(1, 2, 4)), tiny_sequence_config(heads=(1, 2, 4))
+    single.strategy = strategy
     sg, tg = train(grouped)
-    sf, tf = train(fused)
+    sf, tf = train(single)
     assert [n for n, _, _ in sf.programs] == ["all"] and len(sg.programs) == 3
     for m in sg.experiment.members:
         assert_trees_close(member_params(sg, tg, m.name), member_params(sf, tf, m.name))
+    # Evaluation goes through the same per-member kernels.
+    eval_grouped, eval_single = sg.evaluate(tg), sf.evaluate(tf)
+    assert sorted(eval_grouped) == sorted(eval_single) == [0, 1, 2]
+    for i in eval_grouped:
+        assert eval_grouped[i] == pytest.approx(eval_single[i], rel=1e-4), i
+
+
+def test_auto_strategy_unrolls_on_cpu_and_fuses_elsewhere():
+    from mhjax.train.engine import Unrolled
+
+    experiment = make_experiment(tiny_sequence_config(task=("copy", "cycle"), heads=(1, 2, 4)))
+    [(name, idx, kernel)] = experiment.programs("auto", "cpu")
+    assert name == "all" and idx == list(range(6)) and isinstance(kernel, Unrolled)
+    # each member's own kernel, at its own static head count
+    assert [k.model.num_heads for k in kernel.kernels] == [m["heads"] for m in experiment.members]
+    [(_, _, fused)] = experiment.programs("auto", "gpu")
+    assert not isinstance(fused, Unrolled) and fused.model.num_heads == 4
 
 
 def test_training_changes_params_and_lowers_loss():

@@ -11,9 +11,10 @@ import optax
 from mhjax import config as cfg
 from mhjax.data import sequences
 from mhjax.models import Transformer, count_params
+from mhjax.train.engine import Unrolled
 from mhjax.train.sweep import Member, derive_key, expand
 
-STRATEGIES = ("auto", "fused", "grouped")
+STRATEGIES = ("auto", "unrolled", "fused", "grouped")
 
 
 def validate(config) -> None:
@@ -143,17 +144,21 @@ class SequenceExperiment:
             "learning_rate": np.float32(member["learning_rate"]),
         }
 
-    def programs(self, strategy: str, backend: str) -> list[tuple[str, list[int], SequenceKernel]]:
-        """[(program name, member indices, kernel)]. fused: one program at the finest head count;
-        grouped: one program per head count. auto picks fused, except on a CPU without the
-        fused attention kernel, where XLA's fine-head scores made it 2x slower than grouped
-        (benchmarks/RESULTS.md)."""
-        if strategy == "auto":
-            from mhjax.models.attention import use_cpu_kernel
+    def programs(self, strategy: str, backend: str) -> list[tuple[str, list[int], object]]:
+        """[(program name, member indices, kernel)].
 
-            slow_fused = backend == "cpu" and not (jax.default_backend() == "cpu" and use_cpu_kernel(None))
-            strategy = "grouped" if slow_fused else "fused"
+        unrolled: one program, each member written out unbatched at its own (static) head
+          count (engine.Unrolled): on a CPU, XLA runs the members concurrently on the cores;
+        fused: one vmapped program at the finest head count (members' head counts traced);
+        grouped: one vmapped program per head count.
+        auto: unrolled on a CPU, fused elsewhere (benchmarks/RESULTS.md).
+        """
+        if strategy == "auto":
+            strategy = "unrolled" if backend == "cpu" else "fused"
         heads = [m["heads"] for m in self.members]
+        if strategy == "unrolled":
+            kernels = {h: SequenceKernel(self.config, h, True) for h in sorted(set(heads))}
+            return [("all", list(range(len(self.members))), Unrolled([kernels[h] for h in heads]))]
         finest = math.lcm(*heads)
         if strategy == "fused" and self.config.model.width % finest == 0:
             plain = len(set(heads)) == 1

@@ -45,24 +45,6 @@ inline uint32_t fmix32(uint32_t h) {
   return h;
 }
 
-// exp(x) for x <= 0 (arguments here are s - max), vectorisable: 2^n * p(r).
-inline float fast_exp(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
 struct Shape {
   int64_t n = 0;       // rows (members x batch)
   int64_t t = 0;       // sequence length
@@ -139,20 +121,73 @@ struct Params {
   bool dropout() const { return threshold < (1u << 24); }
 };
 
+// Explicit 16-float vectors (GCC/Clang vector extensions): one AVX-512 register, or two
+// or four narrower ones; written out because the compiler would not vectorise the
+// blocked loops below by itself (aliasing through the scratch buffers).
 constexpr int64_t V = 16;  // vector width in floats; rows are padded to a multiple
+constexpr int64_t R = 4;   // queries per block: each key/value vector loaded feeds R rows
 constexpr float kNeg = -1e30f;
+typedef float vf __attribute__((vector_size(4 * V)));
+typedef int32_t vi __attribute__((vector_size(4 * V)));
+typedef uint32_t vu __attribute__((vector_size(4 * V)));
+const vi kIota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+inline vf Load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void Store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+inline vf Splat(float x) { return vf{} + x; }
+inline vf Select(vi keep, vf a, vf b) { return (vf)(((vi)a & keep) | ((vi)b & ~keep)); }
+inline float Sum(vf v) {
+  float total = 0.0f;
+  for (int64_t j = 0; j < V; ++j) total += v[j];
+  return total;
+}
+inline vf Max(vf a, vf b) { return Select(a > b, a, b); }
+
+// exp(x) for x <= 0 (arguments here are s - max): 2^n * p(r). n = round(x / ln 2) as
+// trunc(x / ln 2 - 0.5), exact for x <= 0 (the 1.5 * 2^23 trick would be folded away
+// under -fassociative-math).
+inline vf Exp(vf x) {
+  x = Max(x, Splat(-87.0f));
+  const vi ni = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vi);
+  const vf n = __builtin_convertvector(ni, vf);
+  const vf r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  vf p = Splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const vi bits = (ni + 127) << 23;
+  return p * (vf)bits;
+}
+
+inline vu Fmix32(vu h) {
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  h ^= h >> 16;
+  return h;
+}
 
 inline int64_t RoundUp(int64_t x) { return (x + V - 1) / V * V; }
 
 // Per-task scratch, reused across tasks of one thread. Arrays over keys have length
-// Tp = RoundUp(T), zero beyond T, so every loop over keys runs whole vectors.
+// Tp = RoundUp(T), zero beyond T, so every loop over keys runs whole vectors; per-row
+// arrays hold R rows of Tp.
 struct Scratch {
-  std::vector<float> kt, vt, dkt, dvt, row, prob, mask, qs;
+  std::vector<float> kt, vt, dkt, dvt, row, prob, mask, qs, acc;
   std::vector<uint32_t> col;
   void Reserve(int64_t tp, int64_t dh) {
     for (auto* x : {&kt, &vt, &dkt, &dvt}) x->assign(dh * tp, 0.0f);
-    for (auto* x : {&row, &prob, &mask}) x->assign(tp, 0.0f);
-    qs.assign(dh, 0.0f);
+    for (auto* x : {&row, &prob, &mask}) x->assign(R * tp, 0.0f);
+    qs.assign(R * dh, 0.0f);
+    acc.assign(R * dh, 0.0f);
     col.resize(tp);
     for (int64_t j = 0; j < tp; ++j) col[j] = static_cast<uint32_t>(j) * kColMul;
   }
@@ -195,14 +230,14 @@ inline void LoadT(const float* x, const Task& t, int64_t T, int64_t Tp, int64_t 
   }
 }
 
-// Scaled scores of query i (qs = q_i * scale) against the keys of one vector block.
-inline void ScoreBlock(const float* qs, const float* kt, int64_t Tp, int64_t dh, int64_t jb,
-                       float* acc) {
-  for (int64_t j = 0; j < V; ++j) acc[j] = 0.0f;
+// a[r] = sum_d x[r][d] * yt[d][jb : jb + V] for NR rows (x: NR x dh, yt: dh x Tp): one
+// load of yt per d feeds NR rows.
+template <int NR>
+inline void ScoreBlock(const float* x, const float* yt, int64_t Tp, int64_t dh, int64_t jb, vf* a) {
+  for (int r = 0; r < NR; ++r) a[r] = vf{};
   for (int64_t d = 0; d < dh; ++d) {
-    const float qd = qs[d];
-    const float* kd = kt + d * Tp + jb;
-    for (int64_t j = 0; j < V; ++j) acc[j] += qd * kd[j];
+    const vf yd = Load(yt + d * Tp + jb);
+    for (int r = 0; r < NR; ++r) a[r] += x[r * dh + d] * yd;
   }
 }
 
@@ -210,21 +245,93 @@ inline void ScoreBlock(const float* qs, const float* kt, int64_t Tp, int64_t dh,
 inline void Mask(const Params& p, const Task& t, int64_t i, int64_t lenp, const uint32_t* col,
                  float* mask) {
   const uint32_t a = fmix32(static_cast<uint32_t>(t.b * p.s.t + i) * kRowMul + t.s0);
-  const uint32_t thr = p.threshold, s1 = t.s1;
-  const float inv = p.inv_keep;
-  for (int64_t j = 0; j < lenp; ++j) {
-    uint32_t h = fmix32((a ^ col[j]) + s1);
-    mask[j] = (h >> 8) < thr ? inv : 0.0f;
+  const vf inv = Splat(p.inv_keep);
+  for (int64_t jb = 0; jb < lenp; jb += V) {
+    vu c;
+    std::memcpy(&c, col + jb, sizeof(c));
+    const vu h = Fmix32((c ^ a) + t.s1);
+    Store(mask + jb, Select((vi)((h >> 8) < p.threshold), inv, vf{}));
   }
 }
 
 inline float Dot(const float* a, const float* b, int64_t lenp) {
-  float acc[V] = {};
-  for (int64_t jb = 0; jb < lenp; jb += V)
-    for (int64_t j = 0; j < V; ++j) acc[j] += a[jb + j] * b[jb + j];
-  float total = 0.0f;
-  for (int64_t j = 0; j < V; ++j) total += acc[j];
-  return total;
+  vf acc{};
+  for (int64_t jb = 0; jb < lenp; jb += V) acc += Load(a + jb) * Load(b + jb);
+  return Sum(acc);
+}
+
+// y[r][0:dh] = sum_{j < n} w[r][j] * x_j[0:dh], x_j = x + j * D (row-major, stride D), for
+// NR rows of w (stride Tp). Vectorised over the head dim: used when dh is a multiple of V
+// (else the transposed Dot form, vectorised over keys, is used).
+template <int NR>
+inline void RowCombine(const float* w, int64_t Tp, const float* x, int64_t D, int64_t n,
+                       int64_t dh, float* y) {
+  for (int64_t db = 0; db < dh; db += V) {
+    vf a[NR] = {};
+    for (int64_t j = 0; j < n; ++j) {
+      const vf xj = Load(x + j * D + db);
+      for (int r = 0; r < NR; ++r) a[r] += w[r * Tp + j] * xj;
+    }
+    for (int r = 0; r < NR; ++r) Store(y + r * dh + db, a[r]);
+  }
+}
+
+// Queries i0 .. i0 + NR - 1 of one (row, head).
+template <int NR>
+void ForwardRows(const Params& p, const Task& t, int64_t i0, Scratch& w, float* out, float* lse) {
+  const int64_t T = p.s.t, Tp = RoundUp(T), D = p.s.d, dh = t.dh;
+  const int64_t last = i0 + NR - 1, lenp = RoundUp(last + 1);
+  float* qs = w.qs.data();
+  for (int r = 0; r < NR; ++r) {
+    const float* qi = p.q + t.row0 + (i0 + r) * D + t.col0;
+    for (int64_t d = 0; d < dh; ++d) qs[r * dh + d] = qi[d] * t.scale;
+  }
+  vf m[NR];
+  for (int r = 0; r < NR; ++r) m[r] = Splat(kNeg);
+  for (int64_t jb = 0; jb < lenp; jb += V) {
+    vf a[NR];
+    ScoreBlock<NR>(qs, w.kt.data(), Tp, dh, jb, a);
+    const vi j = kIota + static_cast<int32_t>(jb);
+    for (int r = 0; r < NR; ++r) {
+      const vf x = Select(j <= static_cast<int32_t>(i0 + r), a[r], Splat(kNeg));
+      Store(w.row.data() + r * Tp + jb, x);
+      m[r] = Max(m[r], x);
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    const int64_t i = i0 + r;
+    float* row = w.row.data() + r * Tp;
+    float mr = kNeg;
+    for (int64_t j = 0; j < V; ++j) mr = std::max(mr, m[r][j]);
+    vf l{};
+    for (int64_t jb = 0; jb < lenp; jb += V) {
+      const vi j = kIota + static_cast<int32_t>(jb);
+      const vf e = Select(j <= static_cast<int32_t>(i), Exp(Load(row + jb) - mr), vf{});
+      Store(row + jb, e);
+      l += e;
+    }
+    const float total = Sum(l);
+    lse[t.lse0 + i] = mr + std::log(total);
+    const float inv_l = 1.0f / total;
+    if (p.dropout()) {
+      float* mask = w.mask.data();
+      Mask(p, t, i, lenp, w.col.data(), mask);
+      for (int64_t jb = 0; jb < lenp; jb += V) Store(row + jb, Load(row + jb) * inv_l * Load(mask + jb));
+    } else {
+      for (int64_t jb = 0; jb < lenp; jb += V) Store(row + jb, Load(row + jb) * inv_l);
+    }
+  }
+  if (dh % V == 0) {
+    float* y = w.acc.data();
+    RowCombine<NR>(w.row.data(), Tp, p.v + t.row0 + t.col0, D, last + 1, dh, y);
+    for (int r = 0; r < NR; ++r)
+      std::memcpy(out + t.row0 + (i0 + r) * D + t.col0, y + r * dh, dh * sizeof(float));
+  } else {
+    for (int r = 0; r < NR; ++r) {
+      float* o = out + t.row0 + (i0 + r) * D + t.col0;
+      for (int64_t d = 0; d < dh; ++d) o[d] = Dot(w.row.data() + r * Tp, w.vt.data() + d * Tp, lenp);
+    }
+  }
 }
 
 void ForwardTask(const Params& p, int64_t item, int64_t slots, float* out, float* lse) {
@@ -234,44 +341,79 @@ void ForwardTask(const Params& p, int64_t item, int64_t slots, float* out, float
     std::fill(lse + t.lse0, lse + t.lse0 + s.t, 0.0f);
     return;
   }
-  const int64_t T = s.t, Tp = RoundUp(T), D = s.d, dh = t.dh;
+  const int64_t T = s.t, Tp = RoundUp(T), D = s.d;
   Scratch& w = tls;
-  w.Reserve(Tp, dh);
+  w.Reserve(Tp, t.dh);
   LoadT(p.k, t, T, Tp, D, w.kt.data());
-  LoadT(p.v, t, T, Tp, D, w.vt.data());
-  float* row = w.row.data();
-  float* mask = w.mask.data();
+  if (t.dh % V) LoadT(p.v, t, T, Tp, D, w.vt.data());
+  int64_t i = 0;
+  for (; i + R <= T; i += R) ForwardRows<R>(p, t, i, w, out, lse);
+  for (; i < T; ++i) ForwardRows<1>(p, t, i, w, out, lse);
+}
+
+template <int NR>
+void BackwardRows(const Params& p, const Task& t, int64_t i0, Scratch& w, const float* out,
+                  const float* lse, const float* dout, float* dq) {
+  const int64_t T = p.s.t, Tp = RoundUp(T), D = p.s.d, dh = t.dh;
+  const int64_t last = i0 + NR - 1, lenp = RoundUp(last + 1);
+  const bool dropout = p.dropout();
   float* qs = w.qs.data();
-  for (int64_t i = 0; i < T; ++i) {
-    const int64_t lenp = RoundUp(i + 1);
+  float* gs = w.acc.data();  // dO rows
+  float di[NR], li[NR];
+  for (int r = 0; r < NR; ++r) {
+    const int64_t i = i0 + r;
     const float* qi = p.q + t.row0 + i * D + t.col0;
-    for (int64_t d = 0; d < dh; ++d) qs[d] = qi[d] * t.scale;
-    float m = kNeg;
+    const float* gi = dout + t.row0 + i * D + t.col0;
+    const float* oi = out + t.row0 + i * D + t.col0;
+    di[r] = 0.0f;
+    for (int64_t d = 0; d < dh; ++d) {
+      di[r] += gi[d] * oi[d];
+      qs[r * dh + d] = qi[d] * t.scale;
+      gs[r * dh + d] = gi[d];
+    }
+    li[r] = lse[t.lse0 + i];
+    if (dropout) Mask(p, t, i, lenp, w.col.data(), w.mask.data() + r * Tp);
+  }
+  for (int64_t jb = 0; jb < lenp; jb += V) {
+    vf sc[NR], gv[NR];
+    ScoreBlock<NR>(qs, w.kt.data(), Tp, dh, jb, sc);
+    ScoreBlock<NR>(gs, w.vt.data(), Tp, dh, jb, gv);  // dO_i . v_j
+    const vi j = kIota + static_cast<int32_t>(jb);
+    for (int r = 0; r < NR; ++r) {
+      const vf pr = Select(j <= static_cast<int32_t>(i0 + r), Exp(sc[r] - li[r]), vf{});
+      const vf mk = dropout ? Load(w.mask.data() + r * Tp + jb) : Splat(1.0f);
+      Store(w.prob.data() + r * Tp + jb, pr * mk);
+      Store(w.row.data() + r * Tp + jb, pr * (gv[r] * mk - di[r]) * t.scale);
+    }
+  }
+  // dk_j += sum_r ds[r][j] q_r, dv_j += sum_r pm[r][j] dO_r (transposed accumulators).
+  for (int64_t d = 0; d < dh; ++d) {
+    float qd[NR], gd[NR];
+    for (int r = 0; r < NR; ++r) {
+      qd[r] = p.q[t.row0 + (i0 + r) * D + t.col0 + d];
+      gd[r] = gs[r * dh + d];
+    }
+    float* dkd = w.dkt.data() + d * Tp;
+    float* dvd = w.dvt.data() + d * Tp;
     for (int64_t jb = 0; jb < lenp; jb += V) {
-      float acc[V];
-      ScoreBlock(qs, w.kt.data(), Tp, dh, jb, acc);
-      for (int64_t j = 0; j < V; ++j) {
-        const float x = jb + j <= i ? acc[j] : kNeg;
-        row[jb + j] = x;
-        m = std::max(m, x);
+      vf k = Load(dkd + jb), v = Load(dvd + jb);
+      for (int r = 0; r < NR; ++r) {
+        k += Load(w.row.data() + r * Tp + jb) * qd[r];
+        v += Load(w.prob.data() + r * Tp + jb) * gd[r];
       }
+      Store(dkd + jb, k);
+      Store(dvd + jb, v);
     }
-    float l = 0.0f;
-    for (int64_t j = 0; j < lenp; ++j) {
-      const float e = j <= i ? fast_exp(row[j] - m) : 0.0f;
-      row[j] = e;
-      l += e;
+  }
+  if (dh % V == 0) {
+    RowCombine<NR>(w.row.data(), Tp, p.k + t.row0 + t.col0, D, last + 1, dh, gs);
+    for (int r = 0; r < NR; ++r)
+      std::memcpy(dq + t.row0 + (i0 + r) * D + t.col0, gs + r * dh, dh * sizeof(float));
+  } else {
+    for (int r = 0; r < NR; ++r) {
+      float* dqi = dq + t.row0 + (i0 + r) * D + t.col0;
+      for (int64_t d = 0; d < dh; ++d) dqi[d] = Dot(w.row.data() + r * Tp, w.kt.data() + d * Tp, lenp);
     }
-    lse[t.lse0 + i] = m + std::log(l);
-    const float inv_l = 1.0f / l;
-    if (p.dropout()) {
-      Mask(p, t, i, lenp, w.col.data(), mask);
-      for (int64_t j = 0; j < lenp; ++j) row[j] *= inv_l * mask[j];
-    } else {
-      for (int64_t j = 0; j < lenp; ++j) row[j] *= inv_l;
-    }
-    float* o = out + t.row0 + i * D + t.col0;
-    for (int64_t d = 0; d < dh; ++d) o[d] = Dot(row, w.vt.data() + d * Tp, lenp);
   }
 }
 
@@ -285,46 +427,9 @@ void BackwardTask(const Params& p, int64_t item, int64_t slots, const float* out
   w.Reserve(Tp, dh);
   LoadT(p.k, t, T, Tp, D, w.kt.data());
   LoadT(p.v, t, T, Tp, D, w.vt.data());
-  float* ds = w.row.data();
-  float* pm = w.prob.data();
-  float* mask = w.mask.data();
-  float* qs = w.qs.data();
-  const bool dropout = p.dropout();
-  for (int64_t i = 0; i < T; ++i) {
-    const int64_t lenp = RoundUp(i + 1);
-    const float* qi = p.q + t.row0 + i * D + t.col0;
-    const float* gi = dout + t.row0 + i * D + t.col0;
-    const float* oi = out + t.row0 + i * D + t.col0;
-    float di = 0.0f;
-    for (int64_t d = 0; d < dh; ++d) {
-      di += gi[d] * oi[d];
-      qs[d] = qi[d] * t.scale;
-    }
-    const float li = lse[t.lse0 + i];
-    if (dropout) Mask(p, t, i, lenp, w.col.data(), mask);
-    for (int64_t jb = 0; jb < lenp; jb += V) {
-      float sc[V], gv[V];
-      ScoreBlock(qs, w.kt.data(), Tp, dh, jb, sc);
-      ScoreBlock(gi, w.vt.data(), Tp, dh, jb, gv);  // dO_i . v_j
-      for (int64_t j = 0; j < V; ++j) {
-        const float pr = jb + j <= i ? fast_exp(sc[j] - li) : 0.0f;
-        const float mk = dropout ? mask[jb + j] : 1.0f;
-        pm[jb + j] = pr * mk;
-        ds[jb + j] = pr * (gv[j] * mk - di) * t.scale;
-      }
-    }
-    float* dqi = dq + t.row0 + i * D + t.col0;
-    for (int64_t d = 0; d < dh; ++d) {
-      dqi[d] = Dot(ds, w.kt.data() + d * Tp, lenp);
-      const float qd = qi[d], gd = gi[d];
-      float* dkd = w.dkt.data() + d * Tp;
-      float* dvd = w.dvt.data() + d * Tp;
-      for (int64_t j = 0; j < lenp; ++j) {
-        dkd[j] += ds[j] * qd;
-        dvd[j] += pm[j] * gd;
-      }
-    }
-  }
+  int64_t i = 0;
+  for (; i + R <= T; i += R) BackwardRows<R>(p, t, i, w, out, lse, dout, dq);
+  for (; i < T; ++i) BackwardRows<1>(p, t, i, w, out, lse, dout, dq);
   for (int64_t j = 0; j < T; ++j) {
     float* dkj = dk + t.row0 + j * D + t.col0;
     float* dvj = dv + t.row0 + j * D + t.col0;

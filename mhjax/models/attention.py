@@ -44,28 +44,36 @@ def dense(features: int, fan_in: int, name: str) -> nn.Dense:
     return nn.Dense(features, kernel_init=init, bias_init=init, name=name)
 
 
+class DenseParams(nn.Module):
+    """The parameters of ``dense(features, fan_in)`` (same names, shapes and init), unapplied,
+    so several projections of one input can run as one matmul."""
+
+    features: int
+    fan_in: int
+
+    @nn.compact
+    def __call__(self):
+        init = torch_uniform(self.fan_in)
+        return self.param("kernel", init, (self.fan_in, self.features)), self.param("bias", init, (self.features,))
+
+
 def head_groups(heads, num_fine: int):
     """Coarse-head index of each fine head, (F,) int32, for a (traced) head count."""
     group_size = num_fine // heads
     return jnp.arange(num_fine) // group_size
 
 
-# "auto": on the CPU backend, the kernel for grouped heads and for plain heads of dim <=
-# KERNEL_MAX_HEAD_DIM (above it XLA's batched matmuls win, benchmarks/RESULTS.md), else JAX;
-# "kernel": the kernel whenever it builds; "jax": never the kernel.
+# "auto": the kernel on the CPU backend (faster than XLA's batched matmuls at every head
+# dim, benchmarks/RESULTS.md), else JAX; "kernel": the kernel whenever it builds; "jax":
+# never the kernel.
 IMPLEMENTATION = os.environ.get("MHJAX_ATTENTION", "auto")
-KERNEL_MAX_HEAD_DIM = 8
 
 
-def use_cpu_kernel(head_dim: int | None = None) -> bool:
-    """head_dim: the plain head dim, None for grouped heads (any head dim at run time)."""
+def use_cpu_kernel() -> bool:
     if IMPLEMENTATION == "jax":
         return False
-    if IMPLEMENTATION == "auto":
-        if jax.default_backend() != "cpu":
-            return False
-        if head_dim is not None and head_dim > KERNEL_MAX_HEAD_DIM:
-            return False
+    if IMPLEMENTATION == "auto" and jax.default_backend() != "cpu":
+        return False
     from mhjax.models import cpu_attention
 
     return cpu_attention.available()
@@ -85,14 +93,35 @@ def _fmix32(h):
     return h ^ (h >> 16)
 
 
-def dropout_keep(seed, batch: int, length: int, threshold: int):
-    """(B, T, T) bool keep mask of one coarse head from its seed (2,) uint32; the same
-    hash as the C++ kernel: mix(seed, b * T + i, j)."""
-    rows = jnp.arange(batch * length, dtype=jnp.uint32).reshape(batch, length, 1)
-    cols = jnp.arange(length, dtype=jnp.uint32).reshape(1, 1, length)
+def hash_keep(seed, shape, threshold: int):
+    """Bool keep mask of ``shape`` from a seed (2,) uint32: element (r, c), with c the last
+    index and r the flattened leading ones, is kept iff mix(seed, r, c) >> 8 < threshold."""
+    rows = jnp.arange(math.prod(shape[:-1]), dtype=jnp.uint32).reshape(*shape[:-1], 1)
+    cols = jnp.arange(shape[-1], dtype=jnp.uint32)
     a = _fmix32(rows * jnp.uint32(0x9E3779B9) + seed[0])
     h = _fmix32((a ^ (cols * jnp.uint32(0x85EBCA77))) + seed[1])
     return (h >> 8) < jnp.uint32(threshold)
+
+
+def dropout_keep(seed, batch: int, length: int, threshold: int):
+    """(B, T, T) bool keep mask of one coarse head from its seed; the same hash as the C++
+    kernel: mix(seed, b * T + i, j)."""
+    return hash_keep(seed, (batch, length, length), threshold)
+
+
+class HashDropout(nn.Module):
+    """Inverted dropout with the counter-based hash above (a few integer ops per element,
+    where jax.random.bernoulli's threefry costs about 40), seeded from the 'dropout' rng."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool = True):
+        if deterministic or self.rate == 0.0:
+            return x
+        threshold, inv_keep = dropout_threshold(self.rate)
+        seed = jax.random.bits(self.make_rng("dropout"), (2,), jnp.uint32)
+        return jnp.where(hash_keep(seed, x.shape, threshold), x * inv_keep, 0.0).astype(x.dtype)
 
 
 def coarse_seeds(key, count: int):
@@ -112,14 +141,16 @@ class CausalSelfAttention(nn.Module):
         carry identical rows. probs are computed only if used (dead code otherwise)."""
         batch, length, width = x.shape
         fine = self.num_heads
-        q, k, v = (dense(width, width, name)(x) for name in ("query", "key", "value"))
+        # One (D, 3D) matmul for the three projections (parameters stay query/key/value).
+        w, b = zip(*(DenseParams(width, width, name=name)() for name in ("query", "key", "value")))
+        q, k, v = jnp.split(x @ jnp.concatenate(w, axis=1) + jnp.concatenate(b), 3, axis=-1)
         dropout = not deterministic and self.dropout_rate > 0.0
         if dropout:
             seeds = coarse_seeds(self.make_rng("dropout"), fine)
             threshold, inv_keep = dropout_threshold(self.dropout_rate)
         else:
             seeds, threshold, inv_keep = jnp.zeros((fine, 2), jnp.uint32), 1 << 24, 1.0
-        if use_cpu_kernel(width // fine if heads is None else None):
+        if use_cpu_kernel():
             from mhjax.models import cpu_attention
 
             count = jnp.full((1,), fine if heads is None else heads, jnp.int32)

@@ -1,7 +1,7 @@
 """The paper's causal Transformer (beyond_parallelism spec §5).
 
 Pre-norm blocks with RMSNorm (eps = float32 machine epsilon), biases everywhere,
-dropout on attention probabilities and after the MLP, learned token and absolute
+dropout on attention probabilities and after the MLP (counter-based hash masks), learned token and absolute
 position embeddings, no final norm, linear read-out. Initialisation follows the
 reference framework: Linear weights and biases U(+-1/sqrt(fan_in)), embeddings N(0, 1).
 """
@@ -12,9 +12,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mhjax.models.attention import CausalSelfAttention, dense
+from mhjax.models.attention import CausalSelfAttention, HashDropout, dense
 
 RMS_EPS = float(np.finfo(np.float32).eps)
+
+
+class RMSNorm(nn.Module):
+    """x * rsqrt(mean(x^2) + eps) * scale, as flax's nn.RMSNorm (same parameter), written
+    out so XLA fuses it into two passes."""
+
+    epsilon: float = RMS_EPS
+
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
+        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.epsilon) * scale
 
 
 class Block(nn.Module):
@@ -25,15 +37,15 @@ class Block(nn.Module):
 
     @nn.compact
     def __call__(self, x, heads=None, deterministic: bool = True):
-        h = nn.RMSNorm(epsilon=RMS_EPS, name="ln1")(x)
+        h = RMSNorm(name="ln1")(x)
         attn_out, probs = CausalSelfAttention(
             self.width, self.num_heads, self.dropout_rate, name="attn"
         )(h, heads, deterministic)
         x = x + attn_out
-        h = nn.RMSNorm(epsilon=RMS_EPS, name="ln2")(x)
+        h = RMSNorm(name="ln2")(x)
         h = nn.relu(dense(self.mlp_dim, self.width, "mlp_in")(h))
         h = dense(self.width, self.mlp_dim, "mlp_out")(h)
-        h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+        h = HashDropout(self.dropout_rate)(h, deterministic)
         return x + h, probs
 
 

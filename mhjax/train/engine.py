@@ -5,6 +5,13 @@ A *kernel* describes one program's members (see experiments/): it supplies
 ``evaluate(params, consts)``, all for ONE member; ``consts`` holds that member's numeric
 settings (keys, head count, learning rate, ...). The engine vmaps them over the member
 axis and jits once per program and chunk length, donating the state buffers.
+
+A program may instead be ``Unrolled(kernels)``, one kernel per member: the members are
+then written out one after another in the same program, unbatched. XLA's CPU runtime
+runs independent operations concurrently but each operation on one core, so on a CPU
+this keeps every core busy and lets each member use its own static head count, where a
+vmapped batch runs as one chain of larger operations (benchmarks/RESULTS.md). States
+stay stacked on the member axis either way, so everything outside the engine is the same.
 """
 from __future__ import annotations
 
@@ -24,6 +31,33 @@ class MemberState:
     diverged: jax.Array  # bool: loss or parameters became non-finite
     diverged_at: jax.Array  # int32 step of divergence, -1 if none
     last_loss: jax.Array  # float32 training loss of the latest live step (kept in checkpoints)
+
+
+class Unrolled:
+    """A program of members computed side by side, unbatched: ``kernels[i]`` is member i's."""
+
+    def __init__(self, kernels):
+        self.kernels = tuple(kernels)
+
+
+def _unstack(tree, count: int) -> list:
+    return [jax.tree_util.tree_map(lambda x, i=i: x[i], tree) for i in range(count)]
+
+
+def _stack(trees):
+    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def over_members(kernel, fn):
+    """``fn(member_kernel, *member_args)`` lifted to stacked member axes: vmapped for one
+    kernel, written out member by member for ``Unrolled``."""
+    if isinstance(kernel, Unrolled):
+        def unrolled(*args):
+            members = zip(kernel.kernels, *(_unstack(a, len(kernel.kernels)) for a in args))
+            return _stack([fn(k, *member_args) for k, *member_args in members])
+
+        return unrolled
+    return jax.vmap(lambda *args: fn(kernel, *args))
 
 
 def _all_finite(tree) -> jax.Array:
@@ -72,13 +106,25 @@ def member_status(state: MemberState) -> dict:
 
 
 def make_init(kernel, out_shardings=None):
-    return jax.jit(jax.vmap(lambda c: init_member(kernel, c)), out_shardings=out_shardings)
+    return jax.jit(over_members(kernel, init_member), out_shardings=out_shardings)
 
 
 def make_train_chunk(kernel, length: int):
     """jit(states, consts) -> (states, metrics with leaves (length, members))."""
 
     def chunk(states, consts):
+        if isinstance(kernel, Unrolled):
+            # The scan carries one state per member, so the step neither slices nor stacks.
+            count = len(kernel.kernels)
+            member_consts = _unstack(consts, count)
+
+            def body(carry, _):
+                out = [train_step(k, s, c) for k, s, c in zip(kernel.kernels, carry, member_consts)]
+                return tuple(o[0] for o in out), _stack([o[1] for o in out])
+
+            final, metrics = jax.lax.scan(body, tuple(_unstack(states, count)), None, length=length)
+            return _stack(final), metrics
+
         def body(carry, _):
             return jax.vmap(lambda s, c: train_step(kernel, s, c))(carry, consts)
 
@@ -88,4 +134,4 @@ def make_train_chunk(kernel, length: int):
 
 
 def make_evaluate(kernel):
-    return jax.jit(jax.vmap(lambda s, c: kernel.evaluate(s.params, c)))
+    return jax.jit(over_members(kernel, lambda k, s, c: k.evaluate(s.params, c)))
