@@ -2,7 +2,8 @@
 
 The paper model (width 64, 4 layers, MLP 128, vocab 256, batch 50, length 100, dropout
 0.1, Adam) and the sweep over 1/4/8/16 heads (copy task, one seed: four members), run as
-  fused       all head counts in one program (mhjax strategy "fused", Sweep.run_chunk)
+  unrolled    all members in one program, each unbatched (strategy "unrolled")
+  fused       all head counts in one vmapped program (strategy "fused", Sweep.run_chunk)
   grouped     one program per head count (strategy "grouped", Sweep.run_chunk)
   sequential  each member alone: the engine's train_step jitted per head count, called
               once per step from Python (no vmap, no scan): a plain JAX loop
@@ -20,8 +21,9 @@ program's buffers from XLA's memory analysis; torch: sampled process-RSS rise du
 step). JSON keys ``ratio_vs_torch`` (best mhjax strategy's sweep member-steps/s over
 torch's) and ``mfu`` (that strategy's sweep MFU: all its FLOPs over all its time).
 
-Then scaling with work, for one head count (4) in one grouped program: members per
-program (1, 2, 4, 8, ...: seeds) and sequence length (50, 100, 200).
+Then scaling with work, for one head count (4): members per program (1, 2, 4, 8, ...:
+seeds), vmapped in one grouped program ("members=N") and unrolled ("unrolled=N"), and
+sequence length (50, 100, 200).
 
     python benchmarks/throughput.py [--json OUT] [--quick] [--reps N] [--steps N]
 """
@@ -467,7 +469,7 @@ def main(argv=None):
 
     scaling = {}
     if not args.no_scaling:
-        log(f"scaling: members per program {members_list} and lengths {lengths} (heads 4, grouped)")
+        log(f"scaling: members per program {members_list} (vmapped, and unrolled) and lengths {lengths} (heads 4)")
         grouped = next((r for r in runners if r.label == "grouped"), None)
         reuse = grouped is not None and "h4" in grouped.program_heads
         scale_runners = []
@@ -478,6 +480,10 @@ def main(argv=None):
                 r = SweepRunner(make_config((4,), seeds=tuple(range(n))), f"members={n}")
                 r.warm(steps)
             scale_runners.append(r)
+            if n > 1:  # the same members, each unbatched (strategy unrolled)
+                r = SweepRunner(make_config((4,), seeds=tuple(range(n)), strategy="unrolled"), f"unrolled={n}")
+                r.warm(steps)
+                scale_runners.append(r)
         for length in lengths:
             if length == config.model.seq_len and reuse:
                 r = ProgramView(grouped, "h4", f"length={length}")

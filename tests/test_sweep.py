@@ -67,16 +67,37 @@ def test_one_program_and_grouped_programs_train_identically(strategy):
         assert eval_grouped[i] == pytest.approx(eval_single[i], rel=1e-4), i
 
 
-def test_auto_strategy_unrolls_on_cpu_and_fuses_elsewhere():
+def test_auto_strategy_unrolls_long_cpu_runs_and_fuses_otherwise():
     from mhjax.train.engine import Unrolled
 
-    experiment = make_experiment(tiny_sequence_config(task=("copy", "cycle"), heads=(1, 2, 4)))
+    config = tiny_sequence_config(task=("copy", "cycle"), heads=(1, 2, 4))
+    config.train.steps = 20_000
+    experiment = make_experiment(config)
     [(name, idx, kernel)] = experiment.programs("auto", "cpu")
     assert name == "all" and idx == list(range(6)) and isinstance(kernel, Unrolled)
-    # each member's own kernel, at its own static head count
+    # each member its own group, at its own static head count
+    assert kernel.sizes == (1,) * 6
     assert [k.model.num_heads for k in kernel.kernels] == [m["heads"] for m in experiment.members]
-    [(_, _, fused)] = experiment.programs("auto", "gpu")
-    assert not isinstance(fused, Unrolled) and fused.model.num_heads == 4
+    for backend in ("gpu", "tpu"):
+        [(_, _, fused)] = experiment.programs("auto", backend)
+        assert not isinstance(fused, Unrolled) and fused.model.num_heads == 4
+    config.train.steps = 200  # a short run: compile time would eat the gain
+    [(_, _, short)] = make_experiment(config).programs("auto", "cpu")
+    assert not isinstance(short, Unrolled)
+
+
+def test_unrolled_groups_slice_the_member_axis_and_reject_bad_sizes():
+    import jax.numpy as jnp
+
+    from mhjax.train.engine import Unrolled, over_members
+
+    program = Unrolled(["a", "b"], (1, 3))
+    parts = program.split({"x": jnp.arange(4)})
+    assert [p["x"].tolist() for p in parts] == [[0], [1, 2, 3]]
+    lifted = over_members(program, lambda kernel, x: x * (10 if kernel == "a" else 100))
+    assert lifted(jnp.arange(4)).tolist() == [0, 100, 200, 300]
+    with pytest.raises(ValueError, match="group size"):
+        Unrolled(["a"], (0,))
 
 
 def test_training_changes_params_and_lowers_loss():

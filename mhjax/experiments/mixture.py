@@ -63,7 +63,7 @@ from mhjax.data.mixture import num_relevant_tokens, sample_mixture
 from mhjax.models.classifier import QUERIES, classifier_apply
 from mhjax.train.sweep import Member, derive_key, expand
 
-STRATEGIES = ("auto", "fused", "grouped")  # accepted for the CLI's sake; always one program
+STRATEGIES = ("auto", "unrolled", "fused", "grouped")  # accepted for the CLI's sake; always one program
 INIT_SCHEMES = ("zero_plus_step", "random")
 SWEEP_FIELDS = ("heads", "seed", "num_train", "step_size")
 MAX_HEADS = 4096

@@ -15,6 +15,7 @@ from mhjax.train.engine import Unrolled
 from mhjax.train.sweep import Member, derive_key, expand
 
 STRATEGIES = ("auto", "unrolled", "fused", "grouped")
+UNROLL_MIN_STEPS, UNROLL_MAX_MEMBERS = 2000, 16  # when `auto` unrolls on a CPU
 
 
 def validate(config) -> None:
@@ -147,17 +148,19 @@ class SequenceExperiment:
     def programs(self, strategy: str, backend: str) -> list[tuple[str, list[int], object]]:
         """[(program name, member indices, kernel)].
 
-        unrolled: one program, each member written out unbatched at its own (static) head
-          count (engine.Unrolled): on a CPU, XLA runs the members concurrently on the cores;
+        unrolled: one program, every member written out unbatched at its own static head count
+          (engine.Unrolled): on a CPU, XLA runs them concurrently on the cores, each with
+          unbatched matmuls;
         fused: one vmapped program at the finest head count (members' head counts traced);
-        grouped: one vmapped program per head count.
-        auto: unrolled on a CPU, fused elsewhere (benchmarks/RESULTS.md).
+        grouped: one vmapped program per head count;
+        auto: on a CPU, unrolled for long runs of few members (it compiles once per member),
+          else fused.
         """
         if strategy == "auto":
-            strategy = "unrolled" if backend == "cpu" else "fused"
+            strategy = self.auto_strategy(backend)
         heads = [m["heads"] for m in self.members]
         if strategy == "unrolled":
-            kernels = {h: SequenceKernel(self.config, h, True) for h in sorted(set(heads))}
+            kernels = {h: SequenceKernel(self.config, h, True) for h in set(heads)}
             return [("all", list(range(len(self.members))), Unrolled([kernels[h] for h in heads]))]
         finest = math.lcm(*heads)
         if strategy == "fused" and self.config.model.width % finest == 0:
@@ -167,6 +170,12 @@ class SequenceExperiment:
         for i, h in enumerate(heads):
             groups.setdefault(h, []).append(i)
         return [(f"h{h}", idx, SequenceKernel(self.config, h, True)) for h, idx in sorted(groups.items())]
+
+    def auto_strategy(self, backend: str) -> str:
+        # Paper model on 2 cores (benchmarks/RESULTS.md): unrolled steps ~20 % faster than
+        # fused, but compiles ~20 s longer per member; a short run would lose the difference.
+        long_run = self.config.train.steps >= UNROLL_MIN_STEPS and len(self.members) <= UNROLL_MAX_MEMBERS
+        return "unrolled" if backend == "cpu" and long_run else "fused"
 
     def member_info(self, member: Member) -> dict:
         """Static facts for results.json."""

@@ -1,11 +1,12 @@
 // Fused causal multi-head attention for the CPU, forward and backward, as XLA FFI
 // handlers (see cpu_attention.py, which builds and loads this file).
 //
-// Why: at small head dims (D/H = 4 or 8) XLA materialises the (B, H, T, T) scores,
-// probabilities, dropout mask and their gradients in a dozen memory-bound passes, and
-// that, not the matmuls, is the cost of a many-head step on a CPU. Here each
-// (batch row, head) is one task: scores, softmax, dropout and the value product are done
-// row by row in L1, and the backward pass recomputes them from the per-row
+// Why: XLA materialises the (B, H, T, T) scores, probabilities, dropout mask and their
+// gradients in a dozen memory-bound passes, and runs the small per-head matmuls (head
+// dim 4 to 64) far below the machine's peak; that is most of a many-head step on a CPU.
+// Here each (batch row, head) is one task: scores, softmax, dropout and the value product
+// are done for blocks of R queries in L1 (each key/value vector loaded serves R rows),
+// with explicit 16-float vectors, and the backward pass recomputes them from the per-row
 // log-sum-exp (FlashAttention-style), so nothing of size T x T is ever stored.
 //
 // Layout: q, k, v, out: (..., B, T, D) float32, heads (..., 1) int32 (the coarse head

@@ -11,8 +11,10 @@ def describe(experiment) -> str:
         import jax
 
         m, d = config.model, config.data
-        programs = experiment.programs(config.strategy, jax.default_backend())
-        lines.append(f"strategy: {config.strategy} -> {len(programs)} program(s): " + ", ".join(f"{n} ({len(i)} members)" for n, i, _ in programs))
+        backend = jax.default_backend()
+        programs = experiment.programs(config.strategy, backend)
+        strategy = config.strategy if config.strategy != "auto" else f"auto ({experiment.auto_strategy(backend)} on {backend})"
+        lines.append(f"strategy: {strategy} -> {len(programs)} program(s): " + ", ".join(f"{n} ({len(i)} members)" for n, i, _ in programs))
         step_flops = flops.train_step_flops(d.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, m.vocab_size)
         lines.append(f"{'member':<24} {'params':>9} {'GFLOP/step':>11} {'est. memory':>12}")
         total_mem = 0.0

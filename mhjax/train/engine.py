@@ -6,12 +6,13 @@ A *kernel* describes one program's members (see experiments/): it supplies
 settings (keys, head count, learning rate, ...). The engine vmaps them over the member
 axis and jits once per program and chunk length, donating the state buffers.
 
-A program may instead be ``Unrolled(kernels)``, one kernel per member: the members are
-then written out one after another in the same program, unbatched. XLA's CPU runtime
-runs independent operations concurrently but each operation on one core, so on a CPU
-this keeps every core busy and lets each member use its own static head count, where a
-vmapped batch runs as one chain of larger operations (benchmarks/RESULTS.md). States
-stay stacked on the member axis either way, so everything outside the engine is the same.
+A program may instead be ``Unrolled(kernels, sizes)``: groups of members written out one
+after another in the same program, each group with its own kernel (vmapped inside the
+group). XLA's CPU runtime runs independent operations concurrently but each operation on
+one core, so on a CPU independent groups keep every core busy, and each group can have
+its own static head count, where one vmapped batch runs as a single chain of larger
+operations (benchmarks/RESULTS.md). States stay stacked on the member axis either way, so
+everything outside the engine is the same.
 """
 from __future__ import annotations
 
@@ -34,27 +35,36 @@ class MemberState:
 
 
 class Unrolled:
-    """A program of members computed side by side, unbatched: ``kernels[i]`` is member i's."""
+    """Members computed side by side in one program: group g is ``sizes[g]`` consecutive
+    members sharing ``kernels[g]``, vmapped within the group; groups are independent
+    computations, which XLA's CPU runtime runs concurrently."""
 
-    def __init__(self, kernels):
+    def __init__(self, kernels, sizes=None):
         self.kernels = tuple(kernels)
+        self.sizes = tuple(sizes) if sizes is not None else (1,) * len(self.kernels)
+        if len(self.sizes) != len(self.kernels) or min(self.sizes, default=0) < 1:
+            raise ValueError("Unrolled: one positive group size per kernel")
+
+    def split(self, tree) -> list:
+        """A stacked tree -> one tree per group (slices of the member axis)."""
+        out, start = [], 0
+        for size in self.sizes:
+            out.append(jax.tree_util.tree_map(lambda x, a=start, b=start + size: x[a:b], tree))
+            start += size
+        return out
 
 
-def _unstack(tree, count: int) -> list:
-    return [jax.tree_util.tree_map(lambda x, i=i: x[i], tree) for i in range(count)]
-
-
-def _stack(trees):
-    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *trees)
+def _concat(trees):
+    return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *trees)
 
 
 def over_members(kernel, fn):
     """``fn(member_kernel, *member_args)`` lifted to stacked member axes: vmapped for one
-    kernel, written out member by member for ``Unrolled``."""
+    kernel, group by group for ``Unrolled``."""
     if isinstance(kernel, Unrolled):
         def unrolled(*args):
-            members = zip(kernel.kernels, *(_unstack(a, len(kernel.kernels)) for a in args))
-            return _stack([fn(k, *member_args) for k, *member_args in members])
+            groups = zip(kernel.kernels, *(kernel.split(a) for a in args))
+            return _concat([jax.vmap(lambda *a, k=k: fn(k, *a))(*group_args) for k, *group_args in groups])
 
         return unrolled
     return jax.vmap(lambda *args: fn(kernel, *args))
@@ -114,16 +124,15 @@ def make_train_chunk(kernel, length: int):
 
     def chunk(states, consts):
         if isinstance(kernel, Unrolled):
-            # The scan carries one state per member, so the step neither slices nor stacks.
-            count = len(kernel.kernels)
-            member_consts = _unstack(consts, count)
+            # The scan carries one state per group, so a step neither slices nor concatenates.
+            group_consts = kernel.split(consts)
 
             def body(carry, _):
-                out = [train_step(k, s, c) for k, s, c in zip(kernel.kernels, carry, member_consts)]
-                return tuple(o[0] for o in out), _stack([o[1] for o in out])
+                out = [jax.vmap(lambda s, c, k=k: train_step(k, s, c))(s, c) for k, s, c in zip(kernel.kernels, carry, group_consts)]
+                return tuple(o[0] for o in out), _concat([o[1] for o in out])
 
-            final, metrics = jax.lax.scan(body, tuple(_unstack(states, count)), None, length=length)
-            return _stack(final), metrics
+            final, metrics = jax.lax.scan(body, tuple(kernel.split(states)), None, length=length)
+            return _concat(final), metrics
 
         def body(carry, _):
             return jax.vmap(lambda s, c: train_step(kernel, s, c))(carry, consts)
