@@ -86,6 +86,19 @@ def test_auto_strategy_unrolls_long_cpu_runs_and_fuses_otherwise():
     assert not isinstance(short, Unrolled)
 
 
+def test_auto_strategy_keeps_the_vmapped_axis_when_sharding(monkeypatch):
+    from mhjax.train.engine import Unrolled
+
+    config = tiny_sequence_config(heads=(1, 2))
+    config.train.steps = 20_000
+    monkeypatch.setattr(jax, "device_count", lambda *a: 4)
+    [(_, _, sharded)] = make_experiment(config).programs("auto", "cpu")
+    assert not isinstance(sharded, Unrolled)
+    config.devices = 1  # the user pinned one device
+    [(_, _, single)] = make_experiment(config).programs("auto", "cpu")
+    assert isinstance(single, Unrolled)
+
+
 def test_unrolled_groups_slice_the_member_axis_and_reject_bad_sizes():
     import jax.numpy as jnp
 

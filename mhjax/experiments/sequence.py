@@ -174,8 +174,10 @@ class SequenceExperiment:
     def auto_strategy(self, backend: str) -> str:
         # Paper model on 2 cores (benchmarks/RESULTS.md): unrolled steps ~20 % faster than
         # fused, but compiles ~20 s longer per member; a short run would lose the difference.
+        # Sharding over several devices splits a vmapped member axis, so that stays fused.
         long_run = self.config.train.steps >= UNROLL_MIN_STEPS and len(self.members) <= UNROLL_MAX_MEMBERS
-        return "unrolled" if backend == "cpu" and long_run else "fused"
+        one_device = int(self.config.get("devices", 0) or 0) == 1 or jax.device_count() == 1
+        return "unrolled" if backend == "cpu" and long_run and one_device else "fused"
 
     def member_info(self, member: Member) -> dict:
         """Static facts for results.json."""
