@@ -139,7 +139,7 @@ class CausalSelfAttention(nn.Module):
         """x: (B, T, D) -> (out (B, T, D), probs (B, F, T, T)); probs[b, f, i, j] is query i
         (receiver) attending to key j (sender); in grouped mode fine heads of one coarse head
         carry identical rows. probs are computed only if used (dead code otherwise)."""
-        batch, length, width = x.shape
+        width = x.shape[-1]
         fine = self.num_heads
         # One (D, 3D) matmul for the three projections (parameters stay query/key/value).
         w, b = zip(*(DenseParams(width, width, name=name)() for name in ("query", "key", "value")))
@@ -157,14 +157,22 @@ class CausalSelfAttention(nn.Module):
             out = cpu_attention.attention(q, k, v, count, seeds, threshold, inv_keep)
             probs = attention_probs(q, k, fine, heads)
         else:
-            probs = attention_probs(q, k, fine, heads)
-            attended = probs
-            if dropout:
-                group = jnp.arange(fine) if heads is None else head_groups(heads, fine)
-                keep = jax.vmap(lambda s: dropout_keep(s, batch, length, threshold))(seeds)[group]
-                attended = probs * jnp.moveaxis(keep, 0, 1).astype(probs.dtype) * inv_keep
-            out = jnp.einsum("bfts,bsfd->btfd", attended, _split(v, fine)).reshape(batch, length, width)
+            out, probs = jax_attention(q, k, v, fine, heads, seeds, threshold, inv_keep)
         return dense(width, width, "out")(out), probs
+
+
+def jax_attention(q, k, v, fine: int, heads, seeds, threshold: int, inv_keep: float):
+    """The plain-JAX path: (out (B, T, D) before the output projection, probs (B, F, T, T)).
+    The same function as cpu_attention.attention (tested); threshold >= 2^24: no dropout."""
+    batch, length, width = q.shape
+    probs = attention_probs(q, k, fine, heads)
+    attended = probs
+    if threshold < (1 << 24):
+        group = jnp.arange(fine) if heads is None else head_groups(heads, fine)
+        keep = jax.vmap(lambda s: dropout_keep(s, batch, length, threshold))(seeds)[group]
+        attended = probs * jnp.moveaxis(keep, 0, 1).astype(probs.dtype) * inv_keep
+    out = jnp.einsum("bfts,bsfd->btfd", attended, _split(v, fine)).reshape(batch, length, width)
+    return out, probs
 
 
 def _split(x, fine: int):
