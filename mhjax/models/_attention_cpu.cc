@@ -180,11 +180,17 @@ inline int64_t RoundUp(int64_t x) { return (x + V - 1) / V * V; }
 
 // Per-task scratch, reused across tasks of one thread. Arrays over keys have length
 // Tp = RoundUp(T), zero beyond T, so every loop over keys runs whole vectors; per-row
-// arrays hold R rows of Tp.
+// arrays hold R rows of Tp. Allocated (zeroed) only when the shape changes: tasks write
+// kt/vt below T only, and every other array before reading it, except the dk/dv
+// accumulators, which the backward pass zeroes per task.
 struct Scratch {
   std::vector<float> kt, vt, dkt, dvt, row, prob, mask, qs, acc;
   std::vector<uint32_t> col;
-  void Reserve(int64_t tp, int64_t dh) {
+  int64_t tp = -1, dh = -1;
+  void Reserve(int64_t tp_, int64_t dh_) {
+    if (tp_ == tp && dh_ == dh) return;
+    tp = tp_;
+    dh = dh_;
     for (auto* x : {&kt, &vt, &dkt, &dvt}) x->assign(dh * tp, 0.0f);
     for (auto* x : {&row, &prob, &mask}) x->assign(R * tp, 0.0f);
     qs.assign(R * dh, 0.0f);
@@ -223,11 +229,18 @@ inline Task MakeTask(const Params& p, int64_t item, int64_t slots) {
   return t;
 }
 
-// The head's slice of x (T, D), transposed into xt (dh, Tp).
+// The head's slice of x (T, D), transposed into xt (dh, Tp), zero beyond T. Gathers a
+// vector of keys per d and stores it whole: scalar stores at stride Tp stalled (perf: a
+// third of the forward pass).
 inline void LoadT(const float* x, const Task& t, int64_t T, int64_t Tp, int64_t D, float* xt) {
-  for (int64_t j = 0; j < T; ++j) {
-    const float* src = x + t.row0 + j * D + t.col0;
-    for (int64_t d = 0; d < t.dh; ++d) xt[d * Tp + j] = src[d];
+  const float* src = x + t.row0 + t.col0;
+  for (int64_t d = 0; d < t.dh; ++d) {
+    for (int64_t jb = 0; jb < Tp; jb += V) {
+      vf block{};
+      const int64_t n = std::min<int64_t>(V, T - jb);
+      for (int64_t j = 0; j < n; ++j) block[j] = src[(jb + j) * D + d];
+      Store(xt + d * Tp + jb, block);
+    }
   }
 }
 
@@ -426,6 +439,8 @@ void BackwardTask(const Params& p, int64_t item, int64_t slots, const float* out
   const int64_t T = s.t, Tp = RoundUp(T), D = s.d, dh = t.dh;
   Scratch& w = tls;
   w.Reserve(Tp, dh);
+  std::fill(w.dkt.begin(), w.dkt.end(), 0.0f);
+  std::fill(w.dvt.begin(), w.dvt.end(), 0.0f);
   LoadT(p.k, t, T, Tp, D, w.kt.data());
   LoadT(p.v, t, T, Tp, D, w.vt.data());
   int64_t i = 0;
