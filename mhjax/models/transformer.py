@@ -2,8 +2,9 @@
 
 Pre-norm blocks with RMSNorm (eps = float32 machine epsilon), biases everywhere,
 dropout on attention probabilities and after the MLP (counter-based hash masks),
-learned token and absolute position embeddings, no final norm, linear read-out. Initialisation follows the
-reference framework: Linear weights and biases U(+-1/sqrt(fan_in)), embeddings N(0, 1).
+learned token and absolute position embeddings, no final norm, linear read-out.
+Initialisation follows the reference framework: Linear weights and biases
+U(+-1/sqrt(fan_in)), embeddings N(0, 1).
 """
 from __future__ import annotations
 
