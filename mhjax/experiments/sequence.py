@@ -172,7 +172,7 @@ class SequenceExperiment:
         return [(f"h{h}", idx, SequenceKernel(self.config, h, True)) for h, idx in sorted(groups.items())]
 
     def auto_strategy(self, backend: str) -> str:
-        # Paper model on 2 cores (benchmarks/RESULTS.md): unrolled steps ~20 % faster than
+        # Paper model on 2 cores (benchmarks/RESULTS.md): unrolled steps 12-20 % faster than
         # fused, but compiles ~20 s longer per member; a short run would lose the difference.
         # Sharding over several devices splits a vmapped member axis, so that stays fused.
         long_run = self.config.train.steps >= UNROLL_MIN_STEPS and len(self.members) <= UNROLL_MAX_MEMBERS
