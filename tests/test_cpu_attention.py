@@ -28,6 +28,18 @@ def _value_and_grad(model, params, tokens, heads, deterministic):
     return jax.jit(jax.value_and_grad(loss))(params)
 
 
+def _assert_kernel_matches_jax(implementation, run, grad_atol=1e-6):
+    """run() -> (value, grads), traced under each implementation: values to rtol 1e-5,
+    gradients to rtol 1e-4."""
+    implementation("jax")
+    a, ga = run()
+    implementation("kernel")
+    b, gb = run()
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+    for x, y in zip(jax.tree_util.tree_leaves(ga), jax.tree_util.tree_leaves(gb)):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=grad_atol)
+
+
 @pytest.mark.parametrize("heads", [1, 2, 8])
 @pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("deterministic", [True, False])
@@ -37,13 +49,7 @@ def test_kernel_equals_jax_attention(implementation, heads, grouped, determinist
     model = Transformer(16, 12, 16, 2, 32, 8, 0.3) if grouped else plain
     params = plain.init(jax.random.PRNGKey(0), tokens)["params"]
     h = jnp.int32(heads) if grouped else None
-    implementation("jax")
-    a, ga = _value_and_grad(model, params, tokens, h, deterministic)
-    implementation("kernel")
-    b, gb = _value_and_grad(model, params, tokens, h, deterministic)
-    np.testing.assert_allclose(a, b, rtol=1e-5)
-    for x, y in zip(jax.tree_util.tree_leaves(ga), jax.tree_util.tree_leaves(gb)):
-        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+    _assert_kernel_matches_jax(implementation, lambda: _value_and_grad(model, params, tokens, h, deterministic))
 
 
 @pytest.mark.parametrize("heads", [1, 2, 4, 16])
@@ -61,13 +67,7 @@ def test_kernel_equals_jax_at_wide_heads_and_odd_length(implementation, heads):
 
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, x)
 
-    implementation("jax")
-    a, ga = run()
-    implementation("kernel")
-    b, gb = run()
-    np.testing.assert_allclose(a, b, rtol=1e-5)
-    for x_, y_ in zip(jax.tree_util.tree_leaves(ga), jax.tree_util.tree_leaves(gb)):
-        np.testing.assert_allclose(x_, y_, rtol=1e-4, atol=1e-5)
+    _assert_kernel_matches_jax(implementation, run, grad_atol=1e-5)
 
 
 def test_kernel_vmapped_members_with_different_heads(implementation):
@@ -86,13 +86,7 @@ def test_kernel_vmapped_members_with_different_heads(implementation):
 
         return jax.jit(jax.vmap(one))(heads)
 
-    implementation("jax")
-    a, ga = run()
-    implementation("kernel")
-    b, gb = run()
-    np.testing.assert_allclose(a, b, rtol=1e-5)
-    for x, y in zip(jax.tree_util.tree_leaves(ga), jax.tree_util.tree_leaves(gb)):
-        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+    _assert_kernel_matches_jax(implementation, run)
 
 
 def test_hash_dropout_keeps_the_fraction_scales_and_is_off_in_eval():
