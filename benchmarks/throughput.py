@@ -48,7 +48,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from mhjax.experiments.sequence import SequenceExperiment, SequenceKernel  # noqa: E402
+from mhjax.experiments.sequence import SequenceExperiment, SequenceRecipe  # noqa: E402
 from mhjax.models import attention as attention_module  # noqa: E402
 from mhjax.models.flops import train_step_flops  # noqa: E402
 from mhjax.train import engine  # noqa: E402
@@ -139,9 +139,10 @@ class SweepRunner:
 
     def run(self, steps):
         out = {}
-        for name, idx, kernel in self.sweep.programs:
+        for program in self.sweep.programs:
+            name, idx = program.name, program.members
             start = time.perf_counter()
-            self.states[name], metrics = self.sweep.run_chunk(name, kernel, self.states[name], steps)
+            self.states[name], metrics = self.sweep.run_chunk(program, self.states[name], steps)
             jax.block_until_ready((self.states[name], metrics))
             heads = self.program_heads[name]
             out[heads[0] if len(heads) == 1 else "all"] = time.perf_counter() - start
@@ -153,7 +154,7 @@ class SweepRunner:
 
     def memory(self, steps):
         total = 0.0
-        for name, _, kernel in self.sweep.programs:
+        for name, _, _ in self.sweep.programs:
             fn = self.sweep._chunks.get((name, steps))
             size = None if fn is None else xla_peak_bytes(fn, self.states[name], self.sweep.consts[name])
             if size is None:
@@ -171,10 +172,10 @@ class ProgramView:
         self.members = len(self.program[1])
 
     def run(self, steps):
-        name, _, kernel = self.program
+        name = self.program.name
         sweep, states = self.parent.sweep, self.parent.states
         start = time.perf_counter()
-        states[name], metrics = sweep.run_chunk(name, kernel, states[name], steps)
+        states[name], metrics = sweep.run_chunk(self.program, states[name], steps)
         jax.block_until_ready((states[name], metrics))
         return {"all": time.perf_counter() - start}
 
@@ -195,10 +196,10 @@ class SequentialRunner:
         experiment = SequenceExperiment(config)
         self.items = []
         for member in experiment.members:
-            kernel = SequenceKernel(config, member["heads"], plain=True)
+            recipe = SequenceRecipe(config, member["heads"], static_heads=True)
             consts = jax.tree_util.tree_map(jnp.asarray, experiment.member_constants(member))
-            state = jax.jit(lambda c, kernel=kernel: engine.init_member(kernel, c))(consts)
-            step = jax.jit(lambda s, c, kernel=kernel: engine.train_step(kernel, s, c), donate_argnums=0)
+            state = jax.jit(lambda c, recipe=recipe: engine.init_member(recipe, c))(consts)
+            step = jax.jit(lambda s, c, recipe=recipe: engine.train_step(recipe, s, c), donate_argnums=0)
             self.items.append([member["heads"], step, consts, state])
         self.members = len(self.items)
 

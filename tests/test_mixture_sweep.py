@@ -230,8 +230,8 @@ def test_first_token_query_variant_pads_like_the_plain_model():
     experiment = make_experiment(config)
     member = next(m for m in experiment.members if m["heads"] == 2)
     assert experiment.member_info(member) == {"params": 2 * (6 * 6 + 6)}
-    kernel = experiment.programs("auto", "cpu")[0][2]
-    theta0 = kernel.init_params(jax.tree_util.tree_map(jnp.asarray, experiment.member_constants(member)))
+    recipe = experiment.programs("auto", "cpu")[0].recipe
+    theta0 = recipe.init_params(jax.tree_util.tree_map(jnp.asarray, experiment.member_constants(member)))
     X, y = (jnp.asarray(a[:8]) for a in experiment.train_data(0))
     zero = {"W": jnp.zeros((2, 6, 6)), "U": jnp.zeros((2, 6))}
     plain, _ = gd_step(zero, X, y, 1.0, jnp.ones(2), 2, "first")

@@ -60,7 +60,7 @@ def test_one_program_and_grouped_programs_train_identically(strategy):
     assert [n for n, _, _ in sf.programs] == ["all"] and len(sg.programs) == 3
     for m in sg.experiment.members:
         assert_trees_close(member_params(sg, tg, m.name), member_params(sf, tf, m.name))
-    # Evaluation goes through the same per-member kernels.
+    # Evaluation goes through the same per-member recipes.
     eval_grouped, eval_single = sg.evaluate(tg), sf.evaluate(tf)
     assert sorted(eval_grouped) == sorted(eval_single) == [0, 1, 2]
     for i in eval_grouped:
@@ -73,11 +73,11 @@ def test_auto_strategy_unrolls_long_cpu_runs_and_fuses_otherwise():
     config = tiny_sequence_config(task=("copy", "cycle"), heads=(1, 2, 4))
     config.train.steps = 20_000
     experiment = make_experiment(config)
-    [(name, idx, kernel)] = experiment.programs("auto", "cpu")
-    assert name == "all" and idx == list(range(6)) and isinstance(kernel, Unrolled)
+    [(name, idx, recipe)] = experiment.programs("auto", "cpu")
+    assert name == "all" and idx == list(range(6)) and isinstance(recipe, Unrolled)
     # each member its own group, at its own static head count
-    assert kernel.sizes == (1,) * 6
-    assert [k.model.num_heads for k in kernel.kernels] == [m["heads"] for m in experiment.members]
+    assert recipe.sizes == (1,) * 6
+    assert [r.model.num_heads for r in recipe.recipes] == [m["heads"] for m in experiment.members]
     for backend in ("gpu", "tpu"):
         [(_, _, fused)] = experiment.programs("auto", backend)
         assert not isinstance(fused, Unrolled) and fused.model.num_heads == 4

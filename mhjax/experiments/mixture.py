@@ -61,6 +61,7 @@ from mhjax import config as cfg
 from mhjax.analysis import ntk
 from mhjax.data.mixture import num_relevant_tokens, sample_mixture
 from mhjax.models.classifier import QUERIES, classifier_apply
+from mhjax.train.engine import Program
 from mhjax.train.sweep import Member, derive_key, expand
 
 STRATEGIES = ("auto", "unrolled", "fused", "grouped")  # accepted for the CLI's sake; always one program
@@ -161,7 +162,7 @@ def validate(config) -> None:
 
 
 # ---------------------------------------------------------------------- #
-# Kernel: one member, traced
+# Recipe: one member, traced
 # ---------------------------------------------------------------------- #
 SAMPLE_BLOCK = 64  # examples per call of the host sampler (one compiled program for any count)
 
@@ -199,8 +200,8 @@ class HostSampler:
         return X, y
 
 
-class MixtureKernel:
-    """The engine's kernel for every member of a mixture sweep (padded to ``max_heads`` heads
+class MixtureRecipe:
+    """The engine's recipe for every member of a mixture sweep (padded to ``max_heads`` heads
     and ``max_train`` examples)."""
 
     def __init__(self, config, max_heads: int, max_train: int):
@@ -339,7 +340,7 @@ class MixtureExperiment:
 
     def programs(self, strategy: str, backend: str):
         """One program for every member (head counts padded to H_max, training sets to n_max)."""
-        return [("all", list(range(len(self.members))), MixtureKernel(self.config, self.max_heads, self.max_train))]
+        return [Program("all", list(range(len(self.members))), MixtureRecipe(self.config, self.max_heads, self.max_train))]
 
     def member_info(self, member: Member) -> dict:
         d, t, h = self.config.data.dim, self.config.data.seq_len, member["heads"]
@@ -352,8 +353,8 @@ class MixtureExperiment:
         a = self.config.analysis
         solver = dict(num_iters=int(a.margin_iters), tol=float(a.margin_tol))
         out, linear = {}, {}
-        for name, idx, kernel in sweep.programs:
-            fn = jax.jit(lambda params, consts, kernel=kernel: jax.lax.map(lambda pc: kernel.ntk_and_distance(*pc), (params, consts)))
+        for name, idx, recipe in sweep.programs:
+            fn = jax.jit(lambda params, consts, recipe=recipe: jax.lax.map(lambda pc: recipe.ntk_and_distance(*pc), (params, consts)))
             grams, distances = jax.device_get(fn(states[name].params, sweep.consts[name]))
             for j, i in enumerate(idx):
                 member = self.members[i]

@@ -11,7 +11,7 @@ import optax
 from mhjax import config as cfg
 from mhjax.data import sequences
 from mhjax.models import Transformer, count_params
-from mhjax.train.engine import Unrolled
+from mhjax.train.engine import Program, Unrolled
 from mhjax.train.sweep import Member, derive_key, expand
 
 STRATEGIES = ("auto", "unrolled", "fused", "grouped")
@@ -70,20 +70,21 @@ FIELDS = {
 }
 
 
-class SequenceKernel:
-    """One program's view of the model: ``fine_heads`` static; members' own head counts are
-    traced when the program mixes head counts (``plain=False``)."""
+class SequenceRecipe:
+    """How one member of a program trains: the model at ``fine_heads`` heads (static); with
+    ``static_heads=False`` the program mixes head counts and a member's own head count is a
+    traced constant (fine heads summed per coarse head, models/attention.py)."""
 
-    def __init__(self, config, fine_heads: int, plain: bool):
+    def __init__(self, config, fine_heads: int, static_heads: bool):
         m, d = config.model, config.data
         self.model = Transformer(m.vocab_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, fine_heads, m.dropout)
-        self.plain = plain
+        self.static_heads = static_heads
         self.protocol, self.num_train, self.batch_size = d.protocol, d.num_train, d.batch_size
         self.num_eval, self.eval_batch = d.num_eval, min(d.num_eval, d.batch_size)
         self.length, self.vocab = m.seq_len, m.vocab_size
 
     def _heads(self, consts):
-        return None if self.plain else consts["heads"]
+        return None if self.static_heads else consts["heads"]
 
     def init_params(self, consts):
         dummy = jnp.zeros((1, self.length), jnp.int32)
@@ -145,8 +146,8 @@ class SequenceExperiment:
             "learning_rate": np.float32(member["learning_rate"]),
         }
 
-    def programs(self, strategy: str, backend: str) -> list[tuple[str, list[int], object]]:
-        """[(program name, member indices, kernel)].
+    def programs(self, strategy: str, backend: str) -> list[Program]:
+        """The compiled programs of the sweep under ``strategy``.
 
         unrolled: one program, every member written out unbatched at its own static head count
           (engine.Unrolled): on a CPU, XLA runs them concurrently on the cores, each with
@@ -160,16 +161,16 @@ class SequenceExperiment:
             strategy = self.auto_strategy(backend)
         heads = [m["heads"] for m in self.members]
         if strategy == "unrolled":
-            kernels = {h: SequenceKernel(self.config, h, True) for h in set(heads)}
-            return [("all", list(range(len(self.members))), Unrolled([kernels[h] for h in heads]))]
+            recipes = {h: SequenceRecipe(self.config, h, True) for h in set(heads)}
+            return [Program("all", list(range(len(self.members))), Unrolled([recipes[h] for h in heads]))]
         finest = math.lcm(*heads)
         if strategy == "fused" and self.config.model.width % finest == 0:
-            plain = len(set(heads)) == 1
-            return [("all", list(range(len(self.members))), SequenceKernel(self.config, finest, plain))]
+            static = len(set(heads)) == 1
+            return [Program("all", list(range(len(self.members))), SequenceRecipe(self.config, finest, static))]
         groups = {}
         for i, h in enumerate(heads):
             groups.setdefault(h, []).append(i)
-        return [(f"h{h}", idx, SequenceKernel(self.config, h, True)) for h, idx in sorted(groups.items())]
+        return [Program(f"h{h}", idx, SequenceRecipe(self.config, h, True)) for h, idx in sorted(groups.items())]
 
     def auto_strategy(self, backend: str) -> str:
         # Paper model on 2 cores (benchmarks/RESULTS.md): unrolled steps 12-20 % faster than

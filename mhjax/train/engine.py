@@ -1,13 +1,13 @@
 """The pure training step, vmapped over members and scanned over a chunk of steps.
 
-A *kernel* describes one program's members (see experiments/): it supplies
+A *recipe* says how ONE member trains (see experiments/): it supplies
 ``init_params(consts)``, ``optimizer(consts)``, ``loss(params, consts, step)`` and
 ``evaluate(params, consts)``, all for ONE member; ``consts`` holds that member's numeric
 settings (keys, head count, learning rate, ...). The engine vmaps them over the member
 axis and jits once per program and chunk length, donating the state buffers.
 
-A program may instead be ``Unrolled(kernels, sizes)``: groups of members written out one
-after another in the same program, each group with its own kernel (vmapped inside the
+A program may instead be ``Unrolled(recipes, sizes)``: groups of members written out one
+after another in the same program, each group with its own recipe (vmapped inside the
 group). XLA's CPU runtime runs independent operations concurrently but each operation on
 one core, so on a CPU independent groups keep every core busy, and each group can have
 its own static head count, where one vmapped batch runs as a single chain of larger
@@ -16,12 +16,21 @@ everything outside the engine is the same.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+
+
+class Program(NamedTuple):
+    """One compiled program of a sweep: its name, the indices of its members in
+    ``experiment.members`` (in member-axis order), and its recipe (or ``Unrolled``)."""
+
+    name: str
+    members: list[int]
+    recipe: Any
 
 
 @flax.struct.dataclass
@@ -36,14 +45,14 @@ class MemberState:
 
 class Unrolled:
     """Members computed side by side in one program: group g is ``sizes[g]`` consecutive
-    members sharing ``kernels[g]``, vmapped within the group; groups are independent
+    members sharing ``recipes[g]``, vmapped within the group; groups are independent
     computations, which XLA's CPU runtime runs concurrently."""
 
-    def __init__(self, kernels, sizes=None):
-        self.kernels = tuple(kernels)
-        self.sizes = tuple(sizes) if sizes is not None else (1,) * len(self.kernels)
-        if len(self.sizes) != len(self.kernels) or min(self.sizes, default=0) < 1:
-            raise ValueError("Unrolled: one positive group size per kernel")
+    def __init__(self, recipes, sizes=None):
+        self.recipes = tuple(recipes)
+        self.sizes = tuple(sizes) if sizes is not None else (1,) * len(self.recipes)
+        if len(self.sizes) != len(self.recipes) or min(self.sizes, default=0) < 1:
+            raise ValueError("Unrolled: one positive group size per recipe")
 
     def split(self, tree) -> list:
         """A stacked tree -> one tree per group (slices of the member axis)."""
@@ -58,16 +67,16 @@ def _concat(trees):
     return jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs), *trees)
 
 
-def over_members(kernel, fn):
+def over_members(recipe, fn):
     """``fn(member_kernel, *member_args)`` lifted to stacked member axes: vmapped for one
-    kernel, group by group for ``Unrolled``."""
-    if isinstance(kernel, Unrolled):
+    recipe, group by group for ``Unrolled``."""
+    if isinstance(recipe, Unrolled):
         def unrolled(*args):
-            groups = zip(kernel.kernels, *(kernel.split(a) for a in args))
-            return _concat([jax.vmap(lambda *a, k=k: fn(k, *a))(*group_args) for k, *group_args in groups])
+            groups = zip(recipe.recipes, *(recipe.split(a) for a in args))
+            return _concat([jax.vmap(lambda *a, r=r: fn(r, *a))(*group_args) for r, *group_args in groups])
 
         return unrolled
-    return jax.vmap(lambda *args: fn(kernel, *args))
+    return jax.vmap(lambda *args: fn(recipe, *args))
 
 
 def _all_finite(tree) -> jax.Array:
@@ -75,17 +84,17 @@ def _all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
-def init_member(kernel, consts) -> MemberState:
-    params = kernel.init_params(consts)
-    opt_state = kernel.optimizer(consts).init(params)
+def init_member(recipe, consts) -> MemberState:
+    params = recipe.init_params(consts)
+    opt_state = recipe.optimizer(consts).init(params)
     return MemberState(params, opt_state, jnp.int32(0), jnp.array(False), jnp.int32(-1), jnp.float32(jnp.nan))
 
 
-def train_step(kernel, state: MemberState, consts):
+def train_step(recipe, state: MemberState, consts):
     """One member's step. A non-finite loss or update freezes the member (state unchanged
     from then on) and records the step; other members are unaffected."""
-    (loss, aux), grads = jax.value_and_grad(kernel.loss, has_aux=True)(state.params, consts, state.step)
-    updates, opt_state = kernel.optimizer(consts).update(grads, state.opt_state, state.params)
+    (loss, aux), grads = jax.value_and_grad(recipe.loss, has_aux=True)(state.params, consts, state.step)
+    updates, opt_state = recipe.optimizer(consts).update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     live = ~state.diverged
     finite = jnp.isfinite(loss) & _all_finite(params)
@@ -115,32 +124,32 @@ def member_status(state: MemberState) -> dict:
     return status
 
 
-def make_init(kernel, out_shardings=None):
-    return jax.jit(over_members(kernel, init_member), out_shardings=out_shardings)
+def make_init(recipe, out_shardings=None):
+    return jax.jit(over_members(recipe, init_member), out_shardings=out_shardings)
 
 
-def make_train_chunk(kernel, length: int):
+def make_train_chunk(recipe, length: int):
     """jit(states, consts) -> (states, metrics with leaves (length, members))."""
 
     def chunk(states, consts):
-        if isinstance(kernel, Unrolled):
+        if isinstance(recipe, Unrolled):
             # The scan carries one state per group, so a step neither slices nor concatenates.
-            group_consts = kernel.split(consts)
+            group_consts = recipe.split(consts)
 
             def body(carry, _):
-                out = [jax.vmap(lambda s, c, k=k: train_step(k, s, c))(s, c) for k, s, c in zip(kernel.kernels, carry, group_consts)]
+                out = [jax.vmap(lambda s, c, r=r: train_step(r, s, c))(s, c) for r, s, c in zip(recipe.recipes, carry, group_consts)]
                 return tuple(o[0] for o in out), _concat([o[1] for o in out])
 
-            final, metrics = jax.lax.scan(body, tuple(kernel.split(states)), None, length=length)
+            final, metrics = jax.lax.scan(body, tuple(recipe.split(states)), None, length=length)
             return _concat(final), metrics
 
         def body(carry, _):
-            return jax.vmap(lambda s, c: train_step(kernel, s, c))(carry, consts)
+            return jax.vmap(lambda s, c: train_step(recipe, s, c))(carry, consts)
 
         return jax.lax.scan(body, states, None, length=length)
 
     return jax.jit(chunk, donate_argnums=0)
 
 
-def make_evaluate(kernel):
-    return jax.jit(over_members(kernel, lambda k, s, c: k.evaluate(s.params, c)))
+def make_evaluate(recipe):
+    return jax.jit(over_members(recipe, lambda r, s, c: r.evaluate(s.params, c)))

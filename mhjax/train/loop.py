@@ -60,14 +60,14 @@ class Sweep:
         self.programs = experiment.programs(experiment.config.strategy, backend)
         count = int(experiment.config.get("devices", 0) or 0)  # 0: every device
         self.placement = Placement(jax.devices()[:count] if count else None)
-        self.consts = {name: self.placement.put(stack_constants(experiment, idx), len(idx)) for name, idx, _ in self.programs}
+        self.consts = {p.name: self.placement.put(stack_constants(experiment, p.members), len(p.members)) for p in self.programs}
         self._chunks = {}
-        self._evaluate = {name: engine.make_evaluate(kernel) for name, _, kernel in self.programs}
+        self._evaluate = {p.name: engine.make_evaluate(p.recipe) for p in self.programs}
 
     def init_states(self):
         return {
-            name: engine.make_init(kernel, self.placement.sharding(len(idx)))(self.consts[name])
-            for name, idx, kernel in self.programs
+            p.name: engine.make_init(p.recipe, self.placement.sharding(len(p.members)))(self.consts[p.name])
+            for p in self.programs
         }
 
     def host(self, tree):
@@ -75,7 +75,7 @@ class Sweep:
         return self.placement.to_host(tree)
 
     def abstract_states(self):
-        return {name: jax.eval_shape(engine.make_init(kernel), self.consts[name]) for name, _, kernel in self.programs}
+        return {p.name: jax.eval_shape(engine.make_init(p.recipe), self.consts[p.name]) for p in self.programs}
 
     # Checkpoints hold one entry per MEMBER (not per program), so a sweep can resume under
     # another strategy, backend or device count, and tools can read any member directly.
@@ -113,25 +113,25 @@ class Sweep:
         members = {n: tree["members"][_key(n)] for n in names}
         return self.stack_members(members), {n: float(tree["seconds"][_key(n)]) for n in names}
 
-    def run_chunk(self, name, kernel, states, length: int):
-        fn = self._chunks.get((name, length))
+    def run_chunk(self, program, states, length: int):
+        fn = self._chunks.get((program.name, length))
         if fn is None:
-            fn = self._chunks[(name, length)] = engine.make_train_chunk(kernel, length)
-        return fn(states, self.consts[name])
+            fn = self._chunks[(program.name, length)] = engine.make_train_chunk(program.recipe, length)
+        return fn(states, self.consts[program.name])
 
     def train(self, states, steps: int, chunk: int):
         """Plain training without I/O: advance every program by ``steps``."""
         done = 0
         while done < steps:
             n = min(chunk, steps - done)
-            for name, _, kernel in self.programs:
-                states[name], _ = self.run_chunk(name, kernel, states[name], n)
+            for p in self.programs:
+                states[p.name], _ = self.run_chunk(p, states[p.name], n)
             done += n
         return states
 
     def evaluate(self, states):
         out = {}
-        for name, idx, kernel in self.programs:
+        for name, idx, _ in self.programs:
             metrics = self.host(self._evaluate[name](states[name], self.consts[name]))
             for j, i in enumerate(idx):
                 out[i] = {k: float(v[j]) for k, v in metrics.items()}
@@ -169,9 +169,10 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
             while step < total:
                 n = min(chunk, total - step)
                 chunk_time = 0.0
-                for name, idx, kernel in sweep.programs:
+                for program in sweep.programs:
+                    name, idx = program.name, program.members
                     start = time.perf_counter()
-                    states[name], metrics = sweep.run_chunk(name, kernel, states[name], n)
+                    states[name], metrics = sweep.run_chunk(program, states[name], n)
                     # One device-to-host transfer per program and chunk: the metrics and status.
                     metrics, status = sweep.host((metrics, engine.member_status(states[name])))
                     elapsed = time.perf_counter() - start
@@ -266,7 +267,7 @@ def _log_eval(writers, members, evaluation, step):
 
 def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from):
     records = [None] * len(experiment.members)
-    for name, idx, kernel in sweep.programs:
+    for name, idx, _ in sweep.programs:
         s = states[name]
         diverged, diverged_at, steps, losses = sweep.host((s.diverged, s.diverged_at, s.step, s.last_loss))
         for j, i in enumerate(idx):
