@@ -1,0 +1,57 @@
+"""The contract between an experiment and the generic trainer, TensorBoard writer and report.
+
+An experiment turns a config into sweep members and compiled programs. The trainer
+(``mhjax.train``) calls only the methods below; the optional hooks have no-op defaults,
+so the generic code never asks what kind of experiment it runs.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mhjax.train.engine import Program
+from mhjax.train.sweep import Member
+
+
+class Experiment:
+    """Subclasses set ``kind`` and ``members`` and implement the four required methods."""
+
+    kind: str = ""
+    config: Any
+    members: list[Member]
+
+    # -- required ----------------------------------------------------------------
+    def programs(self, strategy: str, backend: str) -> list[Program]:
+        """The sweep's compiled programs under ``strategy`` on ``backend``."""
+        raise NotImplementedError
+
+    def member_constants(self, member: Member) -> dict:
+        """One member's numeric settings (keys, head count, step size, data...): numpy leaves,
+        stacked over each program's members and passed to its recipe."""
+        raise NotImplementedError
+
+    def member_info(self, member: Member) -> dict:
+        """Static facts for results.json (at least ``params``)."""
+        raise NotImplementedError
+
+    def describe(self, backend: str) -> list[str]:
+        """Lines of ``mhjax train --dry-run`` after the header (members, cost, memory)."""
+        return [f"{m.name:<28} {self.member_info(m)}" for m in self.members]
+
+    # -- optional hooks (no-op defaults) ------------------------------------------
+    def extra_results(self, sweep, states) -> dict[int, dict]:
+        """{member index: extra results.json fields} computed from the final states."""
+        return {}
+
+    def metric_tags(self) -> list[str]:
+        """TensorBoard tags filled in later (e.g. by ``mhjax analyze``), listed as HParams metrics."""
+        return []
+
+    def images(self, member_states: dict, step: int) -> dict[str, dict[str, np.ndarray]]:
+        """{member name: {tag: RGB uint8 image (H, W, 3)}} logged at the end of training;
+        ``member_states`` maps member names to their own host MemberState."""
+        return {}
+
+    def finalize(self, workdir: str, payload: dict) -> None:
+        """Experiment-specific files (figures, summaries) once results.json is written."""
