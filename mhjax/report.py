@@ -26,6 +26,7 @@ from collections import defaultdict
 import numpy as np
 
 from mhjax.config import ConfigError
+from mhjax.io.curves import read_curves
 from mhjax.io.results import markdown_table, read_workdir_json
 
 CURVE_TAGS = (("train/loss", "training loss"), ("eval/loss", "held-out loss"), ("eval/accuracy", "held-out accuracy"))
@@ -63,26 +64,8 @@ def load_sweep_fields(workdir: str) -> list[str]:
 
 
 def load_curves(workdir: str, names: list[str], tags=None) -> dict:
-    """{member: {tag: (steps, values)}} from the members' TensorBoard runs (missing runs: empty).
-    ``tags=None``: ``train/loss`` and every ``eval/...`` tag."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    out = {}
-    for name in names:
-        path = os.path.join(workdir, "tb", name)
-        out[name] = {}
-        if not os.path.isdir(path):
-            continue
-        ea = EventAccumulator(path, size_guidance={"scalars": 0, "images": 1, "tensors": 1, "histograms": 1})
-        ea.Reload()
-        available = set(ea.Tags().get("scalars", []))
-        wanted = tags if tags is not None else sorted(t for t in available if t == "train/loss" or t.startswith("eval/"))
-        for tag in wanted:
-            if tag in available:
-                by_step = {e.step: e.value for e in ea.Scalars(tag)}  # a resumed run may repeat steps: keep the last
-                steps = sorted(by_step)
-                out[name][tag] = (np.array(steps), np.array([by_step[s] for s in steps], float))
-    return out
+    """{member: {tag: (steps, values)}}; see mhjax.io.curves.read_curves."""
+    return read_curves(workdir, names, tags)
 
 
 # ---------------------------------------------------------------------- #

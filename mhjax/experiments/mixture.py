@@ -59,6 +59,7 @@ from jax.flatten_util import ravel_pytree
 
 from mhjax import config as cfg
 from mhjax.analysis import ntk
+from mhjax.io.curves import read_curves
 from mhjax.data.mixture import num_relevant_tokens, sample_mixture
 from mhjax.models.classifier import QUERIES, classifier_apply
 from mhjax.train.engine import Program
@@ -395,20 +396,9 @@ def _ratio(margin, radius) -> float:
 # Figures and summary (host side, from results.json records and TensorBoard runs)
 # ---------------------------------------------------------------------- #
 def read_loss_curve(workdir: str, member: str, tag: str = "train/loss"):
-    """(steps, values) of a scalar tag of W/tb/<member>; the last value wins on repeated steps
-    (a resumed run). Empty arrays when absent."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    path = os.path.join(workdir, "tb", member)
-    if not os.path.isdir(path):
-        return np.zeros(0), np.zeros(0)
-    acc = EventAccumulator(path, size_guidance={"scalars": 0})
-    acc.Reload()
-    if tag not in acc.Tags().get("scalars", []):
-        return np.zeros(0), np.zeros(0)
-    by_step = {e.step: e.value for e in acc.Scalars(tag)}
-    steps = np.array(sorted(by_step), dtype=float)
-    return steps, np.array([by_step[s] for s in sorted(by_step)], dtype=float)
+    """(steps, values) of a scalar tag of W/tb/<member>; empty arrays when absent."""
+    curve = read_curves(workdir, [member], [tag])[member].get(tag)
+    return curve if curve is not None else (np.zeros(0), np.zeros(0))
 
 
 def _groups(records, keys):
