@@ -35,7 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from mhjax.analysis import dag
-from mhjax.analysis.runner import _forward_fn, learned_head_weights, model_sizes, random_tokens
+from mhjax.analysis.metrics import layer_metrics, learned_head_weights, random_tokens
+from mhjax.models.probe import forward_fn, model_sizes
 
 CKPT = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "beyond_parallelism" / "checkpoints"
 MODELS = [(h, task) for task in ("copy", "cycle") for h in (1, 4, 8, 16)]
@@ -52,7 +53,7 @@ def checkpoint_attention(num_seq: int):
     for h, task in MODELS:
         params, _ = load_reference_params(CKPT / f"{h}_heads_{task}.pt", h)
         s = model_sizes(params)
-        fwd = _forward_fn(s["vocab_size"], s["max_len"], s["width"], s["num_layers"], s["mlp_dim"], h)
+        fwd = forward_fn(s["vocab_size"], s["max_len"], s["width"], s["num_layers"], s["mlp_dim"], h)
         _, attn = fwd(jax.tree_util.tree_map(jnp.asarray, params), tokens)
         out.append((f"{h}_heads_{task}", attn, jnp.asarray(learned_head_weights(params, h))))
     return out
@@ -148,8 +149,6 @@ def main(argv=None) -> dict:
     mix, fid = np.asarray(mix), np.asarray(fid)
 
     # the analysis path: + every single head's fidelity (best single head / synergy)
-    from mhjax.analysis.runner import layer_metrics
-
     def full():
         return [layer_metrics(attn, beta) for _, attn, beta in models]
 

@@ -1,15 +1,22 @@
-"""The `mhjax` command line. Bad input: one line on stderr, exit status 2, no traceback."""
+"""The `mhjax` command line: argparse wiring only (the commands are in mhjax/commands/).
+
+Bad input: one line on stderr, exit status 2, no traceback."""
 from __future__ import annotations
 
 import argparse
-import glob
-import os
 import sys
-import time
 
-from mhjax.config import ConfigError, apply_overrides, load_config_file, split_overrides
+from mhjax.config import ConfigError, split_overrides
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+ANALYZE_DESCRIPTION = """\
+Mixing time and minimax fidelity of every layer's combined attention operator
+(learned head weights; reference conventions: sink included, horizon 100,
+mixing capped at 100 steps on the reference chain), and token accuracy, in eval
+mode. Either one released PyTorch checkpoint (--torch-checkpoint, --heads,
+--task, --out) or every member of a trained sweep (--workdir; also logs scalars
+and attention heatmaps to the members' TensorBoard runs). Writes
+analysis.json, analysis.md and analysis.png."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,8 +46,6 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("configs", help="list the bundled configs", formatter_class=fmt)
 
-    from mhjax.analysis.command import register as register_analyze
-
     register_analyze(sub)
 
     report = sub.add_parser("report", help="write W/report.md: results tables and figures (reads well on GitHub)",
@@ -51,77 +56,45 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_config(path: str, overrides: dict):
-    config = load_config_file(path)
-    return apply_overrides(config, overrides) if overrides else config
+def register_analyze(subparsers) -> argparse.ArgumentParser:
+    """Add the ``analyze`` subparser to an ``add_subparsers()`` object; returns it."""
+    p = subparsers.add_parser(
+        "analyze", help="DAG metrics (mixing time, minimax fidelity) of trained models",
+        description=ANALYZE_DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    src = p.add_argument_group("what to analyse (exactly one)")
+    src.add_argument("--torch-checkpoint", metavar="PATH", default=None,
+                     help="a released reference checkpoint {H}_heads_{task}.pt (needs --heads, --task, --out)")
+    src.add_argument("--workdir", metavar="W", default=None,
+                     help="a trained sweep workdir: analyse every member of its latest checkpoint")
+    p.add_argument("--heads", type=int, default=None, help="number of attention heads of --torch-checkpoint")
+    p.add_argument("--task", default=None, help="task of --torch-checkpoint: copy, cycle or zero")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="output folder (required with --torch-checkpoint; default W/analysis with --workdir)")
+    p.add_argument("--sequences", metavar="FILE.npy", default=None,
+                   help="evaluate these (N, T) integer token sequences instead of random ones")
+    p.add_argument("--num-sequences", type=int, default=50, help="number of random evaluation sequences")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random evaluation sequences")
+    p.add_argument("--horizon", type=int, default=100, help="fidelity horizon: max over t = 1..horizon")
+    p.add_argument("--max-steps", type=int, default=100, help="cap on the walk length in the mixing time")
+    p.add_argument("--chain", choices=("reference", "normalized"), default="reference",
+                   help="walk for the mixing time: the reference sampler's chain or column-normalised")
+    p.add_argument("--exclude-sink", action="store_true",
+                   help="minimax fidelity over non-sink nodes only (the reference includes the sink)")
+    p.add_argument("--batch-size", type=int, default=50, help="sequences per forward/metrics call (memory bound)")
+    p.add_argument("--no-tensorboard", action="store_true", help="with --workdir: do not log to the TensorBoard runs")
+    p.add_argument("--no-plot", action="store_true", help="skip analysis.png")
+    return p
 
 
-def cmd_train(args, overrides) -> int:
-    config = _load_config(args.config, overrides)
-    from mhjax.experiments import make_experiment
-
-    experiment = make_experiment(config)  # validates before anything compiles
-    if args.coordinator and (args.num_processes is None or args.process_id is None):
-        raise ConfigError("--coordinator: needs --num-processes and --process-id")
-    if args.num_processes is not None and not (args.num_processes >= 1 and 0 <= (args.process_id or 0) < args.num_processes):
-        raise ConfigError(f"--process-id: must be in [0, {args.num_processes}) with --num-processes {args.num_processes}")
-    if args.dry_run:
-        from mhjax.train.dryrun import describe
-
-        print(describe(experiment))
-        return 0
-    workdir = args.workdir or os.path.join(
-        "runs", f"{os.path.splitext(os.path.basename(args.config))[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
-    )
-    from mhjax.train.loop import Interrupted, run
-    from mhjax.train.placement import maybe_initialize_distributed
-
-    maybe_initialize_distributed(args.coordinator, args.num_processes, args.process_id, args.distributed)
-
-    try:
-        payload = run(experiment, workdir, progress=not args.no_progress, log=lambda m: print(m, file=sys.stderr))
-    except Interrupted as exc:
-        print(f"mhjax: {exc}", file=sys.stderr)
-        return 130
-    print(f"results: {os.path.join(workdir, 'results.json')} ({len(payload['members'])} members)")
-    return 0
+COMMANDS = ("train", "example2", "configs", "analyze", "report")
 
 
-def cmd_example2(args, overrides) -> int:
-    from mhjax.analysis.example2 import format_example2, run_example2
+def _command(name: str):
+    """The command's implementation, imported when it runs (importing jax takes seconds: `--help`
+    and argument errors stay fast)."""
+    import importlib
 
-    print(format_example2(run_example2(args.out)))
-    return 0
-
-
-def cmd_configs(args, overrides) -> int:
-    for path in sorted(glob.glob(os.path.join(CONFIG_DIR, "*.py"))):
-        config_doc = ""
-        with open(path) as f:
-            source = f.read()
-        if source.lstrip().startswith('"""'):
-            config_doc = source.lstrip()[3:].split('"""', 1)[0].strip().splitlines()[0]
-        print(f"{os.path.relpath(path):<28} {config_doc}")
-    return 0
-
-
-def cmd_analyze(args, overrides) -> int:
-    from mhjax.analysis.command import run_analyze
-
-    return run_analyze(args)
-
-
-def cmd_report(args, overrides) -> int:
-    from mhjax.report import write_report
-
-    result = write_report(args.workdir)
-    print(f"wrote {result['md']} ({len(result['figures'])} figures)")
-    if result["needs_analysis"]:
-        print(f"no analysis yet: `mhjax analyze --workdir {args.workdir}` adds mixing time, fidelity and synergy", file=sys.stderr)
-    return 0
-
-
-COMMANDS = {"train": cmd_train, "example2": cmd_example2, "configs": cmd_configs, "analyze": cmd_analyze, "report": cmd_report}
+    return importlib.import_module(f"mhjax.commands.{name}").command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if overrides and args.command != "train":
             raise ConfigError(f"--config.{next(iter(overrides))}: config overrides apply only to 'mhjax train'")
-        return COMMANDS[args.command](args, overrides)
+        return _command(args.command)(args, overrides)
     except ConfigError as exc:
         print(f"mhjax: error: {exc}", file=sys.stderr)
         return 2

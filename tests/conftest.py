@@ -43,3 +43,7 @@ def tiny_train(config, steps, chunk_steps, eval_every, checkpoint_every):
 @pytest.fixture
 def tiny_config():
     return tiny_sequence_config
+
+
+# The trained tiny workdir of the bad-input tests (tests/errors_common.py), one per test module.
+from tests.errors_common import trained, workdir_copy  # noqa: E402, F401

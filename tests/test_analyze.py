@@ -1,4 +1,4 @@
-"""`mhjax analyze` (mhjax.analysis.runner / command): released checkpoints, CLI, sweep workdirs, errors."""
+"""`mhjax analyze` (mhjax.analysis.metrics, mhjax.commands.analyze): released checkpoints, CLI, sweep workdirs, errors."""
 
 import json
 import sys
@@ -9,8 +9,12 @@ import jax
 import numpy as np
 import pytest
 
-from mhjax.analysis import dag, runner
-from mhjax.analysis.command import register, run_analyze
+from mhjax.analysis import dag, metrics
+from mhjax.cli import register_analyze as register
+from mhjax.commands import analyze
+from mhjax.commands.analyze import run_analyze
+from mhjax.models import probe
+from mhjax.plotting.images import attention_grid
 from mhjax.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,8 +62,8 @@ def test_released_checkpoint_accuracy(heads, task):
 
     params, info = load_reference_params(CKPT_DIR / f"{heads}_heads_{task}.pt", heads)
     assert (info["num_layers"], info["d_model"], info["max_len"], info["vocab_size"]) == (4, 64, 100, 256)
-    tokens = runner.random_tokens(20, 100, 256, seed=0)
-    preds, attn = runner.predict(params, heads, tokens)
+    tokens = metrics.random_tokens(20, 100, 256, seed=0)
+    preds, attn = probe.predict(params, heads, tokens)
     assert attn.shape == (4, 20, heads, 100, 100)
     correct = preds == np.asarray(targets_for(TASKS.index(task), tokens))
     if task == "copy":
@@ -97,11 +101,11 @@ def test_sequences_file_and_learned_weights(tmp_path):
     path = CKPT_DIR / "8_heads_cycle.pt"
     tokens = np.random.default_rng(0).integers(0, 256, size=(2, 40))
     np.save(tmp_path / "seq.npy", tokens)
-    res = runner.analyze_torch_checkpoint(path, 8, "cycle", None, sequences=tmp_path / "seq.npy")
+    res = analyze.analyze_torch_checkpoint(path, 8, "cycle", None, sequences=tmp_path / "seq.npy")
     assert (res["num_sequences"], res["seq_len"]) == (2, 40)
     params, _ = load_reference_params(path, 8)
     # the metrics are the dag functions on the learned-weight combination, sequence by sequence
-    _, attn = runner.predict(params, 8, tokens)
+    _, attn = probe.predict(params, 8, tokens)
     l = 2
     beta = dag.head_weights("learned", 8, out_kernel=params[f"block_{l}"]["attn"]["out"]["kernel"])
     np.testing.assert_allclose(res["layers"][l]["head_weights"], np.asarray(beta), rtol=1e-6)
@@ -171,7 +175,7 @@ def test_layer_metrics_matches_dag_per_item():
     attn /= attn.sum(-1, keepdims=True)
     beta = rng.random((L, H))
     beta /= beta.sum(-1, keepdims=True)
-    got = jax.device_get(runner.layer_metrics(attn.astype(np.float32), beta.astype(np.float32), block=4))  # 6 items: padded
+    got = jax.device_get(metrics.layer_metrics(attn.astype(np.float32), beta.astype(np.float32), block=4))  # 6 items: padded
     for l in range(L):
         for n in range(N):
             A = dag.combine(attn[l, n], beta[l])
@@ -186,7 +190,7 @@ def test_member_params_slices_program_positions():
     params = {"w": np.arange(3 * 2).reshape(3, 2)}
     sweep = SimpleNamespace(programs=[("a", [2, 0], None), ("b", [1], None)])
     states = {"a": SimpleNamespace(params={"w": params["w"][:2]}), "b": SimpleNamespace(params={"w": params["w"][2:]})}
-    got = runner.member_params(sweep, states)
+    got = analyze.member_params(sweep, states)
     np.testing.assert_array_equal(got[2]["w"], [0, 1])  # position 0 of program a
     np.testing.assert_array_equal(got[0]["w"], [2, 3])  # position 1 of program a
     np.testing.assert_array_equal(got[1]["w"], [4, 5])
@@ -194,7 +198,7 @@ def test_member_params_slices_program_positions():
 
 def test_attention_grid_image():
     attn = np.tril(np.ones((3, 5, 5))) / np.arange(1, 6)[:, None]
-    img = runner.attention_grid(attn, attn.mean(0))
+    img = attention_grid(attn, attn.mean(0))
     assert img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3
     assert img.shape[0] >= 2 * 64 and img.shape[1] >= 2 * 64  # 4 panels in a 2 x 2 grid, upscaled
 

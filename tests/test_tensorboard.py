@@ -12,7 +12,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mhjax.experiments import make_experiment
-from mhjax.io import tensorboard as tb
+from mhjax.plotting.images import diffusion_image
 from mhjax.train.loop import run
 from tests.conftest import tiny_sequence_config
 
@@ -59,11 +59,11 @@ def test_sink_signal_matches_dag_fidelity():
     rng = np.random.default_rng(0)
     A = np.tril(rng.random((6, 6)))
     A /= A.sum(axis=1, keepdims=True)
-    signal = tb.sink_signal(A, horizon=20)
+    signal = dag.sink_signals_float64(A, horizon=20)
     assert signal.shape == (20, 6)
     np.testing.assert_allclose(signal[2], np.linalg.matrix_power(A, 3)[-1], rtol=1e-12)
     np.testing.assert_allclose(signal.max(axis=0), np.asarray(dag.node_fidelity(A, 20)), rtol=1e-5)
-    image = tb.diffusion_image(A[None], "x", horizon=20)
+    image = diffusion_image(A[None], "x", horizon=20)
     assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
 
 

@@ -1,4 +1,4 @@
-"""DAG / signal-diffusion analysis of attention heads (spec §1-4)."""
+"""Analysis in jax.numpy: attention heads as DAGs (arXiv 2507.02944) and NTK quantities (arXiv 2310.12680)."""
 
 from mhjax.analysis.dag import (
     combine,

@@ -1,4 +1,6 @@
-"""Attention heads as feed-forward DAGs with a common sink (spec §1-3).
+"""Attention heads as feed-forward DAGs with a common sink: the DAG reading of attention, signal
+diffusion, minimax fidelity and the mixing time of "Beyond Parallelism: Synergistic Computational
+Graph Effects in Multi-Head Attention" (arXiv 2507.02944).
 
 Conventions used throughout (all functions accept arbitrary leading batch dims,
 e.g. layers, sequences, heads, ensemble members, written ``...``):
@@ -23,6 +25,7 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 Chain = Literal["reference", "normalized"]
@@ -36,6 +39,8 @@ __all__ = [
     "mixing_time",
     "mixing_time_mc",
     "node_fidelity",
+    "sink_signals",
+    "sink_signals_float64",
     "minimax_fidelity",
     "synergy",
 ]
@@ -48,7 +53,7 @@ def _as_float(x) -> Array:
 
 
 # --------------------------------------------------------------------------- #
-# Head weights and combination (spec §1)
+# Head weights and combination
 # --------------------------------------------------------------------------- #
 def head_weights(
     kind: Literal["uniform", "learned", "given"],
@@ -108,7 +113,7 @@ def combine(attn, beta) -> Array:
 
 
 # --------------------------------------------------------------------------- #
-# Mixing time (spec §3)
+# Mixing time
 # --------------------------------------------------------------------------- #
 def transition_matrix(A, chain: Chain = "reference") -> Array:
     """Row-stochastic walk matrix ``Q`` (..., T, T) with the sink absorbing.
@@ -214,14 +219,15 @@ def mixing_time_mc(
 
 
 # --------------------------------------------------------------------------- #
-# Fidelity (spec §2)
+# Fidelity
 # --------------------------------------------------------------------------- #
 @partial(jax.jit, static_argnames=("horizon",))
-def node_fidelity(A, horizon: int = 100) -> Array:
-    """``phi_j = max_{1 <= t <= horizon} (A^t)[T-1, j]``: ``(..., T, T) -> (..., T)``.
+def sink_signals(A, horizon: int = 100) -> Array:
+    """``s[t-1] = (A^t)[T-1, :]`` for t = 1..horizon: ``(..., T, T) -> (horizon, ..., T)``.
 
-    Only the sink row of the powers is needed, so we propagate the row vector
-    ``r_t = e_tau^T A^t`` (``r_{t+1} = r_t A``) with a scan.
+    The signal of every node at the sink after t steps of diffusion. Only the sink row of the
+    powers is needed, so the row vector ``r_t = e_tau^T A^t`` is propagated (``r_{t+1} = r_t A``)
+    with a scan; float64 in, float64 out when x64 is enabled (see :func:`sink_signals_float64`).
     """
     A = _as_float(A)
     r1 = A[..., -1, :]  # t = 1
@@ -231,7 +237,18 @@ def node_fidelity(A, horizon: int = 100) -> Array:
         return nxt, nxt
 
     _, rest = jax.lax.scan(step, r1, None, length=horizon - 1)  # t = 2..horizon
-    return jnp.maximum(r1, jnp.max(rest, axis=0)) if horizon > 1 else r1
+    return jnp.concatenate([r1[None], rest]) if horizon > 1 else r1[None]
+
+
+def sink_signals_float64(A, horizon: int = 100) -> np.ndarray:
+    """:func:`sink_signals` in float64 on the host, for figures and small exact examples."""
+    with jax.enable_x64(True):
+        return np.asarray(sink_signals(jnp.asarray(np.asarray(A, np.float64)), horizon))
+
+
+def node_fidelity(A, horizon: int = 100) -> Array:
+    """``phi_j = max_{1 <= t <= horizon} (A^t)[T-1, j]``: ``(..., T, T) -> (..., T)``."""
+    return jnp.max(sink_signals(A, horizon), axis=0)
 
 
 def minimax_fidelity(A, horizon: int = 100, include_sink: bool = True) -> Array:

@@ -1,4 +1,4 @@
-"""Copy, cycle and zero tasks as pure functions of a PRNG key (spec §5).
+"""Copy, cycle and zero tasks as pure functions of a PRNG key (the tasks of arXiv 2507.02944, Section 4).
 
 Two training protocols, both pure functions of (key, step) so a member's data does
 not depend on the program it runs in and a resumed run sees the same batches:

@@ -18,6 +18,7 @@ class Experiment:
     """Subclasses set ``kind`` and ``members`` and implement the four required methods."""
 
     kind: str = ""
+    analyzable: bool = False  # `mhjax analyze --workdir` can read its members (Transformer attention)
     config: Any
     members: list[Member]
 

@@ -62,6 +62,7 @@ from mhjax.analysis import ntk
 from mhjax.io.curves import read_curves
 from mhjax.data.mixture import num_relevant_tokens, sample_mixture
 from mhjax.models.classifier import QUERIES, classifier_apply
+from mhjax.experiments.base import Experiment
 from mhjax.train.engine import Program
 from mhjax.train.sweep import Member, derive_key, expand
 
@@ -288,7 +289,7 @@ class MixtureRecipe:
 # ---------------------------------------------------------------------- #
 # Experiment: members, constants, results, figures
 # ---------------------------------------------------------------------- #
-class MixtureExperiment:
+class MixtureExperiment(Experiment):
     kind = "mixture"
 
     def __init__(self, config):
@@ -380,7 +381,7 @@ class MixtureExperiment:
                 }
         return out
 
-    def tensorboard_metrics(self) -> list[str]:
+    def metric_tags(self) -> list[str]:
         return [f"eval/{k}" for k in ("test_loss", "test_accuracy", "train_accuracy", "grad_norm_over_loss", "min_hessian_eig_over_loss_sqrtH")]
 
     def finalize(self, workdir: str, payload: dict) -> None:

@@ -1,4 +1,5 @@
-"""The copy/cycle/zero experiment with the paper's causal Transformer (spec §5)."""
+"""The copy/cycle/zero experiment with the causal Transformer of "Beyond Parallelism: Synergistic
+Computational Graph Effects in Multi-Head Attention" (arXiv 2507.02944, Section 4)."""
 from __future__ import annotations
 
 import math
@@ -9,13 +10,18 @@ import numpy as np
 import optax
 
 from mhjax import config as cfg
+from mhjax.analysis.metrics import learned_head_weights
 from mhjax.data import sequences
-from mhjax.models import Transformer, count_params
+from mhjax.experiments.base import Experiment
+from mhjax.models import Transformer, count_params, flops
+from mhjax.models.probe import predict
+from mhjax.plotting.images import attention_grid, diffusion_image
 from mhjax.train.engine import Program, Unrolled
 from mhjax.train.sweep import Member, derive_key, expand
 
 STRATEGIES = ("auto", "unrolled", "fused", "grouped")
 UNROLL_MIN_STEPS, UNROLL_MAX_MEMBERS = 2000, 16  # when `auto` unrolls on a CPU
+EXAMPLE_SEED = 0  # the fixed evaluation sequence of the end-of-training images (numpy: no compile)
 
 
 def validate(config) -> None:
@@ -125,8 +131,9 @@ class SequenceRecipe:
         return {"eval_loss": losses.mean(), "eval_accuracy": accs.mean()}
 
 
-class SequenceExperiment:
+class SequenceExperiment(Experiment):
     kind = "sequence"
+    analyzable = True
 
     def __init__(self, config):
         validate(config)
@@ -187,6 +194,50 @@ class SequenceExperiment:
         shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, m.seq_len), jnp.int32)))
         return {"params": count_params(shapes["params"])}
 
-    def plain_model(self, heads: int) -> Transformer:
+    def metric_tags(self) -> list[str]:
+        tags = ["analysis/accuracy"]  # logged by `mhjax analyze --workdir W`
+        for layer in range(int(self.config.model.num_layers)):
+            tags += [f"analysis/layer{layer}/mixing_time", f"analysis/layer{layer}/fidelity_pct"]
+        return tags
+
+    def images(self, member_states: dict, step: int) -> dict:
+        """Per member, on one fixed evaluation sequence: every head's attention and the combined
+        operator per layer (``attention/layer{l}``), and the signal reaching the sink after t steps
+        of the combined operator (``diffusion/sink_signal``)."""
         m = self.config.model
-        return Transformer(m.vocab_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, heads, m.dropout)
+        tokens = np.random.default_rng(EXAMPLE_SEED).integers(0, m.vocab_size, size=(1, m.seq_len), dtype=np.int32)
+        sizes = {"vocab_size": m.vocab_size, "max_len": m.seq_len, "width": m.width, "num_layers": m.num_layers,
+                 "mlp_dim": m.mlp_dim}
+        out = {}
+        for member in self.members:
+            params = member_states[member.name].params
+            _, attn = predict(params, member["heads"], tokens, sizes)
+            attention = np.asarray(attn[:, 0], np.float64)  # (L, H, T, T)
+            combined = np.einsum("lh,lhij->lij", learned_head_weights(params, member["heads"]), attention)
+            images = {f"attention/layer{layer}": attention_grid(attention[layer], combined[layer])
+                      for layer in range(attention.shape[0])}
+            images["diffusion/sink_signal"] = diffusion_image(combined, member.name)
+            out[member.name] = images
+        return out
+
+    def describe(self, backend: str) -> list[str]:
+        """Programs, and per member: parameters, analytic FLOPs per step and estimated memory."""
+        config = self.config
+        m, d = config.model, config.data
+        programs = self.programs(config.strategy, backend)
+        strategy = config.strategy if config.strategy != "auto" else f"auto ({self.auto_strategy(backend)} on {backend})"
+        lines = [f"strategy: {strategy} -> {len(programs)} program(s): "
+                 + ", ".join(f"{p.name} ({len(p.members)} members)" for p in programs)]
+        step_flops = flops.train_step_flops(d.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, m.vocab_size)
+        lines.append(f"{'member':<24} {'params':>9} {'GFLOP/step':>11} {'est. memory':>12}")
+        total_mem = 0.0
+        for member in self.members:
+            params = self.member_info(member)["params"]
+            act = flops.activation_bytes(d.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, member["heads"],
+                                         m.vocab_size)
+            mem = 4 * params * 4 + act  # params, grads, Adam m and v in fp32, activations
+            total_mem += mem
+            lines.append(f"{member.name:<24} {params:>9,} {step_flops / 1e9:>11.3f} {mem / 2**20:>10.1f} MiB")
+        total = step_flops * config.train.steps * len(self.members)
+        lines.append(f"total: {total / 1e12:.2f} TFLOP of training, ~{total_mem / 2**20:.0f} MiB if all members run at once")
+        return lines

@@ -5,13 +5,15 @@ import json
 import math
 import os
 
+import numpy as np
+
+from mhjax.config import ConfigError
+
 CORE_COLUMNS = ("name", "task", "heads", "seed", "params", "steps", "train_loss", "eval_loss", "eval_accuracy", "wall_time_s", "status")
 
 
 def read_workdir_json(workdir: str, name: str, missing_hint: str) -> dict:
     """A JSON object from a sweep workdir; every problem is a one-line ConfigError."""
-    from mhjax.config import ConfigError
-
     path = os.path.join(workdir, name)
     if not os.path.isdir(workdir):
         raise ConfigError(f"--workdir: no such directory: {workdir}")
@@ -27,19 +29,30 @@ def read_workdir_json(workdir: str, name: str, missing_hint: str) -> dict:
     return data
 
 
-def _clean(value):
+def json_ready(value):
+    """``value`` with non-finite floats as None (JSON has no NaN) and numpy scalars as Python ones."""
+    if isinstance(value, np.generic):
+        value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
-        return None  # JSON has no NaN
+        return None
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
     return value
 
 
-def write_results(workdir: str, payload: dict) -> None:
-    members = [{k: _clean(v) for k, v in m.items()} for m in payload["members"]]
-    payload = {**payload, "members": members}
-    tmp = os.path.join(workdir, "results.json.tmp")
+def write_json(path: str, payload) -> None:
+    """Write ``payload`` (made JSON-ready) atomically: a kill leaves the old file or the new one."""
+    tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, os.path.join(workdir, "results.json"))
+        json.dump(json_ready(payload), f, indent=2)
+    os.replace(tmp, path)
+
+
+def write_results(workdir: str, payload: dict) -> None:
+    members = [{k: json_ready(v) for k, v in m.items()} for m in payload["members"]]
+    write_json(os.path.join(workdir, "results.json"), {**payload, "members": members})
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(markdown_table(members, payload.get("title", "Results")))
 

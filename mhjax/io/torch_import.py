@@ -216,7 +216,7 @@ def load_state_dict(path) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------- #
 def expected_reference_shapes(vocab: int, max_len: int, d_model: int, mlp_dim: int, num_layers: int
                               ) -> dict[str, tuple[int, ...]]:
-    """Torch key -> shape for the reference decoder (spec §6; Linear weights are (out, in))."""
+    """Torch key -> shape for the reference decoder (the released checkpoints of arXiv 2507.02944; Linear weights are (out, in))."""
     shapes = {"token_emb.weight": (vocab, d_model), "pos_emb.weight": (max_len, d_model)}
     for l in range(num_layers):
         p = f"layers.{l}."
@@ -244,7 +244,7 @@ def load_reference_params(path, num_heads: int | None = None, strict: bool = Tru
     """Load a reference checkpoint into the mhjax Flax param tree.
 
     Args:
-      path: a ``{H}_heads_{task}.pt`` file (spec §6).
+      path: a ``{H}_heads_{task}.pt`` file (a released checkpoint).
       num_heads: H. The state_dict does not encode it (the head split is a
         reshape), so it is only validated: ``d_model % H == 0`` and, when the
         file name follows ``{H}_heads_*``, that it agrees. ``None`` takes it

@@ -1,4 +1,5 @@
-"""The paper's causal Transformer (beyond_parallelism spec §5).
+"""The causal Transformer of the training experiment (Section 4) of "Beyond Parallelism:
+Synergistic Computational Graph Effects in Multi-Head Attention" (arXiv 2507.02944).
 
 Pre-norm blocks with RMSNorm (eps = float32 machine epsilon), biases everywhere,
 dropout on attention probabilities and after the MLP (counter-based hash masks),

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 
@@ -61,6 +62,16 @@ class Unrolled:
             out.append(jax.tree_util.tree_map(lambda x, a=start, b=start + size: x[a:b], tree))
             start += size
         return out
+
+
+def unstack(programs, trees: dict) -> dict[int, Any]:
+    """{member index: its own (unstacked) numpy tree} from per-program host trees stacked on the
+    member axis: position j of program p is member ``p.members[j]``."""
+    out = {}
+    for name, members, _ in programs:
+        for j, i in enumerate(members):
+            out[i] = jax.tree_util.tree_map(lambda x, j=j: np.asarray(x[j]), trees[name])
+    return out
 
 
 def _concat(trees):

@@ -81,12 +81,8 @@ class Sweep:
     # another strategy, backend or device count, and tools can read any member directly.
     def member_states(self, states) -> dict:
         """{member name: its own (unstacked) MemberState}."""
-        out = {}
-        for name, idx, _ in self.programs:
-            program = self.host(states[name])
-            for j, i in enumerate(idx):
-                out[self.experiment.members[i].name] = jax.tree_util.tree_map(lambda x, j=j: x[j], program)
-        return out
+        members = engine.unstack(self.programs, self.host(states))
+        return {self.experiment.members[i].name: state for i, state in members.items()}
 
     def stack_members(self, members: dict):
         return {
@@ -161,7 +157,8 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
         states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
     step = int(latest or 0)
     writers = MemberWriters(workdir, [m.name for m in members]) if primary else _NoWriters()
-    writers.start(experiment, step)  # config text and HParams session starts
+    hparams = {m.name: m.hparams for m in members}
+    writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
     reported_divergence, evaluation = set(), None
     bar = tqdm(total=total, initial=step, unit="step", disable=not (progress and primary), dynamic_ncols=True, file=sys.stderr)
     try:
@@ -201,11 +198,13 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
         payload = _results(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
         if primary:
             write_results(workdir, payload)
+        description = f"{payload['title']}: {len(members)} members, {step} steps"
+        writers.finish(payload["members"], hparams, experiment.metric_tags(), step, description)
         # Host copies are gathered by EVERY process (a collective); then only process 0 draws.
-        final = _HostStates(sweep.member_states(states))
-        writers.finish(experiment, final, None, payload, log=log)  # final metrics, HParams, images
-        if primary and hasattr(experiment, "finalize"):  # experiment-specific figures and summaries
-            experiment.finalize(workdir, payload)
+        member_states = sweep.member_states(states)
+        if primary:
+            _images(experiment, writers, member_states, step, log)
+            experiment.finalize(workdir, payload)  # experiment-specific figures and summaries
         return payload
     finally:
         bar.close()
@@ -215,14 +214,13 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
             multihost_utils.sync_global_devices("mhjax:run-end")
 
 
-class _HostStates:
-    """Per-member host states, offered with Sweep.member_states' signature."""
-
-    def __init__(self, members: dict):
-        self.members = members
-
-    def member_states(self, states=None) -> dict:
-        return self.members
+def _images(experiment, writers, member_states: dict, step: int, log) -> None:
+    try:
+        for name, images in experiment.images(member_states, step).items():
+            writers.images(name, images, step)
+        writers.flush()
+    except Exception as exc:  # figures must never cost a finished training run
+        log(f"tensorboard: end-of-training images skipped ({type(exc).__name__}: {exc})")
 
 
 class _NoWriters:
@@ -278,11 +276,11 @@ def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from)
             if diverged[j]:
                 record["diverged_at_step"] = int(diverged_at[j])
             records[i] = record
-    if hasattr(experiment, "extra_results"):
-        for i, extra in experiment.extra_results(sweep, states).items():
-            records[i].update(extra)
+    for i, extra in experiment.extra_results(sweep, states).items():
+        records[i].update(extra)
     return {
         "experiment": experiment.kind,
+        "analyzable": experiment.analyzable,
         "title": f"mhjax {experiment.kind} sweep",
         "steps": step,
         "resumed_from_step": resumed_from,

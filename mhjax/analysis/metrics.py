@@ -1,0 +1,242 @@
+"""DAG metrics of a trained Transformer's attention (mixing time, minimax fidelity, synergy).
+
+For every layer and every evaluation sequence we take the H per-head causal attention
+matrices (eval mode, no dropout), combine them with the LEARNED head weights of that layer
+(Frobenius norms of the row blocks of ``attn.out.kernel``), and compute, with the reference
+conventions of "Beyond Parallelism: Synergistic Computational Graph Effects in Multi-Head
+Attention" (arXiv 2507.02944, Sections 3-4) by default:
+
+* mixing time: exact expected hitting time of the sink under the reference chain, capped at
+  ``max_steps = 100`` (:func:`mhjax.analysis.dag.mixing_time`);
+* minimax fidelity in percent, horizon 100, min over all T nodes including the sink
+  (``include_sink=True``);
+* the best single head's minimax fidelity and whether the combination beats it.
+
+All layers x sequences x heads go through one jitted function per model shape. Results are
+per layer: mean and (population, ddof=0) std over sequences; layers are numbered from 0. Bad
+input raises :class:`mhjax.config.ConfigError` with a one-line message naming the option.
+"""
+from __future__ import annotations
+
+import os
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mhjax.analysis import dag
+from mhjax.config import ConfigError
+from mhjax.data import sequences as seqdata
+from mhjax.models.probe import forward_fn, model_sizes
+
+DEFAULTS = {"horizon": 100, "max_steps": 100, "include_sink": True, "chain": "reference"}
+_CHAINS = ("reference", "normalized")
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+# --------------------------------------------------------------------------- #
+# The metrics, batched over layers x sequences
+# --------------------------------------------------------------------------- #
+def _metrics_block(attn, beta, horizon, max_steps, include_sink, chain):
+    """attn (n, H, T, T), beta (n, H) -> dict of (n,) arrays."""
+    combined = dag.combine(attn, beta)
+    fid = dag.minimax_fidelity(combined, horizon, include_sink)
+    per_head = dag.minimax_fidelity(attn, horizon, include_sink)  # (n, H)
+    best = jnp.max(per_head, axis=-1)
+    return {
+        "mixing_time": dag.mixing_time(combined, max_steps, chain),
+        "fidelity": fid,
+        "best_single": best,
+        "beats": fid > best,
+    }
+
+
+@partial(jax.jit, static_argnames=("horizon", "max_steps", "include_sink", "chain", "block"))
+def layer_metrics(attn, beta, horizon: int = 100, max_steps: int = 100, include_sink: bool = True,
+                  chain: str = "reference", block: int = 8):
+    """Per-layer, per-sequence metrics: attn ``(L, N, H, T, T)``, beta ``(L, H)``.
+
+    Returns a dict of ``(L, N)`` arrays: ``mixing_time`` (steps), ``fidelity``
+    and ``best_single`` (fractions), ``beats`` (bool, combined > best single head).
+
+    The L*N matrices are processed ``block`` at a time (``lax.map``) so each
+    block's 100 matrix-vector steps run out of cache instead of streaming the
+    whole stack from memory once per step; on CPU that is several times faster.
+    """
+    L, N, H, T, _ = attn.shape
+    flat = attn.reshape(L * N, H, T, T)
+    betas = jnp.broadcast_to(beta[:, None, :], (L, N, H)).reshape(L * N, H)
+    n = L * N
+    block = max(1, min(block, n))
+    pad = (-n) % block
+    if pad:
+        flat = jnp.concatenate([flat, jnp.broadcast_to(flat[:1], (pad, H, T, T))])
+        betas = jnp.concatenate([betas, jnp.broadcast_to(betas[:1], (pad, H))])
+    fn = partial(_metrics_block, horizon=horizon, max_steps=max_steps, include_sink=include_sink, chain=chain)
+    out = jax.lax.map(lambda xb: fn(*xb), (flat.reshape(-1, block, H, T, T), betas.reshape(-1, block, H)))
+    return {k: v.reshape(-1)[:n].reshape(L, N) for k, v in out.items()}
+
+
+def learned_head_weights(params, heads: int) -> np.ndarray:
+    """(L, H) learned head weights of every layer from ``block_l/attn/out/kernel``."""
+    L = model_sizes(params)["num_layers"]
+    kernels = jnp.stack([jnp.asarray(params[f"block_{l}"]["attn"]["out"]["kernel"]) for l in range(L)])
+    return np.asarray(dag.head_weights("learned", heads, out_kernel=kernels))
+
+
+def random_tokens(num: int, length: int, vocab_size: int, seed: int = 0) -> np.ndarray:
+    """(num, length) int32 uniform random tokens from ``PRNGKey(seed)``."""
+    if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or num <= 0:
+        raise ConfigError(f"--num-sequences: must be a positive integer, got {num!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"--seed: must be a non-negative integer, got {seed!r}")
+    return np.asarray(seqdata.random_sequences(jax.random.PRNGKey(int(seed)), int(num), length, vocab_size))
+
+
+def load_sequences(path, max_len: int, vocab_size: int) -> np.ndarray:
+    """Read ``--sequences FILE.npy``: an integer array (N, T), 2 <= T <= max_len, tokens in [0, vocab)."""
+    path = str(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"--sequences: no such file: {path}")
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except Exception as exc:  # not an .npy, pickled object array, truncated ...
+        raise ConfigError(f"--sequences: {path} is not a readable .npy array ({type(exc).__name__}: {one_line(exc)[:200]})") from None
+    if not isinstance(arr, np.ndarray):
+        raise ConfigError(f"--sequences: {path} must hold a single array (an .npy file), not an archive")
+    if arr.ndim != 2 or arr.shape[0] < 1:
+        raise ConfigError(f"--sequences: expected an (N, T) array with N >= 1, got shape {arr.shape}")
+    if not (np.issubdtype(arr.dtype, np.integer) and not np.issubdtype(arr.dtype, np.bool_)):
+        raise ConfigError(f"--sequences: expected an integer dtype, got {arr.dtype}")
+    if not 2 <= arr.shape[1] <= max_len:
+        raise ConfigError(f"--sequences: sequence length T={arr.shape[1]} must be in [2, {max_len}] (the model's max_len)")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= vocab_size:
+        raise ConfigError(f"--sequences: tokens must be in [0, {vocab_size - 1}], found values in [{lo}, {hi}]")
+    return arr.astype(np.int32)
+
+
+def check_task(task: str) -> int:
+    if task not in seqdata.TASKS:
+        raise ConfigError(f"--task: must be one of {', '.join(seqdata.TASKS)}; got {task!r}")
+    return seqdata.TASKS.index(task)
+
+
+def check_conventions(horizon, max_steps, include_sink, chain) -> dict:
+    for name, value in (("--horizon", horizon), ("--max-steps", max_steps)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
+    if chain not in _CHAINS:
+        raise ConfigError(f"--chain: must be one of {', '.join(_CHAINS)}; got {chain!r}")
+    return {"head_weights": "learned", "horizon": int(horizon), "max_steps": int(max_steps),
+            "include_sink": bool(include_sink), "chain": chain, "fidelity_unit": "percent",
+            "std": "population (ddof=0) over sequences", "layers_numbered_from": 0}
+
+
+def analyze_params(params, heads: int, task: str, tokens, sizes: dict | None = None, *,
+                   horizon: int = 100, max_steps: int = 100, include_sink: bool = True,
+                   chain: str = "reference", batch_size: int = 50, keep_attention: bool = False,
+                   block: int = 8) -> dict:
+    """Accuracy and per-layer DAG metrics of one H-head Transformer.
+
+    Args:
+      params: Flax param tree of :class:`mhjax.models.transformer.Transformer`.
+      heads: H (the plain H-head model is run).
+      task: one of ``copy``, ``cycle``, ``zero`` (targets from
+        :func:`mhjax.data.sequences.targets_for`).
+      tokens: (N, T) int sequences.
+      sizes: model sizes; read off ``params`` when None (:func:`model_sizes`).
+      batch_size: sequences per forward/metrics call (bounds memory).
+      keep_attention: also return ``attention`` (L, H, T, T) and ``combined``
+        (L, T, T) numpy arrays of sequence 0 (for heatmaps; not JSON-serialisable).
+
+    Returns a JSON-ready dict: ``accuracy`` (token accuracy over all positions),
+    ``accuracy_excluding_first`` (positions 1..T-1), ``layers`` (one dict per
+    layer with ``layer``, ``mixing_time_mean/std``, ``fidelity_pct_mean/std``,
+    ``best_single_fidelity_pct_mean/std``, ``combined_beats_best_share``,
+    ``head_weights``), and the conventions used.
+    """
+    task_id = check_task(task)
+    conventions = check_conventions(horizon, max_steps, include_sink, chain)
+    sizes = dict(sizes or model_sizes(params))
+    if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads < 1 or sizes["width"] % heads:
+        raise ConfigError(f"--heads: must be a positive divisor of the model width {sizes['width']}, got {heads!r}")
+    heads = int(heads)
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2 or not 2 <= tokens.shape[1] <= sizes["max_len"]:
+        raise ConfigError(f"--sequences: expected (N, T) tokens with 2 <= T <= {sizes['max_len']}, got shape {tokens.shape}")
+    tokens = tokens.astype(np.int32)
+    N, T = tokens.shape
+    targets = np.asarray(seqdata.targets_for(task_id, tokens))
+    forward = forward_fn(sizes["vocab_size"], sizes["max_len"], sizes["width"], sizes["num_layers"],
+                          sizes["mlp_dim"], heads)
+    params = jax.tree_util.tree_map(jnp.asarray, params)
+    beta = jnp.asarray(learned_head_weights(params, heads))  # (L, H)
+
+    bs = max(1, min(int(batch_size), N))
+    correct = np.zeros((N, T), bool)
+    parts: dict[str, list] = {}
+    example = None
+    for start in range(0, N, bs):
+        chunk = tokens[start:start + bs]
+        n = chunk.shape[0]
+        if n < bs:  # pad the tail so every call has one shape (one compile)
+            chunk = np.concatenate([chunk, np.repeat(chunk[:1], bs - n, axis=0)])
+        preds, attn = forward(params, chunk)
+        correct[start:start + n] = np.asarray(preds)[:n] == targets[start:start + n]
+        if keep_attention and example is None:
+            example = np.asarray(attn[:, 0])
+        m = jax.device_get(layer_metrics(attn, beta, horizon=horizon, max_steps=max_steps,
+                                         include_sink=include_sink, chain=chain, block=block))
+        for k, v in m.items():
+            parts.setdefault(k, []).append(np.asarray(v)[:, :n])
+    per = {k: np.concatenate(v, axis=1) for k, v in parts.items()}  # (L, N)
+    beta_np = np.asarray(beta)
+    layers = []
+    for l in range(sizes["num_layers"]):
+        mix, fid, best = per["mixing_time"][l].astype(np.float64), 100.0 * per["fidelity"][l].astype(np.float64), \
+            100.0 * per["best_single"][l].astype(np.float64)
+        layers.append({
+            "layer": l,
+            "mixing_time_mean": float(mix.mean()),
+            "mixing_time_std": float(mix.std()),
+            "fidelity_pct_mean": float(fid.mean()),
+            "fidelity_pct_std": float(fid.std()),
+            "best_single_fidelity_pct_mean": float(best.mean()),
+            "best_single_fidelity_pct_std": float(best.std()),
+            "combined_beats_best_share": float(per["beats"][l].mean()),
+            "head_weights": [float(b) for b in beta_np[l]],
+        })
+    result = {
+        "heads": heads,
+        "task": task,
+        "num_sequences": int(N),
+        "seq_len": int(T),
+        "accuracy": float(correct.mean()),
+        "accuracy_excluding_first": float(correct[:, 1:].mean()),
+        "conventions": conventions,
+        "model": sizes,
+        "layers": layers,
+    }
+    if keep_attention:
+        result["attention"] = example  # (L, H, T, T)
+        result["combined"] = np.einsum("lh,lhij->lij", beta_np, example)
+    return result
+
+
+def tokens_for(sequences, num_sequences, seed, max_len, vocab_size) -> tuple[np.ndarray, dict]:
+    if sequences is not None:
+        if isinstance(sequences, (str, os.PathLike)):
+            tokens = load_sequences(sequences, max_len, vocab_size)
+            return tokens, {"sequences": str(sequences)}
+        tokens = np.asarray(sequences)
+        if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer) or tokens.size == 0:
+            raise ConfigError(f"--sequences: expected a non-empty (N, T) integer array, got shape {tokens.shape} dtype {tokens.dtype}")
+        if not 2 <= tokens.shape[1] <= max_len or tokens.min() < 0 or tokens.max() >= vocab_size:
+            raise ConfigError(f"--sequences: need 2 <= T <= {max_len} and tokens in [0, {vocab_size - 1}]")
+        return tokens.astype(np.int32), {"sequences": "array"}
+    return random_tokens(num_sequences, max_len, vocab_size, seed), {"sequences": "random", "seed": int(seed)}

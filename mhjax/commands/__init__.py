@@ -1,0 +1,1 @@
+"""The implementations of the command line's commands (cli.py only wires argparse)."""

@@ -1,0 +1,85 @@
+"""`mhjax train`: validate, describe (--dry-run) or train a sweep in its workdir."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import logging.handlers
+import os
+import sys
+import time
+
+import jax
+
+from mhjax.config import ConfigError, apply_overrides, load_config_file
+from mhjax.experiments import make_experiment
+from mhjax.io.lock import WorkdirLock
+from mhjax.train.loop import Interrupted, run
+from mhjax.train.placement import maybe_initialize_distributed
+
+
+def load_config(path: str, overrides: dict):
+    config = load_config_file(path)
+    return apply_overrides(config, overrides) if overrides else config
+
+
+def describe(experiment, backend: str) -> str:
+    """What a sweep will do, without compiling anything."""
+    config = experiment.config
+    header = f"experiment: {experiment.kind}, {len(experiment.members)} members, {config.train.steps} steps each"
+    return "\n".join([header] + experiment.describe(backend))
+
+
+@contextlib.contextmanager
+def library_logs(path: str):
+    """Python logging (absl, orbax) off the console: its warnings mean nothing to a user. Records
+    are kept in memory and written to ``path`` when the command ends, except when it refused bad
+    input (ConfigError), which leaves the workdir exactly as it was."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    for handler in saved[0]:
+        root.removeHandler(handler)
+    file = logging.FileHandler(path, delay=True)  # the file appears with its first record
+    file.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    memory = logging.handlers.MemoryHandler(capacity=1000, flushLevel=logging.CRITICAL + 1, target=file)
+    root.addHandler(memory)
+    root.setLevel(logging.WARNING)
+    try:
+        yield
+    except ConfigError:
+        memory.buffer.clear()
+        raise
+    finally:
+        root.removeHandler(memory)
+        memory.close()  # flushes what is left into the file
+        file.close()
+        for handler in saved[0]:
+            root.addHandler(handler)
+        root.setLevel(saved[1])
+
+
+def command(args, overrides) -> int:
+    config = load_config(args.config, overrides)
+    experiment = make_experiment(config)  # validates before anything compiles
+    if args.coordinator and (args.num_processes is None or args.process_id is None):
+        raise ConfigError("--coordinator: needs --num-processes and --process-id")
+    if args.num_processes is not None and not (args.num_processes >= 1 and 0 <= (args.process_id or 0) < args.num_processes):
+        raise ConfigError(f"--process-id: must be in [0, {args.num_processes}) with --num-processes {args.num_processes}")
+    if args.dry_run:
+        print(describe(experiment, jax.default_backend()))
+        return 0
+    workdir = args.workdir or os.path.join(
+        "runs", f"{os.path.splitext(os.path.basename(args.config))[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    maybe_initialize_distributed(args.coordinator, args.num_processes, args.process_id, args.distributed)
+    # Several processes of one distributed run share the workdir: process 0 holds the lock and the log.
+    primary = jax.process_index() == 0
+    lock = WorkdirLock(workdir, "train", create=True) if primary else contextlib.nullcontext()
+    logs = library_logs(os.path.join(workdir, "mhjax.log")) if primary else contextlib.nullcontext()
+    with lock, logs:
+        try:
+            payload = run(experiment, workdir, progress=not args.no_progress, log=lambda m: print(m, file=sys.stderr))
+        except Interrupted as exc:
+            print(f"mhjax: {exc}", file=sys.stderr)
+            return 130
+    print(f"results: {os.path.join(workdir, 'results.json')} ({len(payload['members'])} members)")
+    return 0

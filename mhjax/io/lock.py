@@ -1,0 +1,60 @@
+"""One command per workdir: an exclusive lock on W/.mhjax.lock for train, analyze and report.
+
+Two commands writing one workdir delete each other's checkpoints and corrupt the one being
+written, so a second command on a busy workdir stops with a one-line error naming the
+holder's pid. The lock is a POSIX record lock (fcntl): the kernel drops it when its process
+dies, so a workdir left by a killed run (kill -9 included) is taken over by the next command,
+and the kernel reports the holder's pid, so the lock file stays empty and a refused command
+changes nothing in the workdir.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+
+from mhjax.config import ConfigError
+
+LOCK = ".mhjax.lock"
+
+
+class WorkdirLock:
+    """``create``: make the workdir if missing (train); else a missing workdir is left to the
+    command's own error message (analyze, report) and nothing is locked."""
+
+    def __init__(self, workdir: str, command: str, create: bool = False):
+        self.workdir, self.command, self.create, self.file = workdir, command, create, None
+
+    def __enter__(self):
+        if os.path.exists(self.workdir) and not os.path.isdir(self.workdir):
+            raise ConfigError(f"--workdir: {self.workdir} exists and is not a folder")
+        if not self.create and not os.path.isdir(self.workdir):
+            return self
+        try:
+            os.makedirs(self.workdir, exist_ok=True)
+            self.file = open(os.path.join(self.workdir, LOCK), "a")
+        except OSError as exc:
+            raise ConfigError(f"--workdir: cannot use {self.workdir} ({type(exc).__name__}: {exc.strerror or exc})") from None
+        try:
+            fcntl.lockf(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _holder(self.file)
+            self.file.close()
+            raise ConfigError(f"--workdir: {self.workdir} is in use by another mhjax command (pid {holder}); "
+                              f"wait for it to finish or use another workdir (mhjax {self.command} not started)") from None
+        return self
+
+    def __exit__(self, *exc):
+        if self.file is not None:
+            fcntl.lockf(self.file, fcntl.LOCK_UN)
+            self.file.close()
+
+
+def _holder(file) -> str:
+    """The pid holding a write lock on ``file`` (F_GETLK on a struct flock), or "unknown"."""
+    query = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+    try:
+        _, _, _, _, pid = struct.unpack("hhqqi", fcntl.fcntl(file, fcntl.F_GETLK, query))
+    except OSError:
+        return "unknown"
+    return str(pid) if pid > 0 else "unknown"

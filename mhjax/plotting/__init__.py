@@ -1,0 +1,1 @@
+"""Figures and Markdown: every PNG and report table mhjax writes."""

@@ -1,0 +1,70 @@
+"""Images of attention: heatmaps of every head and the combined operator, and diffusion to the sink."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mhjax.analysis import dag
+
+HORIZON = 100  # the reference fidelity horizon
+
+
+def attention_grid(attention: np.ndarray, combined: np.ndarray | None = None, gamma: float = 0.5,
+                   min_panel: int = 64) -> np.ndarray:
+    """One RGB uint8 image (HWC): a panel per head (H, T, T) plus the combined operator.
+
+    Values in [0, 1] are shown as ``value ** gamma`` (gamma 0.5 makes small weights
+    visible) through the viridis colour map; panels are separated by white lines and
+    upscaled (nearest) to at least ``min_panel`` pixels.
+    """
+    from matplotlib import colormaps
+
+    panels = [np.asarray(a, np.float64) for a in attention]
+    if combined is not None:
+        panels.append(np.asarray(combined, np.float64))
+    T = panels[0].shape[-1]
+    scale = max(1, math.ceil(min_panel / T))
+    cols = math.ceil(math.sqrt(len(panels)))
+    rows = math.ceil(len(panels) / cols)
+    size, gap = T * scale, 2
+    canvas = np.ones((rows * size + (rows - 1) * gap, cols * size + (cols - 1) * gap, 3))
+    cmap = colormaps["viridis"]
+    for n, p in enumerate(panels):
+        r, c = divmod(n, cols)
+        rgb = cmap(np.clip(p, 0.0, 1.0) ** gamma)[..., :3]
+        rgb = np.repeat(np.repeat(rgb, scale, axis=0), scale, axis=1)
+        canvas[r * (size + gap):r * (size + gap) + size, c * (size + gap):c * (size + gap) + size] = rgb
+    return (canvas * 255).round().astype(np.uint8)
+
+
+def diffusion_image(combined: np.ndarray, title: str = "", horizon: int = HORIZON) -> np.ndarray:
+    """RGB uint8 (HWC): per layer, the signal at the sink after t steps from a few source nodes,
+    and the minimax fidelity min_j max_t (sink included, as the reference)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    L, T = combined.shape[0], combined.shape[-1]
+    sources = sorted({0, T // 4, T // 2, (3 * T) // 4, max(T - 2, 0)})
+    fig, axes = plt.subplots(1, L, figsize=(max(3.2 * L, 4.5), 2.8), squeeze=False)
+    steps = np.arange(1, horizon + 1)
+    for layer, ax in enumerate(axes[0]):
+        signal = dag.sink_signals_float64(combined[layer], horizon)
+        for j in sources:
+            ax.plot(steps, np.maximum(signal[:, j], 1e-6), label=f"from {j}")
+        fidelity = signal.max(axis=0).min()
+        ax.axhline(max(fidelity, 1e-6), color="k", ls="--", lw=0.8, label=f"minimax {100 * fidelity:.2f}%")
+        ax.set(xscale="log", yscale="log", ylim=(1e-4, 1.5), xlabel="steps t", title=f"layer {layer}")
+        if layer == 0:
+            ax.set_ylabel("signal at sink")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    if title:
+        fig.suptitle(f"{title}: diffusion to the sink (combined operator)", fontsize="small")
+    fig.tight_layout()
+    fig.canvas.draw()
+    image = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+    plt.close(fig)
+    return image

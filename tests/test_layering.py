@@ -1,0 +1,112 @@
+"""Imports run one way: config, io -> data, models -> analysis -> plotting -> train -> experiments
+-> commands -> cli. Every import is read from the source (ast), inside functions too."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "mhjax"
+LAYERS = {"config": 0, "io": 1, "data": 2, "models": 2, "analysis": 3, "plotting": 4, "train": 5, "experiments": 6,
+          "commands": 7, "cli": 8, "__main__": 9}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """The mhjax modules ``path`` imports (``from mhjax.x import y`` counts y when it is a module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("mhjax"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mhjax") and node.level == 0:
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                is_module = (PACKAGE.parent / Path(*candidate.split("."))).with_suffix(".py").exists()
+                found.add(candidate if is_module else node.module)
+    return found
+
+
+def layer(module: str) -> int | None:
+    """The layer of an mhjax module; None for the package root (mhjax/__init__: the version only)."""
+    parts = module.split(".")
+    return LAYERS[parts[1]] if len(parts) > 1 else None
+
+
+def graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    return {module_name(p): imports(p) for p in package.rglob("*.py")}
+
+
+def upward_edges(edges: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for source, targets in edges.items():
+        for target in targets:
+            if layer(source) is not None and layer(target) is not None and layer(target) > layer(source):
+                bad.append(f"{source} -> {target}")
+    return sorted(bad)
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected set of more than one module (Tarjan), and self-imports."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in edges.get(node, ()):
+            if target not in edges:
+                continue
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1 or node in edges.get(node, ()):
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_every_package_folder_has_a_layer():
+    for path in PACKAGE.iterdir():
+        if path.name.startswith("_") and path.name != "__main__.py":
+            continue
+        if path.is_dir() or path.suffix == ".py":
+            assert path.stem in LAYERS, f"{path.name}: add it to the layer list in tests/test_layering.py"
+
+
+def test_imports_only_run_left():
+    assert upward_edges(graph()) == []
+
+
+def test_no_import_cycles():
+    assert cycles(graph()) == []
+
+
+def test_the_checks_catch_the_old_circle_reintroduced():
+    """The circle this layout removed: train/loop -> io/tensorboard -> analysis (attention images)
+    -> train/loop (the workdir's Sweep). Put back, both checks fail."""
+    edges = graph()
+    assert "mhjax.io.tensorboard" in edges["mhjax.train.loop"]
+    edges["mhjax.io.tensorboard"] = edges["mhjax.io.tensorboard"] | {"mhjax.analysis.metrics"}
+    edges["mhjax.analysis.metrics"] = edges["mhjax.analysis.metrics"] | {"mhjax.train.loop"}
+    assert upward_edges(edges) == ["mhjax.analysis.metrics -> mhjax.train.loop", "mhjax.io.tensorboard -> mhjax.analysis.metrics"]
+    assert cycles(edges) == [["mhjax.analysis.metrics", "mhjax.io.tensorboard", "mhjax.train.loop"]]
+
+
+def test_a_same_layer_circle_is_a_cycle():
+    edges = {"mhjax.data.a": {"mhjax.models.b"}, "mhjax.models.b": {"mhjax.data.a"}}
+    assert upward_edges(edges) == [] and cycles(edges) == [["mhjax.data.a", "mhjax.models.b"]]
