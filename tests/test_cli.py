@@ -86,6 +86,7 @@ def test_configs_lists_bundled_configs_with_descriptions(capsys):
 def test_dry_run_prints_members_and_compiles_nothing(tmp_path, capsys, monkeypatch):
     import jax
 
+    import mhjax.commands.train  # noqa: F401  (its imports define jitted functions: defining is not compiling)
     from mhjax.train import engine, loop
 
     def forbidden(*args, **kwargs):
