@@ -15,6 +15,7 @@ def describe(experiment) -> str:
         programs = experiment.programs(config.strategy, backend)
         strategy = config.strategy if config.strategy != "auto" else f"auto ({experiment.auto_strategy(backend)} on {backend})"
         lines.append(f"strategy: {strategy} -> {len(programs)} program(s): " + ", ".join(f"{n} ({len(i)} members)" for n, i, _ in programs))
+        lines.append(experiment.strategy_line(backend))
         step_flops = flops.train_step_flops(d.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, m.vocab_size)
         lines.append(f"{'member':<24} {'params':>9} {'GFLOP/step':>11} {'est. memory':>12}")
         total_mem = 0.0
