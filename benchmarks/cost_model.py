@@ -49,6 +49,10 @@ def load_config(path):
     return module.get_config()
 
 
+def strategy_of(spec: str) -> str:
+    return spec.partition(":")[0]
+
+
 def device_from(args) -> cost.Device:
     device = cost.DEVICES[args.device]
     if args.peak_tflops or args.hbm_gbs:
@@ -84,6 +88,8 @@ def run_strategy(experiment, spec: str, device: cost.Device) -> dict:
         "compile_s": measured["compile_s"],
         "programs": measured["programs"],
         "members": measured["members"],
+        # A variant changes the numbers as well as the cost: by how much, on one step.
+        "accuracy": hlo_cost.accuracy(experiment, programs, variant) if variant else None,
     }
 
 
@@ -113,6 +119,9 @@ def main(argv=None) -> int:
         print(f"{spec:<18} {r['gflop_per_member_step']:>7.2f} {r['gb_per_member_step']:>6.2f} {r['hlo_over_analytic_flops']:>9.2f} "
               f"{model[0]:>11} {model[1]:>8} {r['peak_temp_bytes'] / 1e9:>8.2f} "
               f"{r['compile_s']:>9.1f} {r['roofline_member_steps_per_s']:>8.0f}", flush=True)
+        if r["accuracy"]:
+            print(f"{'':<18} one step against fp32 {strategy_of(spec)}: loss {r['accuracy']['loss_rel_diff']:.1e}, "
+                  f"gradient {r['accuracy']['grad_rel_l2']:.1e} (relative)", flush=True)
     if "one_program" in results and "grouped" in results:
         one, grouped = results["one_program"], results["grouped"]
         ratio = {"flops": one["gflop_per_member_step"] / grouped["gflop_per_member_step"],

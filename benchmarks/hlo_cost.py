@@ -117,3 +117,24 @@ def measure(experiment, programs) -> dict:
         "compile_s": compile_s,
         "per_program": each,
     }
+
+
+def accuracy(experiment, programs, name: str) -> dict:
+    """How far variant ``name`` moves one training step's loss and gradient: the last member
+    of the first program (the most fine heads) at initialisation, step 0, dropout on.
+    Relative: |loss' - loss| / |loss| and ||grad' - grad|| / ||grad|| (all leaves)."""
+    program = programs[0]
+    recipe = program.recipe.recipes[-1] if isinstance(program.recipe, engine.Unrolled) else program.recipe
+    consts = jax.tree_util.tree_map(jnp.asarray, experiment.member_constants(experiment.members[program.members[-1]]))
+    params = recipe.init_params(consts)
+
+    def step():  # a new function each time: traced under whichever attention is in place
+        return jax.jit(jax.value_and_grad(lambda p: recipe.loss(p, consts, jnp.int32(0))[0]))(params)
+
+    loss, grads = step()
+    with variant(name):
+        loss_v, grads_v = step()
+    diff = jax.tree_util.tree_map(lambda a, b: jnp.sum((a - b) ** 2), grads_v, grads)
+    norm = jax.tree_util.tree_map(lambda a: jnp.sum(a**2), grads)
+    total = lambda t: float(jnp.sqrt(sum(jax.tree_util.tree_leaves(t))))  # noqa: E731
+    return {"loss_rel_diff": abs(float(loss_v) - float(loss)) / abs(float(loss)), "grad_rel_l2": total(diff) / total(norm)}

@@ -169,7 +169,8 @@ class SequenceExperiment:
             # head count (no padded fine heads), members listed head count by head count.
             groups = self._by_heads()
             recipes = [SequenceRecipe(self.config, h, True) for h in groups]
-            return [Program("all", sum(groups.values(), []), Unrolled(recipes, [len(i) for i in groups.values()]))]
+            order = [i for idx in groups.values() for i in idx]
+            return [Program("all", order, Unrolled(recipes, [len(idx) for idx in groups.values()]))]
         finest = math.lcm(*heads)
         if strategy == "fused" and self.config.model.width % finest == 0:
             static = len(set(heads)) == 1

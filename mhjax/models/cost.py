@@ -58,7 +58,7 @@ class Shape(NamedTuple):
     vocab: int
 
     @classmethod
-    def of(cls, config) -> "Shape":
+    def of(cls, config) -> Shape:
         m = config.model
         return cls(config.data.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, m.vocab_size)
 
