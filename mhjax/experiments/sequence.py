@@ -201,7 +201,9 @@ class SequenceExperiment:
         return max(candidates, key=rate.__getitem__)  # max keeps the first of equals
 
     def _devices(self) -> int:
-        return int(self.config.get("devices", 0) or 0) or jax.device_count()
+        """Devices the member axis is sharded over (config.devices caps them; 0 = all)."""
+        count = int(self.config.get("devices", 0) or 0)
+        return min(count, jax.device_count()) if count else jax.device_count()
 
     @staticmethod
     def program_groups(programs: list[Program]) -> list[list[tuple[int, int, bool]]]:
