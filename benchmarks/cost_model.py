@@ -122,6 +122,7 @@ def main(argv=None) -> int:
         if r["accuracy"]:
             print(f"{'':<18} one step against fp32 {strategy_of(spec)}: loss {r['accuracy']['loss_rel_diff']:.1e}, "
                   f"gradient {r['accuracy']['grad_rel_l2']:.1e} (relative)", flush=True)
+    ratio = None
     if "one_program" in results and "grouped" in results:
         one, grouped = results["one_program"], results["grouped"]
         ratio = {"flops": one["gflop_per_member_step"] / grouped["gflop_per_member_step"],
@@ -135,6 +136,7 @@ def main(argv=None) -> int:
         "device": device._asdict(),
         "attention": "jax (MHJAX_ATTENTION=jax)",
         "strategies": results,
+        "one_program_over_grouped": ratio,
     }
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
