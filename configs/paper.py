@@ -6,7 +6,7 @@ def get_config():
     config = ml_collections.ConfigDict()
     config.experiment = "sequence"
     config.seed = 0
-    config.strategy = "auto"  # auto | unrolled (CPU: members side by side) | fused (one vmapped program) | grouped (one per head count)
+    config.strategy = "auto"  # auto | unrolled | fused | grouped | one_program (README: Sweep strategies)
     config.devices = 0  # devices the member axis is sharded over; 0 = all
     config.sweep = ml_collections.ConfigDict()
     config.sweep.task = ("copy", "cycle")

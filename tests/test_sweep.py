@@ -41,7 +41,7 @@ def test_members_are_the_cartesian_product_with_stable_names():
     assert len(names) == 12 and names[0] == "copy-h1-s0" and "cycle-h4-s1" in names
 
 
-@pytest.mark.parametrize("strategy", ["grouped", "fused", "unrolled"])
+@pytest.mark.parametrize("strategy", ["grouped", "fused", "unrolled", "one_program"])
 def test_member_alone_equals_member_in_sweep(strategy):
     big = tiny_sequence_config(task=("copy", "cycle"), heads=(1, 2, 4), seed=(0, 1))
     big.strategy = strategy
@@ -67,6 +67,61 @@ def test_one_program_and_grouped_programs_train_identically(strategy):
         assert eval_grouped[i] == pytest.approx(eval_single[i], rel=1e-4), i
 
 
+def test_one_program_groups_members_by_head_count_and_trains_like_grouped(tmp_path):
+    from mhjax.io.checkpoint import SweepCheckpointer
+    from mhjax.train.engine import Unrolled
+
+    grouped = tiny_sequence_config(task=("copy", "cycle"), heads=(2, 1))
+    one = tiny_sequence_config(task=("copy", "cycle"), heads=(2, 1))
+    one.strategy = "one_program"
+    sg, tg = train(grouped)
+    so, to = train(one)
+    [(name, idx, recipe)] = so.programs
+    members = so.experiment.members
+    # members listed head count by head count; each group's static head count is its members'
+    assert name == "all" and isinstance(recipe, Unrolled) and recipe.sizes == (2, 2)
+    assert [members[i].name for i in idx] == ["copy-h1-s0", "cycle-h1-s0", "copy-h2-s0", "cycle-h2-s0"]
+    assert [(r.model.num_heads, r.static_heads) for r in recipe.recipes] == [(1, True), (2, True)]
+    for m in members:
+        assert_trees_close(member_params(sg, tg, m.name), member_params(so, to, m.name))
+    eval_grouped, eval_one = sg.evaluate(tg), so.evaluate(to)
+    assert sorted(eval_one) == [0, 1, 2, 3]
+    for i in eval_grouped:
+        assert eval_grouped[i] == pytest.approx(eval_one[i], rel=1e-4), i
+    # checkpoints keep one entry per member: written under one_program, read under grouped
+    checkpointer = SweepCheckpointer(str(tmp_path))
+    so.save(checkpointer, 4, to, {m.name: 1.0 for m in members})
+    restored, _ = sg.restore(checkpointer, 4)
+    for m in members:
+        assert_trees_close(member_params(sg, restored, m.name), member_params(so, to, m.name), tol=0)
+
+
+def test_auto_strategy_on_accelerators_follows_the_cost_model(monkeypatch):
+    from mhjax.models import cost
+
+    config = tiny_sequence_config(heads=(1, 2, 4))
+    experiment = make_experiment(config)
+    monkeypatch.setattr(jax, "device_count", lambda *a: 1)
+    for backend in ("gpu", "tpu"):
+        # fused pays 4 fine heads and their mixing for every member: one vmapped group per H instead
+        assert experiment.auto_strategy(backend) == "one_program"
+        rates = {s: experiment.predict(s, backend)["member_steps_per_s"] for s in ("fused", "grouped", "one_program")}
+        assert rates["one_program"] == rates["grouped"] > rates["fused"]
+    shape = cost.Shape.of(config)
+    device = cost.DEVICES["h200"]
+    fused = cost.member_cost(shape, 4, mixed=True)
+    expected = 1 / cost.step_seconds(fused, device)  # each member takes one fused step
+    assert experiment.predict("fused", "gpu")["member_steps_per_s"] == pytest.approx(expected)
+    # one head count: fused is the same program as one_program's single group, and wins the tie
+    assert make_experiment(tiny_sequence_config(heads=(4,), seed=(0, 1))).auto_strategy("gpu") == "fused"
+    # several devices: vmapped programs only. Two members sharded over 2 devices (fused) beat
+    # one-member programs every device computes in full (grouped) ...
+    monkeypatch.setattr(jax, "device_count", lambda *a: 2)
+    assert make_experiment(tiny_sequence_config(heads=(1, 2))).auto_strategy("gpu") == "fused"
+    # ... but when every head count's program shards too, grouped's cheaper members win
+    assert make_experiment(tiny_sequence_config(heads=(1, 2), seed=(0, 1))).auto_strategy("gpu") == "grouped"
+
+
 def test_auto_strategy_unrolls_long_cpu_runs_and_fuses_otherwise():
     from mhjax.train.engine import Unrolled
 
@@ -78,9 +133,6 @@ def test_auto_strategy_unrolls_long_cpu_runs_and_fuses_otherwise():
     # each member its own group, at its own static head count
     assert recipe.sizes == (1,) * 6
     assert [r.model.num_heads for r in recipe.recipes] == [m["heads"] for m in experiment.members]
-    for backend in ("gpu", "tpu"):
-        [(_, _, fused)] = experiment.programs("auto", backend)
-        assert not isinstance(fused, Unrolled) and fused.model.num_heads == 4
     config.train.steps = 200  # a short run: compile time would eat the gain
     [(_, _, short)] = make_experiment(config).programs("auto", "cpu")
     assert not isinstance(short, Unrolled)

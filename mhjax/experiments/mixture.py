@@ -66,7 +66,7 @@ from mhjax.experiments.base import Experiment
 from mhjax.train.engine import Program
 from mhjax.train.sweep import Member, derive_key, expand
 
-STRATEGIES = ("auto", "unrolled", "fused", "grouped")  # accepted for the CLI's sake; always one program
+STRATEGIES = ("auto", "unrolled", "fused", "grouped", "one_program")  # accepted for the CLI's sake; always one program
 INIT_SCHEMES = ("zero_plus_step", "random")
 SWEEP_FIELDS = ("heads", "seed", "num_train", "step_size")
 MAX_HEADS = 4096

@@ -13,13 +13,13 @@ from mhjax import config as cfg
 from mhjax.analysis.metrics import learned_head_weights
 from mhjax.data import sequences
 from mhjax.experiments.base import Experiment
-from mhjax.models import Transformer, count_params, flops
+from mhjax.models import Transformer, cost, count_params, flops
 from mhjax.models.probe import predict
 from mhjax.plotting.images import attention_grid, diffusion_image
 from mhjax.train.engine import Program, Unrolled
 from mhjax.train.sweep import Member, derive_key, expand
 
-STRATEGIES = ("auto", "unrolled", "fused", "grouped")
+STRATEGIES = ("auto", "unrolled", "fused", "grouped", "one_program")
 UNROLL_MIN_STEPS, UNROLL_MAX_MEMBERS = 2000, 16  # when `auto` unrolls on a CPU
 EXAMPLE_SEED = 0  # the fixed evaluation sequence of the end-of-training images (numpy: no compile)
 
@@ -161,8 +161,9 @@ class SequenceExperiment(Experiment):
           unbatched matmuls;
         fused: one vmapped program at the finest head count (members' head counts traced);
         grouped: one vmapped program per head count;
-        auto: on a CPU, unrolled for long runs of few members (it compiles once per member),
-          else fused.
+        one_program: one program holding one vmapped group per head count (engine.Unrolled
+          with group sizes): grouped's cost, fused's single program;
+        auto: see auto_strategy.
         """
         if strategy == "auto":
             strategy = self.auto_strategy(backend)
@@ -170,22 +171,74 @@ class SequenceExperiment(Experiment):
         if strategy == "unrolled":
             recipes = {h: SequenceRecipe(self.config, h, True) for h in set(heads)}
             return [Program("all", list(range(len(self.members))), Unrolled([recipes[h] for h in heads]))]
+        if strategy == "one_program":
+            # One vmapped group per head count in one program: every member at its own static
+            # head count (no padded fine heads), members listed head count by head count.
+            groups = self._by_heads()
+            recipes = [SequenceRecipe(self.config, h, True) for h in groups]
+            order = [i for idx in groups.values() for i in idx]
+            return [Program("all", order, Unrolled(recipes, [len(idx) for idx in groups.values()]))]
         finest = math.lcm(*heads)
         if strategy == "fused" and self.config.model.width % finest == 0:
             static = len(set(heads)) == 1
             return [Program("all", list(range(len(self.members))), SequenceRecipe(self.config, finest, static))]
+        return [Program(f"h{h}", idx, SequenceRecipe(self.config, h, True)) for h, idx in self._by_heads().items()]
+
+    def _by_heads(self) -> dict[int, list[int]]:
+        """{head count: member indices}, head counts ascending, indices in member order."""
         groups = {}
-        for i, h in enumerate(heads):
-            groups.setdefault(h, []).append(i)
-        return [Program(f"h{h}", idx, SequenceRecipe(self.config, h, True)) for h, idx in sorted(groups.items())]
+        for i, m in enumerate(self.members):
+            groups.setdefault(m["heads"], []).append(i)
+        return dict(sorted(groups.items()))
 
     def auto_strategy(self, backend: str) -> str:
-        # Paper model on 2 cores (benchmarks/RESULTS.md): unrolled steps 12-20 % faster than
-        # fused, but compiles ~20 s longer per member; a short run would lose the difference.
-        # Sharding over several devices splits a vmapped member axis, so that stays fused.
-        long_run = self.config.train.steps >= UNROLL_MIN_STEPS and len(self.members) <= UNROLL_MAX_MEMBERS
-        one_device = int(self.config.get("devices", 0) or 0) == 1 or jax.device_count() == 1
-        return "unrolled" if backend == "cpu" and long_run and one_device else "fused"
+        """On a CPU: unrolled for long runs of few members on one device, else fused. Paper
+        model on 2 cores (benchmarks/RESULTS.md): unrolled steps 12-20 % faster than fused,
+        but compiles ~20 s longer per member; a short run would lose the difference.
+        Elsewhere: the strategy the cost model (models/cost.py) predicts fastest. With
+        several devices only vmapped programs (fused, grouped), whose member axis shards
+        evenly; one_program's groups would slice a sharded axis. Ties go to the fewest
+        programs (fused, then one_program, then grouped)."""
+        devices = self._devices()
+        if backend == "cpu":
+            long_run = self.config.train.steps >= UNROLL_MIN_STEPS and len(self.members) <= UNROLL_MAX_MEMBERS
+            return "unrolled" if long_run and devices == 1 else "fused"
+        candidates = ("fused", "one_program", "grouped") if devices == 1 else ("fused", "grouped")
+        rate = {s: self.predict(s, backend)["member_steps_per_s"] for s in candidates}
+        return max(candidates, key=rate.__getitem__)  # max keeps the first of equals
+
+    def _devices(self) -> int:
+        """Devices the member axis is sharded over (config.devices caps them; 0 = all)."""
+        count = int(self.config.get("devices", 0) or 0)
+        return min(count, jax.device_count()) if count else jax.device_count()
+
+    @staticmethod
+    def program_groups(programs: list[Program]) -> list[list[tuple[int, int, bool]]]:
+        """Per program, its groups as (members, fine heads, mixed): what models/cost.py prices."""
+        out = []
+        for program in programs:
+            recipe = program.recipe
+            pairs = zip(recipe.sizes, recipe.recipes) if isinstance(recipe, Unrolled) else [(len(program.members), recipe)]
+            out.append([(n, r.model.num_heads, not r.static_heads) for n, r in pairs])
+        return out
+
+    def predict(self, strategy: str, backend: str) -> dict:
+        """models/cost.sweep_cost of ``strategy`` on ``backend``'s device preset (an H200
+        for backends without one)."""
+        device = cost.DEVICES[cost.BACKEND_DEVICE.get(backend, "h200")]
+        groups = self.program_groups(self.programs(strategy, backend))
+        return {"device": device, **cost.sweep_cost(cost.Shape.of(self.config), groups, device, self._devices())}
+
+    def strategy_line(self, backend: str) -> str:
+        """The dry run's line: the strategy a run takes, its predicted member-steps/s and
+        memory per device."""
+        strategy = self.auto_strategy(backend) if self.config.strategy == "auto" else self.config.strategy
+        p = self.predict(strategy, backend)
+        return (
+            f"predicted for {strategy} on {self._devices()} x {p['device'].name} (roofline, models/cost.py): "
+            f"{p['member_steps_per_s']:,.0f} member-steps/s, {p['bytes_per_member_step'] / 1e9:.2f} GB and "
+            f"{p['flops_per_member_step'] / 1e9:.2f} GFLOP per member-step, ~{p['memory_per_device_bytes'] / 2**30:.2f} GiB per device"
+        )
 
     def member_info(self, member: Member) -> dict:
         """Static facts for results.json."""
@@ -227,7 +280,7 @@ class SequenceExperiment(Experiment):
         programs = self.programs(config.strategy, backend)
         strategy = config.strategy if config.strategy != "auto" else f"auto ({self.auto_strategy(backend)} on {backend})"
         lines = [f"strategy: {strategy} -> {len(programs)} program(s): "
-                 + ", ".join(f"{p.name} ({len(p.members)} members)" for p in programs)]
+                 + ", ".join(f"{p.name} ({len(p.members)} members)" for p in programs), self.strategy_line(backend)]
         step_flops = flops.train_step_flops(d.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, m.vocab_size)
         lines.append(f"{'member':<24} {'params':>9} {'GFLOP/step':>11} {'est. memory':>12}")
         total_mem = 0.0

@@ -1,4 +1,4 @@
-from mhjax.models import flops
+from mhjax.models import cost, flops
 from mhjax.models.transformer import Transformer, count_params
 
-__all__ = ["Transformer", "count_params", "flops"]
+__all__ = ["Transformer", "cost", "count_params", "flops"]

@@ -1,0 +1,148 @@
+"""Cost of a head-count sweep per strategy on an accelerator, measured without one.
+
+For every strategy of the config's sweep (and the attention variants of hlo_cost.py):
+XLA's HLO FLOPs and bytes accessed per member-step of the compiled programs (JAX
+attention path, as on a GPU or TPU), the analytic FLOPs (mhjax.models.flops: matmuls
+only, causal attention counted as half) and their ratio, peak temporary memory, compile
+time, the analytic cost model's own figures (mhjax.models.cost) and the member-steps/s a
+roofline predicts on ``--device`` from the HLO figures.
+
+    python benchmarks/cost_model.py [--json OUT] [--config configs/paper.py] [--device h200|tpu-v5e]
+        [--peak-tflops X --hbm-gbs Y] [--strategies fused,grouped,one_program,...] [--seeds 0,1,...]
+
+A strategy ``S:V`` is strategy S with attention variant V (btft, bf16). The compile times
+are this machine's (a CPU) and include XLA's CPU code generation.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["MHJAX_ATTENTION"] = "jax"  # read when mhjax's attention module is imported: before it
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+import hlo_cost  # noqa: E402
+
+from mhjax.experiments.sequence import SequenceExperiment  # noqa: E402
+from mhjax.models import cost  # noqa: E402
+from mhjax.models.flops import train_step_flops  # noqa: E402
+
+DEFAULT_STRATEGIES = "fused,grouped,one_program,fused:btft,fused:bf16,grouped:bf16"
+
+
+def load_config(path):
+    spec = importlib.util.spec_from_file_location("mhjax_cost_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def strategy_of(spec: str) -> str:
+    return spec.partition(":")[0]
+
+
+def device_from(args) -> cost.Device:
+    device = cost.DEVICES[args.device]
+    if args.peak_tflops or args.hbm_gbs:
+        device = device._replace(
+            name=f"{device.name} (overridden)",
+            peak_flops=(args.peak_tflops or device.peak_flops / 1e12) * 1e12,
+            hbm_bytes_per_s=(args.hbm_gbs or device.hbm_bytes_per_s / 1e9) * 1e9,
+        )
+    return device
+
+
+def run_strategy(experiment, spec: str, device: cost.Device) -> dict:
+    strategy, _, variant = spec.partition(":")
+    programs = experiment.programs(strategy, "gpu")  # the program structure an accelerator gets
+    with hlo_cost.variant(variant or None):
+        measured = hlo_cost.measure(experiment, programs)
+    m, d = experiment.config.model, experiment.config.data
+    analytic = train_step_flops(d.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, m.vocab_size)
+    hlo = cost.Cost(measured["flops_per_member_step"], measured["bytes_per_member_step"])
+    # The analytic model knows the library's own attention only, not the variants.
+    model = None if variant else cost.sweep_cost(cost.Shape.of(experiment.config), experiment.program_groups(programs), device)
+    scale = lambda key, unit: None if model is None else model[key] / unit  # noqa: E731
+    return {
+        "gflop_per_member_step": hlo.flops / 1e9,
+        "gb_per_member_step": hlo.bytes / 1e9,
+        "analytic_gflop_per_member_step": analytic / 1e9,
+        "hlo_over_analytic_flops": hlo.flops / analytic,
+        "roofline_member_steps_per_s": 1.0 / cost.step_seconds(hlo, device),
+        "cost_model_gflop_per_member_step": scale("flops_per_member_step", 1e9),
+        "cost_model_gb_per_member_step": scale("bytes_per_member_step", 1e9),
+        "cost_model_member_steps_per_s": scale("member_steps_per_s", 1),
+        "peak_temp_bytes": measured["peak_temp_bytes"],
+        "compile_s": measured["compile_s"],
+        "programs": measured["programs"],
+        "members": measured["members"],
+        # A variant changes the numbers as well as the cost: by how much, on one step.
+        "accuracy": hlo_cost.accuracy(experiment, programs, variant) if variant else None,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--config", default=str(ROOT / "configs" / "paper.py"))
+    parser.add_argument("--device", default="h200", choices=sorted(cost.DEVICES), help="roofline preset (sources in mhjax/models/cost.py)")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="override the preset's peak TFLOP/s")
+    parser.add_argument("--hbm-gbs", type=float, default=None, help="override the preset's memory bandwidth, GB/s")
+    parser.add_argument("--strategies", default=DEFAULT_STRATEGIES, help="comma-separated; S:V = strategy S with attention variant V")
+    parser.add_argument("--seeds", default=None, help="override config.sweep.seed, e.g. 0,1,2,3,4,5,6,7")
+    args = parser.parse_args(argv)
+    config = load_config(args.config)
+    if args.seeds:
+        config.sweep.seed = tuple(int(s) for s in args.seeds.split(","))
+    experiment = SequenceExperiment(config)
+    device = device_from(args)
+    print(f"{len(experiment.members)} members; roofline on {device.name}: {device.peak_flops / 1e12:g} TFLOP/s, "
+          f"{device.hbm_bytes_per_s / 1e9:g} GB/s", flush=True)
+    header = f"{'strategy':<18} {'GFLOP':>7} {'GB':>6} {'/analytic':>9} {'model GFLOP':>11} {'model GB':>8} {'temp GB':>8} {'compile s':>9} {'steps/s':>8}"
+    print(header, flush=True)
+    results = {}
+    for spec in args.strategies.split(","):
+        r = results[spec] = run_strategy(experiment, spec, device)
+        model = [f"{x:.2f}" if x is not None else "-" for x in (r["cost_model_gflop_per_member_step"], r["cost_model_gb_per_member_step"])]
+        print(f"{spec:<18} {r['gflop_per_member_step']:>7.2f} {r['gb_per_member_step']:>6.2f} {r['hlo_over_analytic_flops']:>9.2f} "
+              f"{model[0]:>11} {model[1]:>8} {r['peak_temp_bytes'] / 1e9:>8.2f} "
+              f"{r['compile_s']:>9.1f} {r['roofline_member_steps_per_s']:>8.0f}", flush=True)
+        if r["accuracy"]:
+            print(f"{'':<18} one step against fp32 {strategy_of(spec)}: loss {r['accuracy']['loss_rel_diff']:.1e}, "
+                  f"gradient {r['accuracy']['grad_rel_l2']:.1e} (relative)", flush=True)
+    ratio = None
+    if "one_program" in results and "grouped" in results:
+        one, grouped = results["one_program"], results["grouped"]
+        ratio = {"flops": one["gflop_per_member_step"] / grouped["gflop_per_member_step"],
+                 "bytes": one["gb_per_member_step"] / grouped["gb_per_member_step"]}
+        print(f"one_program / grouped: FLOPs {ratio['flops']:.3f}x, bytes {ratio['bytes']:.3f}x (target <= 1.25x)")
+    payload = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "config": os.path.relpath(args.config, ROOT) if os.path.isabs(args.config) else args.config,
+        "members": len(experiment.members),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "jax": jax.__version__, "backend": jax.default_backend()},
+        "device": device._asdict(),
+        "attention": "jax (MHJAX_ATTENTION=jax)",
+        "strategies": results,
+        "one_program_over_grouped": ratio,
+    }
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""What a sweep's compiled programs cost, from XLA itself: HLO FLOPs, bytes accessed and
+temporary memory of one training step, per member.
+
+Each program is compiled as the engine builds it (``make_train_chunk``) with a chunk of
+ONE step: XLA's cost analysis counts a while loop's body once whatever its trip count, so
+a one-step chunk is the only length whose figures are exactly one step. Sum over the
+sweep's programs, divided by its members: per member-step.
+
+Variants of the attention core that the library does not use are measured by swapping
+``attention.jax_attention`` for the duration of a compile (``variant``):
+  btft  scores, mixing and softmax in (B, T, F, T) layout instead of (B, F, T, T);
+  bf16  scores (and the F x F mixing) in bf16, softmax in fp32, probabilities handed to the
+        value product in bf16 with fp32 accumulation.
+The JAX attention path must be on (MHJAX_ATTENTION=jax before mhjax is imported):
+the CPU kernel is an opaque custom call whose cost XLA cannot see.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+
+from mhjax.models import attention
+from mhjax.train import engine
+from mhjax.train.loop import stack_constants
+
+
+def _btft_attention(q, k, v, fine, heads, seeds, threshold, inv_keep):
+    # The same dropout hash as the library's, its mask transposed to this layout.
+    batch, length, width = q.shape
+    split = lambda x: x.reshape(batch, length, fine, width // fine)  # noqa: E731
+    scores = jnp.einsum("btfd,bsfd->btfs", split(q), split(k))
+    if heads is None:
+        scale = 1.0 / math.sqrt(width // fine)
+    else:
+        group = attention.head_groups(heads, fine)
+        scores = jnp.einsum("fg,btgs->btfs", (group[:, None] == group[None, :]).astype(scores.dtype), scores)
+        scale = jax.lax.rsqrt(width / jnp.asarray(heads, scores.dtype))
+    causal = jnp.tril(jnp.ones((length, length), dtype=bool))[:, None, :]
+    probs = jax.nn.softmax(jnp.where(causal, scores * scale, jnp.finfo(scores.dtype).min), axis=-1)
+    attended = probs
+    if threshold < (1 << 24):
+        group = jnp.arange(fine) if heads is None else attention.head_groups(heads, fine)
+        keep = jax.vmap(lambda s: attention.dropout_keep(s, batch, length, threshold))(seeds)[group]  # (F, B, T, T)
+        attended = probs * jnp.transpose(keep, (1, 2, 0, 3)).astype(probs.dtype) * inv_keep
+    out = jnp.einsum("btfs,bsfd->btfd", attended, split(v)).reshape(batch, length, width)
+    return out, jnp.moveaxis(probs, 2, 1)
+
+
+def _bf16_attention(q, k, v, fine, heads, seeds, threshold, inv_keep):
+    batch, length, width = q.shape
+    split = lambda x: x.reshape(batch, length, fine, width // fine).astype(jnp.bfloat16)  # noqa: E731
+    scores = jnp.einsum("btfd,bsfd->bfts", split(q), split(k))  # bf16 (B, F, T, T)
+    if heads is None:
+        scale = 1.0 / math.sqrt(width // fine)
+    else:
+        group = attention.head_groups(heads, fine)
+        scores = jnp.einsum("fg,bgts->bfts", (group[:, None] == group[None, :]).astype(scores.dtype), scores)
+        scale = jax.lax.rsqrt(width / jnp.asarray(heads, jnp.float32))
+    causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+    logits = jnp.where(causal, scores.astype(jnp.float32) * scale, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1)
+    attended = probs
+    if threshold < (1 << 24):
+        group = jnp.arange(fine) if heads is None else attention.head_groups(heads, fine)
+        keep = jax.vmap(lambda s: attention.dropout_keep(s, batch, length, threshold))(seeds)[group]
+        attended = probs * jnp.moveaxis(keep, 0, 1).astype(probs.dtype) * inv_keep
+    out = jnp.einsum("bfts,bsfd->btfd", attended.astype(jnp.bfloat16), split(v), preferred_element_type=jnp.float32)
+    return out.reshape(batch, length, width), probs
+
+
+VARIANTS = {"btft": _btft_attention, "bf16": _bf16_attention}
+
+
+@contextlib.contextmanager
+def variant(name: str | None):
+    """Run the block with attention variant ``name`` (None: the library's own)."""
+    if name is None:
+        yield
+        return
+    original = attention.jax_attention
+    attention.jax_attention = VARIANTS[name]
+    try:
+        yield
+    finally:
+        attention.jax_attention = original
+
+
+def measure(experiment, programs) -> dict:
+    """HLO cost of one training step of ``programs`` (experiment.programs(...)), per member."""
+    if attention.use_cpu_kernel():
+        raise RuntimeError("set MHJAX_ATTENTION=jax before importing mhjax: the CPU kernel hides its cost from XLA")
+    members = sum(len(p.members) for p in programs)
+    flops = nbytes = compile_s = 0.0
+    peak_temp, each = 0, {}
+    for program in programs:
+        consts = stack_constants(experiment, program.members)
+        states = jax.eval_shape(engine.make_init(program.recipe), consts)
+        start = time.perf_counter()
+        compiled = engine.make_train_chunk(program.recipe, 1).lower(states, consts).compile()
+        compile_s += time.perf_counter() - start
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # older jax: one dict per device
+        flops += float(cost["flops"])
+        nbytes += float(cost["bytes accessed"])
+        each[program.name] = {"members": len(program.members), "flops": float(cost["flops"]), "bytes": float(cost["bytes accessed"])}
+        peak_temp = max(peak_temp, int(compiled.memory_analysis().temp_size_in_bytes))
+    return {
+        "programs": len(programs),
+        "members": members,
+        "flops_per_member_step": flops / members,
+        "bytes_per_member_step": nbytes / members,
+        "peak_temp_bytes": peak_temp,
+        "compile_s": compile_s,
+        "per_program": each,
+    }
+
+
+def accuracy(experiment, programs, name: str) -> dict:
+    """How far variant ``name`` moves one training step's loss and gradient: the last member
+    of the first program (the most fine heads) at initialisation, step 0, dropout on.
+    Relative: |loss' - loss| / |loss| and ||grad' - grad|| / ||grad|| (all leaves)."""
+    program = programs[0]
+    recipe = program.recipe.recipes[-1] if isinstance(program.recipe, engine.Unrolled) else program.recipe
+    consts = jax.tree_util.tree_map(jnp.asarray, experiment.member_constants(experiment.members[program.members[-1]]))
+    params = recipe.init_params(consts)
+
+    def step():  # a new function each time: traced under whichever attention is in place
+        return jax.jit(jax.value_and_grad(lambda p: recipe.loss(p, consts, jnp.int32(0))[0]))(params)
+
+    loss, grads = step()
+    with variant(name):
+        loss_v, grads_v = step()
+    diff = jax.tree_util.tree_map(lambda a, b: jnp.sum((a - b) ** 2), grads_v, grads)
+    norm = jax.tree_util.tree_map(lambda a: jnp.sum(a**2), grads)
+    total = lambda t: float(jnp.sqrt(sum(jax.tree_util.tree_leaves(t))))  # noqa: E731
+    return {"loss_rel_diff": abs(float(loss_v) - float(loss)) / abs(float(loss)), "grad_rel_l2": total(diff) / total(norm)}

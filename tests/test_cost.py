@@ -1,0 +1,73 @@
+"""The analytic cost model (models/cost.py) against XLA's own count of compiled steps, and
+its roofline and sharding arithmetic."""
+import jax
+import pytest
+
+from mhjax.experiments import make_experiment
+from mhjax.models import attention, cost
+from mhjax.train import engine
+from mhjax.train.loop import stack_constants
+from tests.conftest import tiny_sequence_config
+
+# The model was fitted on the paper's shapes and the tiny config; on other shapes it is held
+# to XLA's count within this (the fused program's mixing is the loosest term, ~10 %).
+TOLERANCE = 0.15
+
+
+def hlo_cost(experiment, strategy):
+    """XLA's FLOPs and bytes of one training step per member (a one-step chunk: XLA counts a
+    loop body once whatever its trip count), on the JAX attention path."""
+    programs = experiment.programs(strategy, "gpu")
+    flops = nbytes = 0.0
+    for program in programs:
+        consts = stack_constants(experiment, program.members)
+        states = jax.eval_shape(engine.make_init(program.recipe), consts)
+        analysis = engine.make_train_chunk(program.recipe, 1).lower(states, consts).compile().cost_analysis()
+        flops, nbytes = flops + analysis["flops"], nbytes + analysis["bytes accessed"]
+    return flops / len(experiment.members), nbytes / len(experiment.members)
+
+
+def test_cost_model_matches_xlas_count_on_unseen_shapes(monkeypatch):
+    monkeypatch.setattr(attention, "IMPLEMENTATION", "jax")  # the CPU kernel hides its cost from XLA
+    config = tiny_sequence_config(heads=(1, 4))
+    config.model.update(width=32, seq_len=16, mlp_dim=48)
+    experiment = make_experiment(config)
+    shape = cost.Shape.of(config)
+    measured = {}
+    for strategy in ("fused", "grouped"):
+        flops, nbytes = measured[strategy] = hlo_cost(experiment, strategy)
+        predicted = cost.sweep_cost(shape, experiment.program_groups(experiment.programs(strategy, "gpu")), cost.DEVICES["h200"])
+        assert predicted["flops_per_member_step"] == pytest.approx(flops, rel=TOLERANCE), strategy
+        assert predicted["bytes_per_member_step"] == pytest.approx(nbytes, rel=TOLERANCE), strategy
+    assert measured["fused"][1] > measured["grouped"][1]  # the padded fine heads cost traffic
+
+
+def test_member_cost_counts_fine_heads_and_mixing():
+    shape = cost.Shape(batch=50, length=100, width=64, num_layers=4, mlp_dim=128, vocab=256)
+    one, sixteen = cost.member_cost(shape, 1), cost.member_cost(shape, 16)
+    elements = 4 * 50 * 100 * 100
+    assert sixteen.bytes - one.bytes == pytest.approx(15 * elements * cost.ATTENTION[1])
+    mixed = cost.member_cost(shape, 16, mixed=True)
+    assert mixed.flops - sixteen.flops == pytest.approx(16 * elements * 16 * cost.MIXING[0])
+    # the count of parameters is flax's (tiny config: width 16, 1 layer, MLP 32, vocab 16, T 8)
+    experiment = make_experiment(tiny_sequence_config(heads=(2,)))
+    assert cost.Shape.of(experiment.config).params() == experiment.member_info(experiment.members[0])["params"]
+
+
+def test_roofline_and_sharding_arithmetic():
+    device = cost.Device("test", peak_flops=100.0, hbm_bytes_per_s=10.0, memory_bytes=1e9, source="")
+    assert cost.step_seconds(cost.Cost(flops=200.0, bytes=10.0), device) == 2.0  # compute-bound
+    assert cost.step_seconds(cost.Cost(flops=100.0, bytes=50.0), device) == 5.0  # memory-bound
+    shape = cost.Shape(batch=4, length=8, width=16, num_layers=1, mlp_dim=32, vocab=16)
+    seconds = cost.step_seconds(cost.member_cost(shape, 2), device)
+    # 4 members sharded over 2 devices: 2 member-steps per device per step
+    sharded = cost.sweep_cost(shape, [[(4, 2, False)]], device, devices=2)
+    assert sharded["member_steps_per_s"] == pytest.approx(4 / (2 * seconds))
+    # 3 members do not divide over 2 devices: replicated, each device computes all 3
+    replicated = cost.sweep_cost(shape, [[(3, 2, False)]], device, devices=2)
+    assert replicated["member_steps_per_s"] == pytest.approx(3 / (3 * seconds))
+    # one program of two groups costs what the two programs do, one after another
+    together = cost.sweep_cost(shape, [[(2, 1, False), (2, 2, False)]], device)
+    apart = cost.sweep_cost(shape, [[(2, 1, False)], [(2, 2, False)]], device)
+    assert together["member_steps_per_s"] == pytest.approx(apart["member_steps_per_s"])
+    assert together["flops_per_member_step"] == pytest.approx(apart["flops_per_member_step"])
