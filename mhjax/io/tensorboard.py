@@ -217,13 +217,13 @@ def final_metrics(records: list[dict], experiment) -> list[str]:
 
 def extra_metric_tags(experiment) -> list[str]:
     """Metric tags filled in later: ``mhjax analyze`` (sequence sweeps) or an experiment's own
-    ``tensorboard_metrics()``."""
+    ``metric_tags()``."""
     tags = []
     if getattr(experiment, "kind", None) == "sequence":
         tags.append("analysis/accuracy")
         for layer in range(int(experiment.config.model.num_layers)):
             tags += [f"analysis/layer{layer}/mixing_time", f"analysis/layer{layer}/fidelity_pct"]
-    hook = getattr(experiment, "tensorboard_metrics", None)
+    hook = getattr(experiment, "metric_tags", None)
     if hook is not None:
         tags += list(hook())
     return tags

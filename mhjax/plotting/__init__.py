@@ -1,0 +1,1 @@
+"""Figures and Markdown summaries drawn from results.json records and TensorBoard curves."""
