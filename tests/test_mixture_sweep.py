@@ -229,7 +229,7 @@ def test_first_token_query_variant_pads_like_the_plain_model():
     config.model.query = "first"
     experiment = make_experiment(config)
     member = next(m for m in experiment.members if m["heads"] == 2)
-    assert experiment.member_info(member) == {"params": 2 * (6 * 6 + 6)}
+    assert experiment.member_info(member)["params"] == 2 * (6 * 6 + 6)
     recipe = experiment.programs("auto", "cpu")[0].recipe
     theta0 = recipe.init_params(jax.tree_util.tree_map(jnp.asarray, experiment.member_constants(member)))
     X, y = (jnp.asarray(a[:8]) for a in experiment.train_data(0))

@@ -74,7 +74,7 @@ FIELDS = {
              "signal_norm", "noise_std", "num_test"},
     "model": {"query"},
     "init": {"scheme", "first_step", "tau"},
-    "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every", "loss_points"},
+    "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every", "loss_points", "eval_points", "steps_per_example"},
     "analysis": {"lanczos_iters", "margin_iters", "margin_tol"},
 }
 
@@ -130,11 +130,25 @@ def validate(config) -> None:
         cfg.require_positive(config, field, int)
     if config.train.steps > 2**31 - 1:  # the per-member step counter is int32
         raise cfg.ConfigError(f"config.train.steps: must be at most {2**31 - 1}, got {config.train.steps}")
-    for field in ("train.eval_every", "train.checkpoint_every", "train.loss_points"):
+    for field in ("train.eval_every", "train.checkpoint_every", "train.loss_points", "train.eval_points"):
         cfg.require_nonneg_int(config, field)
+    per_example = cfg._get(config, "train.steps_per_example")
+    if per_example is not None:
+        if not (_is_number(per_example) and per_example >= 0 and math.isfinite(per_example)):
+            raise cfg.ConfigError(f"config.train.steps_per_example: must be a number >= 0 (0 = off); got {per_example!r}")
+        need = max(1, round(per_example * max(sizes)))
+        if per_example > 0 and need > config.train.steps:
+            raise cfg.ConfigError(f"config.train.steps_per_example: {per_example} * max n = {need} steps exceeds "
+                                  f"train.steps = {config.train.steps} (the program's length)")
     for field in ("analysis.lanczos_iters", "analysis.margin_iters"):
         cfg.require_positive(config, field, int)
     cfg.require_range(config, "analysis.margin_tol", 0.0, 1.0, inclusive_low=False, inclusive_high=False)
+
+
+def own_steps(config, num_train: int) -> int:
+    """A member's own K: train.steps, or round(steps_per_example * n) when that is set (> 0)."""
+    per_example = float(config.train.get("steps_per_example", 0) or 0)
+    return max(1, round(per_example * num_train)) if per_example > 0 else int(config.train.steps)
 
 
 def loss_steps(total: int, points: int) -> list[int]:
@@ -186,7 +200,9 @@ class MixtureRecipe:
         return params
 
     def optimizer(self, consts):
-        return optax.inject_hyperparams(optax.sgd)(learning_rate=consts["step_size"])
+        # Step eta until the member's own K, then 0: members with different K share one program.
+        rate = lambda count: jnp.where(count < consts["own_steps"], consts["step_size"], 0.0)
+        return optax.inject_hyperparams(optax.sgd)(learning_rate=rate)
 
     def loss(self, params, consts, step):
         return self.train_loss(params, consts), {}
@@ -200,7 +216,9 @@ class MixtureRecipe:
         lam_min, lam_max = ntk.hessian_extreme_eigs(loss_fn, params, num_iters=self.lanczos_iters,
                                                     key=jax.random.fold_in(consts["key"], 1))
         heads = jnp.asarray(consts["heads"], jnp.float32)
+        theta0 = self.init_params(consts)
         return {
+            "distance_from_init": jnp.linalg.norm(ravel_pytree(params)[0] - ravel_pytree(theta0)[0]),
             "test_loss": jnp.mean(jax.nn.softplus(-test_margins)),
             "test_accuracy": jnp.mean(test_margins > 0),
             "train_loss_eval": loss,
@@ -265,6 +283,7 @@ class MixtureExperiment(Experiment):
             "head_mask": (np.arange(self.max_heads) < member["heads"]).astype(np.float32),
             "step_size": np.float32(eta),
             "first_step": np.float32(eta if first is None else first),
+            "own_steps": np.int32(own_steps(self.config, n)),
         }
 
     def programs(self, strategy: str, backend: str):
@@ -274,9 +293,14 @@ class MixtureExperiment(Experiment):
     def member_info(self, member: Member) -> dict:
         d, t, h = self.config.data.dim, self.config.data.seq_len, member["heads"]
         per_head = d * d + (t * d if self.config.model.query == "full" else d)
-        return {"params": h * per_head}
+        return {"params": h * per_head, "own_steps": own_steps(self.config, member["num_train"])}
 
     # -- results ---------------------------------------------------------
+    def eval_steps(self) -> list[int]:
+        """Evaluation (test loss, Hessian, distance) at k = 0 and log-spaced k (the end of the
+        chunk containing k), besides every train.eval_every steps."""
+        return loss_steps(int(self.config.train.steps), int(self.config.train.get("eval_points", 0) or 0))
+
     def loss_steps(self) -> list[int]:
         return loss_steps(int(self.config.train.steps), int(self.config.train.get("loss_points", 0) or 0))
 
@@ -285,7 +309,7 @@ class MixtureExperiment(Experiment):
 
     def metric_tags(self) -> list[str]:
         return [f"eval/{k}" for k in ("test_loss", "test_accuracy", "train_accuracy", "grad_norm_over_loss",
-                                      "min_hessian_eig_over_loss_sqrtH", "step_times_hessian_max")]
+                                      "min_hessian_eig_over_loss_sqrtH", "step_times_hessian_max", "distance_from_init")]
 
     def finalize(self, workdir: str, payload: dict) -> None:
         """Figures (PNG) and mixture_summary.md in the workdir."""

@@ -8,6 +8,7 @@
   theta_K divided by their mean norm (0 for H = 1; 0 exactly when every head is the same).
 * loss_curve {steps, values}: the recorded L(theta_k) with k = K appended; loss_slope: the
   least-squares slope of log L against log k over k in [K/10, K] (the last decade).
+* K is the member's own K (``own_steps``: train.steps, or steps_per_example * n).
 * margin_loss_product = ntk_margin^2 * eta * K * L(theta_K): the theory's training rate
   L ~ 1/(gamma^2 eta K) makes it of order one and flat in K.
 """
@@ -65,7 +66,6 @@ def _ratio(margin, radius) -> float:
 def extra_results(experiment, sweep, states) -> dict:
     """{member index: fields} for every member of the sweep (see the module docstring)."""
     a = experiment.config.analysis
-    total = int(experiment.config.train.steps)
     solver = dict(num_iters=int(a.margin_iters), tol=float(a.margin_tol))
     out, linear = {}, {}
     for name, idx, recipe in sweep.programs:
@@ -74,6 +74,7 @@ def extra_results(experiment, sweep, states) -> dict:
         for j, i in enumerate(idx):
             member = experiment.members[i]
             n, seed, eta = member["num_train"], member["seed"], float(member["step_size"])
+            total = experiment.member_info(member)["own_steps"]
             X, y = experiment.train_data(seed)
             margin, gap, info = ntk.simplex_margin(grams[j][:n, :n], y[:n], return_info=True, **solver)
             if (seed, n) not in linear:
@@ -96,8 +97,9 @@ def extra_results(experiment, sweep, states) -> dict:
             }
             curve = sweep.loss_curves.get(i)
             if curve is not None:
-                steps = list(curve["steps"]) + [total]
-                values = [v if math.isfinite(v) else None for v in list(curve["values"]) + [float(final[j])]]
+                kept = [(k, v) for k, v in zip(curve["steps"], curve["values"]) if k < total]  # frozen after K
+                steps = [k for k, _ in kept] + [total]
+                values = [v if math.isfinite(v) else None for v in [v for _, v in kept] + [float(final[j])]]
                 record["loss_curve"] = {"steps": steps, "values": values}
                 finite = [(k, v) for k, v in zip(steps, values) if v is not None]
                 record["loss_slope"] = loss_slope([k for k, _ in finite], [v for _, v in finite], total)

@@ -7,6 +7,10 @@ What each figure measures:
     from ``loss_curve``; without it, TensorBoard chunk means plotted at the chunk centre.
   * test_loss_vs_n.png: test loss at theta_K (mean, min-max over seeds) against n, a line per H,
     with the least-squares slope per H and the curve c/(gamma^2 n) (gamma = mean NTK margin).
+  * path.png (when evaluated at several k): along the GD path, ||theta_k - theta_0|| against
+    log(k)/gamma (the theory's radius), sqrt(H) lambda_min(Hessian)/L and eta lambda_max (the
+    stability edge 2 drawn), mean over seeds per H, for the first (n, eta) of the sweep.
+  * test_loss_vs_n.png also has the generalization gap (test loss - train loss at theta_K).
   * ntk_margin_vs_H.png: NTK margin at theta_0, mean +- std over seeds against H (left), and
     margins divided by the feature radius against the linear baselines (right).
 The init scheme is written in every title: numbers under "zero_plus_step" (identical heads)
@@ -140,7 +144,8 @@ def write_figures_and_summary(workdir: str, records: list[dict], chunk_steps: in
     written.append(path)
     for filename, draw in (("loss_vs_K.png", lambda fig: _plot_loss_vs_K(fig, workdir, records, chunk_steps, init)),
                            ("test_loss_vs_n.png", lambda fig: _plot_test_loss_vs_n(fig, records, init)),
-                           ("ntk_margin_vs_H.png", lambda fig: _plot_margin_vs_H(fig, records, init))):
+                           ("ntk_margin_vs_H.png", lambda fig: _plot_margin_vs_H(fig, records, init)),
+                           ("path.png", lambda fig: _plot_path(fig, workdir, records, init))):
         try:
             from matplotlib.figure import Figure  # slow import: only when drawing
 
@@ -203,34 +208,52 @@ def _plot_loss_vs_K(fig, workdir, records, chunk_steps, init):
 
 
 def _plot_test_loss_vs_n(fig, records, init):
+    records = [dict(r, generalization_gap=_gap(r)) for r in records]
     panels = group_by(records, ("step_size",))
+    axes = fig.subplots(1, 2 * len(panels), squeeze=False)[0]
+    for j, ((eta,), group) in enumerate(panels.items()):
+        _draw_vs_n(axes[2 * j], group, "test_loss", f"test loss at theta_K, eta={eta:g}, init={init}", records)
+        _draw_vs_n(axes[2 * j + 1], group, "generalization_gap", f"test - train loss at theta_K, eta={eta:g}", records)
+
+
+def _gap(record):
+    test, train = record.get("test_loss"), record.get("train_loss_eval")
+    return test - train if isinstance(test, float) and isinstance(train, float) else None
+
+
+def _draw_vs_n(ax, group, field, title, records):
+    """``field`` at theta_K (mean, min-max over seeds) against n, a line per H with its fitted
+    slope; the largest H also gets c/(gamma^2 n) with gamma its mean NTK margin per n."""
     colors = _colors(r["heads"] for r in records)
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
     heads = sorted(colors)
-    for ax, ((eta,), group) in zip(axes, panels.items()):
-        for (h,), members in group_by(group, ("heads",)).items():
-            nudge = 1.0 + 0.015 * (heads.index(h) - (len(heads) - 1) / 2)  # keep error bars apart
-            by_n = group_by(members, ("num_train",))
-            ns = np.array([k[0] for k in by_n], dtype=float)
-            vals = [_values(v, "test_loss") for v in by_n.values()]
-            mean = np.array([v.mean() if v.size else np.nan for v in vals])
-            lo = np.array([v.min() if v.size else np.nan for v in vals])
-            hi = np.array([v.max() if v.size else np.nan for v in vals])
-            label = f"H={h}"
-            ok = np.isfinite(mean) & (mean > 0)
-            if ok.sum() >= 2:
-                label += f" (slope {np.polyfit(np.log(ns[ok]), np.log(mean[ok]), 1)[0]:.2f})"
-            ax.errorbar(ns * nudge, mean, yerr=[mean - lo, hi - mean], color=colors[h], marker="o", capsize=2, label=label)
-            gamma = np.array([_mean(v, "ntk_margin") for v in by_n.values()])
-            if h == heads[-1] and np.all(gamma > 0) and ok.any():
-                ref = 1.0 / (gamma**2 * ns)
-                ax.plot(ns, ref * mean[ok][0] / ref[ok][0], "k--", lw=1, label="1/(gamma^2 n), scaled")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_title(f"test loss at theta_K, eta={eta:g}, init={init}", fontsize=9)
-        ax.set_xlabel("training set size n")
-        ax.set_ylabel("test loss (mean, min-max over seeds)")
-        ax.legend(fontsize=7)
+    for (h,), members in group_by(group, ("heads",)).items():
+        nudge = 1.0 + 0.015 * (heads.index(h) - (len(heads) - 1) / 2)  # keep error bars apart
+        by_n = group_by(members, ("num_train",))
+        ns = np.array([k[0] for k in by_n], dtype=float)
+        vals = [_values(v, field) for v in by_n.values()]
+        mean = np.array([v.mean() if v.size else np.nan for v in vals])
+        lo = np.array([v.min() if v.size else np.nan for v in vals])
+        hi = np.array([v.max() if v.size else np.nan for v in vals])
+        label = f"H={h}"
+        ok = np.isfinite(mean) & (mean > 0)
+        if ok.sum() >= 2:
+            label += f" (slope {fitted_slope(ns[ok], mean[ok]):.2f})"
+        ax.errorbar(ns * nudge, mean, yerr=[mean - lo, hi - mean], color=colors[h], marker="o", capsize=2, label=label)
+        gamma = np.array([_mean(v, "ntk_margin") for v in by_n.values()])
+        if h == heads[-1] and np.all(gamma > 0) and ok.any():
+            ref = 1.0 / (gamma**2 * ns)
+            ax.plot(ns, ref * mean[ok][0] / ref[ok][0], "k--", lw=1, label="1/(gamma^2 n), scaled to the first point")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("training set size n")
+    ax.set_ylabel(f"{field} (mean, min-max over seeds)")
+    ax.legend(fontsize=7)
+
+
+def fitted_slope(x, y) -> float:
+    """Least-squares slope of log y against log x."""
+    return float(np.polyfit(np.log(x), np.log(y), 1)[0])
 
 
 def _plot_margin_vs_H(fig, records, init):
@@ -257,3 +280,39 @@ def _plot_margin_vs_H(fig, records, init):
     left.set_title(f"NTK margin vs H, init={init} (<= 0: not separable)", fontsize=9)
     right.set_ylabel("margin / max feature norm")
     right.set_title("scale-free margins: NTK vs linear on raw inputs", fontsize=9)
+
+
+PATH_TAGS = ("eval/distance_from_init", "eval/min_hessian_eig_over_loss_sqrtH", "eval/step_times_hessian_max")
+
+
+def _plot_path(fig, workdir, records, init):
+    (n, eta), group = next(iter(group_by(records, ("num_train", "step_size")).items()))
+    curves = read_curves(workdir, [r["name"] for r in group], list(PATH_TAGS))
+    if all(len(curves[r["name"]].get(PATH_TAGS[0], ((),))[0]) < 3 for r in group):
+        raise ValueError("fewer than 3 evaluations along the path (set train.eval_points)")
+    colors = _colors(r["heads"] for r in records)
+    axes = fig.subplots(1, 3)
+    for (h,), members in group_by(group, ("heads",)).items():
+        found = [curves[r["name"]] for r in members if all(t in curves[r["name"]] for t in PATH_TAGS)]
+        if not found:
+            continue
+        length = min(c[PATH_TAGS[0]][0].size for c in found)
+        steps = found[0][PATH_TAGS[0]][0][:length].astype(float)
+        mean = {t: np.mean([c[t][1][:length] for c in found], axis=0) for t in PATH_TAGS}
+        gamma = _mean(members, "ntk_margin")
+        keep = steps > 0
+        if gamma > 0:
+            axes[0].plot(np.log(steps[keep]) / gamma, mean[PATH_TAGS[0]][keep], marker=".", color=colors[h], label=f"H={h}")
+        axes[1].plot(np.maximum(steps, 0.5), mean[PATH_TAGS[1]], marker=".", color=colors[h], label=f"H={h}")
+        axes[2].plot(np.maximum(steps, 0.5), mean[PATH_TAGS[2]], marker=".", color=colors[h], label=f"H={h}")
+    axes[2].axhline(2.0, color="k", ls="--", lw=1, label="stability edge 2")
+    axes[0].set_xlabel("log(k) / gamma (gamma: NTK margin at theta_0)")
+    axes[0].set_ylabel("||theta_k - theta_0||")
+    axes[0].set_title(f"distance from theta_0, n={n}, eta={eta:g}, init={init}", fontsize=9)
+    for ax, label in ((axes[1], "sqrt(H) lambda_min / L"), (axes[2], "eta lambda_max")):
+        ax.set_xscale("log")
+        ax.set_xlabel("GD step k (k=0 drawn at 0.5)")
+        ax.set_ylabel(label)
+        ax.set_title(label + " along the path (mean over seeds)", fontsize=9)
+    for ax in axes:
+        ax.legend(fontsize=7)

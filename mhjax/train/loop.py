@@ -169,6 +169,9 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
     # A resumed run records only the steps after its checkpoint.
     wanted = np.array(sorted(set(experiment.loss_steps())) if hasattr(experiment, "loss_steps") else [], dtype=np.int64)
     started, trained = time.perf_counter(), 0
+    evals = sorted(set(experiment.eval_steps())) if hasattr(experiment, "eval_steps") else []
+    if 0 in evals and step == 0:
+        _log_eval(writers, members, sweep.evaluate(states), 0)
     bar = tqdm(total=total, initial=step, unit="step", disable=not (progress and primary), dynamic_ncols=True, file=sys.stderr)
     try:
         with _StopFlag() as stop:
@@ -194,7 +197,8 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
                 trained += n
                 bar.set_postfix_str(f"{rate:,.0f} member-steps/s")
                 bar.update(n)
-                if _crossed(previous, step, config.train.eval_every) or step == total:
+                wanted_eval = any(previous < k <= step for k in evals)
+                if _crossed(previous, step, config.train.eval_every) or step == total or wanted_eval:
                     evaluation = sweep.evaluate(states)
                     _log_eval(writers, members, evaluation, step)
                 due = _crossed(previous, step, config.train.checkpoint_every) or step == total
