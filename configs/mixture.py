@@ -58,5 +58,7 @@ def get_config():
     config.train.chunk_steps = 10  # train/loss is logged per chunk: also the loss curve's resolution
     config.train.eval_every = 75  # test loss, ||grad L||/L and the Hessian ratio along training
     config.train.checkpoint_every = 150
+    config.train.eval_points = 0  # evaluations at log-spaced k (and k = 0) besides every eval_every steps
+    config.train.steps_per_example = 0.0  # > 0: a member's own K = this * n (then step size 0 up to train.steps)
     config.train.loss_points = 30  # exact L(theta_k) at ~30 log-spaced k (results field loss_curve)
     return config

@@ -130,9 +130,12 @@ def validate(config) -> None:
         cfg.require_positive(config, field, int)
     if config.train.steps > 2**31 - 1:  # the per-member step counter is int32
         raise cfg.ConfigError(f"config.train.steps: must be at most {2**31 - 1}, got {config.train.steps}")
-    for field in ("train.eval_every", "train.checkpoint_every", "train.loss_points", "train.eval_points"):
+    for field in ("train.eval_every", "train.checkpoint_every"):
         cfg.require_nonneg_int(config, field)
-    per_example = cfg._get(config, "train.steps_per_example")
+    for field in ("loss_points", "eval_points"):  # optional: absent = 0
+        if field in config.train:
+            cfg.require_nonneg_int(config, f"train.{field}")
+    per_example = config.train.get("steps_per_example")
     if per_example is not None:
         if not (_is_number(per_example) and per_example >= 0 and math.isfinite(per_example)):
             raise cfg.ConfigError(f"config.train.steps_per_example: must be a number >= 0 (0 = off); got {per_example!r}")
