@@ -3,6 +3,7 @@ with rescaled step sizes (checked against a hand-written one-head GD), the defau
 random_decoders gives heads that differ and stay different, and a member's numbers do not
 depend on the sweep around it."""
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -138,3 +139,72 @@ def test_bad_init_and_train_fields(field, value, needle):
     with pytest.raises(ConfigError) as info:
         make_experiment(config)
     assert str(info.value).startswith(needle) and "\n" not in str(info.value), str(info.value)
+
+
+def test_run_records_rates_spread_and_path(tmp_path):
+    """Default theta_0 through the host loop: head_spread > 0 for H >= 2 (0 for H = 1), the exact
+    loss curve at the log-spaced steps equals the program's per-step losses, loss_slope is its
+    last-decade fit, margin_loss_product = gamma^2 eta K L(theta_K), and evaluations at k = 0."""
+    from mhjax.io.curves import read_curves
+    from mhjax.train.loop import run
+
+    config = tiny_mixture_config(heads=(1, 3), num_train=(16,))
+    config.init.scheme = "random_decoders"
+    config.train.eval_points = 4
+    payload = run(make_experiment(config), str(tmp_path), progress=False, log=lambda m: None)
+    _, _, _, _, losses = trained(config)
+    for j, m in enumerate(payload["members"]):
+        assert (m["head_spread"] > 0.1) if m["heads"] >= 2 else m["head_spread"] == 0.0, m["name"]
+        steps, values = m["loss_curve"]["steps"], m["loss_curve"]["values"]
+        assert steps[0] == 0 and steps[-1] == K and len(steps) >= 6
+        np.testing.assert_allclose(values[:-1], losses[steps[:-1], j], rtol=1e-6)
+        assert values[-1] == pytest.approx(m["train_loss_eval"], rel=1e-5)
+        assert m["loss_slope"] == pytest.approx(loss_slope(steps, values, K), rel=1e-9) and m["loss_slope"] < 0
+        product = m["ntk_margin"] ** 2 * m["step_size"] * K * values[-1]
+        assert m["margin_loss_product"] == pytest.approx(product, rel=1e-5)
+        curve = read_curves(str(tmp_path), [m["name"]], ["eval/distance_from_init"])[m["name"]]["eval/distance_from_init"]
+        assert curve[0][0] == 0 and curve[1][0] == 0.0 and curve[1][-1] == pytest.approx(m["param_distance"], rel=1e-4)
+    assert os.path.getsize(os.path.join(str(tmp_path), "path.png")) > 0
+
+
+def test_own_steps_freeze_a_member_at_its_k():
+    """steps_per_example = 0.5: the n=8 member takes 4 steps and then stands still, equal to the
+    same member trained for 4 steps alone; a product above train.steps is a config error."""
+    config = tiny_mixture_config(heads=(2,), num_train=(8, 16))
+    config.train.steps_per_example = 0.5
+    experiment, _, _, final, _ = trained(config, steps=12)
+    config.train.steps_per_example = 0.0
+    config.sweep.num_train = (8,)
+    _, _, _, alone, _ = trained(config, steps=4)
+    for key in ("W", "U"):
+        np.testing.assert_allclose(np.asarray(final[next(m.name for m in experiment.members if m["num_train"] == 8)].params[key]), np.asarray(next(iter(alone.values())).params[key]),
+                                   rtol=1e-6, atol=1e-7)
+    config.train.steps_per_example = 3.0
+    with pytest.raises(ConfigError, match=r"^config\.train\.steps_per_example: .* exceeds train\.steps"):
+        make_experiment(config)
+
+
+def test_lanczos_64_steps_match_the_dense_hessian():
+    """The recipe's hessian_min / hessian_max (64 Lanczos steps on the padded parameters) equal
+    the extreme eigenvalues of jax.hessian of the member's loss on the raveled parameters."""
+    from jax.flatten_util import ravel_pytree
+
+    config = tiny_mixture_config(heads=(2,), num_train=(8,))
+    config.init.scheme = "random_decoders"
+    config.data.dim, config.data.seq_len = 6, 2
+    config.data.relevant_fraction = 0.5
+    config.analysis.lanczos_iters = 64
+    experiment = make_experiment(config)
+    recipe = experiment.programs("auto", "cpu")[0].recipe
+    consts = jax.tree_util.tree_map(jnp.asarray, experiment.member_constants(experiment.members[0]))
+    params = recipe.init_params(consts)
+    params = jax.tree_util.tree_map(lambda p: p + 0.3 * jax.random.normal(jax.random.PRNGKey(5), p.shape), params)
+    flat, unravel = ravel_pytree(params)
+    assert flat.size == 2 * (36 + 12)  # 96 parameters: 64 Lanczos steps span most of the space
+    dense = np.asarray(jax.hessian(lambda z: recipe.train_loss(unravel(z), consts))(flat), np.float64)
+    eigs = np.linalg.eigvalsh((dense + dense.T) / 2)
+    out = jax.jit(recipe.evaluate)(params, consts)
+    scale = np.abs(eigs).max()
+    assert float(out["hessian_max"]) == pytest.approx(eigs[-1], abs=1e-3 * scale)
+    assert float(out["hessian_min"]) == pytest.approx(eigs[0], abs=1e-3 * scale)
+    assert float(out["step_times_hessian_max"]) == pytest.approx(float(consts["step_size"]) * float(out["hessian_max"]))

@@ -279,6 +279,8 @@ def _log_chunk(writers, members, idx, metrics, status, step, reported, log):
 def _record_losses(curves, idx, losses, start, wanted):
     """Append L(theta_k) for the wanted k in [start, start + chunk): the scan's row t holds the
     loss of the step's input, theta_{start+t}."""
+    if not wanted.size:
+        return
     inside = wanted[(wanted >= start) & (wanted < start + losses.shape[0])]
     for j, i in enumerate(idx):
         curve = curves.setdefault(i, {"steps": [], "values": []})
