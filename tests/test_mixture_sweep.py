@@ -68,6 +68,7 @@ def test_results_have_the_mixture_fields_and_figures(swept):
             assert isinstance(m[key], float) and math.isfinite(m[key]), (m["name"], key)
         assert m["params"] == m["heads"] * (6 * 6 + 4 * 6)  # active heads only
         assert 0.0 <= m["test_accuracy"] <= 1.0 and m["param_distance"] > 0
+        assert m["head_spread"] == 0.0  # zero_plus_step: every head the same, at theta_0 and theta_K
     for name in ("loss_vs_K.png", "test_loss_vs_n.png", "ntk_margin_vs_H.png", "mixture_summary.md"):
         assert os.path.getsize(os.path.join(workdir, name)) > 0, name
     with open(os.path.join(workdir, "mixture_summary.md")) as f:
