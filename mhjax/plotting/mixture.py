@@ -73,10 +73,11 @@ SUMMARY_COLUMNS = (
 
 
 def rate_rows(records) -> list[tuple]:
-    """(n, eta, H, seeds, slope 'mean ± std', product 'mean ± std') per (n, eta, H)."""
+    """(n, eta, H, seeds, slope, product, L(theta_K), eta lambda_max), each 'mean ± std', per (n, eta, H)."""
     rows = []
     for (n, eta, h), group in group_by(records, ("num_train", "step_size", "heads")).items():
-        rows.append((n, eta, h, len(group), _mean_std(group, "loss_slope"), _mean_std(group, "margin_loss_product")))
+        rows.append((n, eta, h, len(group), _mean_std(group, "loss_slope"), _mean_std(group, "margin_loss_product"),
+                     _mean_std(group, "train_loss_eval"), _mean_std(group, "step_times_hessian_max")))
     return rows
 
 
@@ -118,10 +119,13 @@ def summary_markdown(records: list[dict], init: str = "?") -> str:
         lines += ["", "## Training rate", "",
                   "slope: least-squares slope of log L(theta_k) against log k over k in [K/10, K] (theory: -1).",
                   "product: ntk_margin^2 * eta * K * L(theta_K) (theory: of order one and flat in K once H is past",
-                  "a threshold). Mean ± std over seeds.", "",
-                  "| n | eta | H | seeds | loss slope | margin^2 eta K L |", "|---|---|---|---|---|---|"]
-        for n, eta, h, count, slope, product in rate_rows(records):
-            lines.append(f"| {n} | {_fmt(eta)} | {h} | {count} | {slope} | {product} |")
+                  "a threshold). Mean ± std over seeds. Where L(theta_K) is below ~1e-6 the GD updates are at",
+                  "float32 rounding level (a step changes the parameters by ~eta L |features|), so a flat tail",
+                  "there is a precision floor, not a rate. eta lambda_max at theta_K (> 2: above GD's stability edge).",
+                  "", "| n | eta | H | seeds | loss slope | margin^2 eta K L | L(theta_K) | eta lambda_max |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for n, eta, h, count, slope, product, loss, sharp in rate_rows(records):
+            lines.append(f"| {n} | {_fmt(eta)} | {h} | {count} | {slope} | {product} | {loss} | {sharp} |")
         lines += [""]
         for (n, eta), h in flat_threshold(records).items():
             found = f"H >= {h}" if h is not None else "no H in the sweep"
