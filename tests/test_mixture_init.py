@@ -162,7 +162,8 @@ def test_run_records_rates_spread_and_path(tmp_path):
         assert m["loss_slope"] == pytest.approx(loss_slope(steps, values, K), rel=1e-9) and m["loss_slope"] < 0
         product = m["ntk_margin"] ** 2 * m["step_size"] * K * values[-1]
         assert m["margin_loss_product"] == pytest.approx(product, rel=1e-5)
-        curve = read_curves(str(tmp_path), [m["name"]], ["eval/distance_from_init"])[m["name"]]["eval/distance_from_init"]
+        tag = "eval/distance_from_init"
+        curve = read_curves(str(tmp_path), [m["name"]], [tag])[m["name"]][tag]
         assert curve[0][0] == 0 and curve[1][0] == 0.0 and curve[1][-1] == pytest.approx(m["param_distance"], rel=1e-4)
     assert os.path.getsize(os.path.join(str(tmp_path), "path.png")) > 0
 
@@ -176,9 +177,10 @@ def test_own_steps_freeze_a_member_at_its_k():
     config.train.steps_per_example = 0.0
     config.sweep.num_train = (8,)
     _, _, _, alone, _ = trained(config, steps=4)
+    small = next(m.name for m in experiment.members if m["num_train"] == 8)
     for key in ("W", "U"):
-        np.testing.assert_allclose(np.asarray(final[next(m.name for m in experiment.members if m["num_train"] == 8)].params[key]), np.asarray(next(iter(alone.values())).params[key]),
-                                   rtol=1e-6, atol=1e-7)
+        expected = np.asarray(next(iter(alone.values())).params[key])
+        np.testing.assert_allclose(np.asarray(final[small].params[key]), expected, rtol=1e-6, atol=1e-7)
     config.train.steps_per_example = 3.0
     with pytest.raises(ConfigError, match=r"^config\.train\.steps_per_example: .* exceeds train\.steps"):
         make_experiment(config)

@@ -74,7 +74,8 @@ FIELDS = {
              "signal_norm", "noise_std", "num_test"},
     "model": {"query"},
     "init": {"scheme", "first_step", "tau"},
-    "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every", "loss_points", "eval_points", "steps_per_example"},
+    "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every", "loss_points", "eval_points",
+              "steps_per_example"},
     "analysis": {"lanczos_iters", "margin_iters", "margin_tol"},
 }
 
@@ -114,7 +115,8 @@ def validate(config) -> None:
     sizes = cfg.require_nonempty_tuple(config, "sweep.num_train")
     _require_each(sizes, "sweep.num_train", lambda n: _is_int(n) and n >= 1, "an integer >= 1")
     steps = cfg.require_nonempty_tuple(config, "sweep.step_size")
-    _require_each(steps, "sweep.step_size", lambda e: _is_number(e) and e > 0 and math.isfinite(e), "a positive finite number")
+    _require_each(steps, "sweep.step_size", lambda e: _is_number(e) and e > 0 and math.isfinite(e),
+                  "a positive finite number")
     try:  # the data fields have one validator, next to the sampler
         validate_mixture_config(config.data)
     except MixtureConfigError as exc:
@@ -138,7 +140,8 @@ def validate(config) -> None:
     per_example = config.train.get("steps_per_example")
     if per_example is not None:
         if not (_is_number(per_example) and per_example >= 0 and math.isfinite(per_example)):
-            raise cfg.ConfigError(f"config.train.steps_per_example: must be a number >= 0 (0 = off); got {per_example!r}")
+            raise cfg.ConfigError(
+                f"config.train.steps_per_example: must be a number >= 0 (0 = off); got {per_example!r}")
         need = max(1, round(per_example * max(sizes)))
         if per_example > 0 and need > config.train.steps:
             raise cfg.ConfigError(f"config.train.steps_per_example: {per_example} * max n = {need} steps exceeds "
@@ -195,8 +198,9 @@ class MixtureRecipe:
     # -- engine protocol --------------------------------------------------
     def init_params(self, consts):
         base = "zero" if self.scheme == "zero_plus_step" else self.scheme
-        params = classifier.init_params(jax.random.fold_in(consts["key"], 0), self.shape, self.max_heads, base, self.tau,
-                                        query=self.query, head_mask=consts["head_mask"])
+        key = jax.random.fold_in(consts["key"], 0)
+        params = classifier.init_params(key, self.shape, self.max_heads, base, self.tau, query=self.query,
+                                        head_mask=consts["head_mask"])
         if self.takes_step:
             params, _ = classifier.gd_step(params, consts["X"], consts["y"], consts["first_step"], consts["head_mask"],
                                            consts["heads"], self.query, consts["weights"])
@@ -291,7 +295,8 @@ class MixtureExperiment(Experiment):
 
     def programs(self, strategy: str, backend: str):
         """One program for every member (head counts padded to H_max, training sets to n_max)."""
-        return [Program("all", list(range(len(self.members))), MixtureRecipe(self.config, self.max_heads, self.max_train))]
+        recipe = MixtureRecipe(self.config, self.max_heads, self.max_train)
+        return [Program("all", list(range(len(self.members))), recipe)]
 
     def member_info(self, member: Member) -> dict:
         d, t, h = self.config.data.dim, self.config.data.seq_len, member["heads"]
@@ -312,7 +317,8 @@ class MixtureExperiment(Experiment):
 
     def metric_tags(self) -> list[str]:
         return [f"eval/{k}" for k in ("test_loss", "test_accuracy", "train_accuracy", "grad_norm_over_loss",
-                                      "min_hessian_eig_over_loss_sqrtH", "step_times_hessian_max", "distance_from_init")]
+                                      "min_hessian_eig_over_loss_sqrtH", "step_times_hessian_max",
+                                      "distance_from_init")]
 
     def finalize(self, workdir: str, payload: dict) -> None:
         """Figures (PNG) and mixture_summary.md in the workdir."""

@@ -29,7 +29,8 @@ def head_spread(params, head_mask):
 
     params: {'W': (Hmax, d, d), 'U': (Hmax, ...)}; head_mask: (Hmax,) 0/1. Returns 0 for one
     active head (no pairs)."""
-    V = jnp.concatenate([params["W"].reshape(params["W"].shape[0], -1), params["U"].reshape(params["U"].shape[0], -1)], 1)
+    heads = params["W"].shape[0]
+    V = jnp.concatenate([params["W"].reshape(heads, -1), params["U"].reshape(heads, -1)], 1)
     m = head_mask.astype(V.dtype)
     # Direct differences, not |a|^2 + |b|^2 - 2<a, b>: identical heads must give exactly 0.
     dist = jnp.linalg.norm(V[:, None, :] - V[None, :, :], axis=-1)
@@ -69,7 +70,8 @@ def extra_results(experiment, sweep, states) -> dict:
     solver = dict(num_iters=int(a.margin_iters), tol=float(a.margin_tol))
     out, linear = {}, {}
     for name, idx, recipe in sweep.programs:
-        fn = jax.jit(lambda params, consts, recipe=recipe: jax.lax.map(lambda pc: _member_pieces(recipe, *pc), (params, consts)))
+        fn = jax.jit(lambda params, consts, recipe=recipe: jax.lax.map(lambda pc: _member_pieces(recipe, *pc),
+                                                                       (params, consts)))
         grams, distances, spreads, final = jax.device_get(fn(states[name].params, sweep.consts[name]))
         for j, i in enumerate(idx):
             member = experiment.members[i]

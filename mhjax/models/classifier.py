@@ -56,7 +56,8 @@ def init_params(key: jax.Array, cfg: Any, max_heads: int, scheme: str = "random_
     W = jnp.zeros((max_heads, d, d), jnp.float32)
     U = jnp.zeros((max_heads,) + u_head, jnp.float32)
     heads = jnp.arange(max_heads)
-    draw = lambda h, shape, i: tau * jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, h), i), shape, jnp.float32)
+    # Head h, part i (0: W, 1: U): its own key, whatever max_heads is.
+    draw = lambda h, shape, i: tau * jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, h), i), shape)
     if scheme == "random":
         W = jax.vmap(lambda h: draw(h, (d, d), 0))(heads)
         U = jax.vmap(lambda h: draw(h, u_head, 1))(heads)

@@ -130,14 +130,16 @@ def summary_markdown(records: list[dict], init: str = "?") -> str:
         for (n, eta), h in flat_threshold(records).items():
             found = f"H >= {h}" if h is not None else "no H in the sweep"
             lines.append(f"- n={n}, eta={_fmt(eta)}: slope within 0.2 of -1 for {found}.")
-    unstable = sorted({(r.get("step_size"), r.get("heads")) for r in records if (r.get("step_times_hessian_max") or 0) > 2})
+    unstable = sorted({(r.get("step_size"), r.get("heads")) for r in records
+                       if (r.get("step_times_hessian_max") or 0) > 2})
     if unstable:
         lines += ["", "Above the stability edge (eta lambda_max(theta_K) > 2): "
                   + ", ".join(f"eta={_fmt(e)} H={h}" for e, h in unstable) + "."]
     return "\n".join(lines) + "\n"
 
 
-def write_figures_and_summary(workdir: str, records: list[dict], chunk_steps: int = 1, log=None, init: str = "?") -> list[str]:
+def write_figures_and_summary(workdir: str, records: list[dict], chunk_steps: int = 1, log=None,
+                              init: str = "?") -> list[str]:
     """loss_vs_K.png, test_loss_vs_n.png, ntk_margin_vs_H.png and mixture_summary.md; returns
     the paths written. A figure that fails is skipped with a message (results are already saved)."""
     log = log or (lambda m: print(m, file=sys.stderr))
@@ -273,7 +275,8 @@ def _plot_margin_vs_H(fig, records, init):
         line = left.errorbar(hs, mean, yerr=std, marker="o", capsize=3, label=label)
         color = line[0].get_color()
         right.plot(hs, normed, marker="o", color=color, label=f"NTK, {label}")
-        right.axhline(_mean(group, "linear_margin_normalized"), ls="--", color=color, lw=1, label=f"linear (flat), n={n}")
+        right.axhline(_mean(group, "linear_margin_normalized"), ls="--", color=color, lw=1,
+                      label=f"linear (flat), n={n}")
         right.axhline(_mean(group, "linear_margin_mean_normalized"), ls=":", color=color, lw=1,
                       label=f"linear (mean token), n={n}")
     for ax in (left, right):
@@ -306,7 +309,8 @@ def _plot_path(fig, workdir, records, init):
         gamma = _mean(members, "ntk_margin")
         keep = steps > 0
         if gamma > 0:
-            axes[0].plot(np.log(steps[keep]) / gamma, mean[PATH_TAGS[0]][keep], marker=".", color=colors[h], label=f"H={h}")
+            axes[0].plot(np.log(steps[keep]) / gamma, mean[PATH_TAGS[0]][keep], marker=".", color=colors[h],
+                         label=f"H={h}")
         axes[1].plot(np.maximum(steps, 0.5), mean[PATH_TAGS[1]], marker=".", color=colors[h], label=f"H={h}")
         axes[2].plot(np.maximum(steps, 0.5), mean[PATH_TAGS[2]], marker=".", color=colors[h], label=f"H={h}")
     axes[2].axhline(2.0, color="k", ls="--", lw=1, label="stability edge 2")
