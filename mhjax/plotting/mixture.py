@@ -97,7 +97,22 @@ def flat_threshold(records, slope_tol: float = 0.2) -> dict:
     return out
 
 
-def summary_markdown(records: list[dict], init: str = "?") -> str:
+def edge_crossings(workdir: str, records: list[dict]) -> dict:
+    """{(eta, H): the last evaluated step k with eta lambda_max(theta_k) > 2 in any seed}, from
+    the members' eval/step_times_hessian_max curves (empty without evaluations)."""
+    tag = "eval/step_times_hessian_max"
+    curves = read_curves(workdir, [r["name"] for r in records], [tag])
+    out = {}
+    for r in records:
+        steps, values = curves[r["name"]].get(tag, (np.zeros(0), np.zeros(0)))
+        above = steps[values > 2]
+        if above.size:
+            key = (r.get("step_size"), r.get("heads"))
+            out[key] = max(out.get(key, 0), int(above.max()))
+    return dict(sorted(out.items()))
+
+
+def summary_markdown(records: list[dict], init: str = "?", crossings: dict | None = None) -> str:
     total = max((r.get("steps") or 0) for r in records) if records else 0
     lines = [
         "# Tokenized mixture: one-layer multi-head attention under GD",
@@ -135,6 +150,9 @@ def summary_markdown(records: list[dict], init: str = "?") -> str:
     if unstable:
         lines += ["", "Above the stability edge (eta lambda_max(theta_K) > 2): "
                   + ", ".join(f"eta={_fmt(e)} H={h}" for e, h in unstable) + "."]
+    if crossings:
+        lines += ["", "Above the stability edge along the path (eta lambda_max(theta_k) > 2 at an evaluated k; the",
+                  "last such k): " + ", ".join(f"eta={_fmt(e)} H={h} (k={k})" for (e, h), k in crossings.items()) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -146,7 +164,7 @@ def write_figures_and_summary(workdir: str, records: list[dict], chunk_steps: in
     written = []
     path = os.path.join(workdir, "mixture_summary.md")
     with open(path, "w") as f:
-        f.write(summary_markdown(records, init))
+        f.write(summary_markdown(records, init, edge_crossings(workdir, records)))
     written.append(path)
     for filename, draw in (("loss_vs_K.png", lambda fig: _plot_loss_vs_K(fig, workdir, records, chunk_steps, init)),
                            ("test_loss_vs_n.png", lambda fig: _plot_test_loss_vs_n(fig, records, init)),
