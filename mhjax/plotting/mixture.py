@@ -27,6 +27,10 @@ import numpy as np
 from mhjax.io.curves import read_curves
 
 
+class NothingToDraw(Exception):
+    """The records hold no data for this figure (it is left out without a message)."""
+
+
 def group_by(records, keys) -> dict:
     """{tuple of the records' values at ``keys``: records}, sorted by key (None last)."""
     out = {}
@@ -178,6 +182,8 @@ def write_figures_and_summary(workdir: str, records: list[dict], chunk_steps: in
             path = os.path.join(workdir, filename)
             fig.savefig(path, dpi=110)
             written.append(path)
+        except NothingToDraw:  # e.g. no evaluations along the path: not a failure
+            continue
         except Exception as exc:  # a figure must never cost a finished run
             log(f"mixture: {filename} skipped ({type(exc).__name__}: {exc})")
     return written
@@ -314,7 +320,7 @@ def _plot_path(fig, workdir, records, init):
     (n, eta), group = next(iter(group_by(records, ("num_train", "step_size")).items()))
     curves = read_curves(workdir, [r["name"] for r in group], list(PATH_TAGS))
     if all(len(curves[r["name"]].get(PATH_TAGS[0], ((),))[0]) < 3 for r in group):
-        raise ValueError("fewer than 3 evaluations along the path (set train.eval_points)")
+        raise NothingToDraw("fewer than 3 evaluations along the path (set train.eval_points)")
     colors = _colors(r["heads"] for r in records)
     axes = fig.subplots(1, 3)
     for (h,), members in group_by(group, ("heads",)).items():
