@@ -210,3 +210,18 @@ def test_lanczos_64_steps_match_the_dense_hessian():
     assert float(out["hessian_max"]) == pytest.approx(eigs[-1], abs=1e-3 * scale)
     assert float(out["hessian_min"]) == pytest.approx(eigs[0], abs=1e-3 * scale)
     assert float(out["step_times_hessian_max"]) == pytest.approx(float(consts["step_size"]) * float(out["hessian_max"]))
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("--config.init.tau=-1", "config.init.tau"),
+    ("--config.init.scheme=xavier", "config.init.scheme"),
+    ("--config.train.steps_per_example=10.0", "config.train.steps_per_example"),
+])
+def test_cli_rejects_bad_mixture_values_with_status_2(tmp_path, capsys, override, needle):
+    from mhjax import cli
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    config = os.path.join(root, "configs", "mixture.py")
+    code = cli.main(["train", "--config", config, "--workdir", str(tmp_path / "w"), "--no-progress", override])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"mhjax: error: {needle}:"), err
