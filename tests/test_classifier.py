@@ -1,4 +1,4 @@
-"""Tests for the padded, masked multi-head attention classifier (spec §1)."""
+"""Tests for the padded, masked multi-head attention classifier (arXiv 2310.12680)."""
 
 import math
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mhjax.models.classifier import (classifier_apply, gd_step, head_mask_for,
-                                     init_classifier, logistic_loss)
+                                     init_params, logistic_loss)
 
 
 class Cfg:
@@ -47,8 +47,7 @@ def data(n=6, seed=0):
 @pytest.mark.parametrize("active", [[0, 1, 2], [0, 3, 5], [4]])
 def test_padded_equals_plain_value_and_grad(query, active):
     hmax = 6
-    params = init_classifier(jax.random.PRNGKey(1), Cfg, hmax, 0.5,
-                             init="random", query=query)
+    params = init_params(jax.random.PRNGKey(1), Cfg, hmax, "random", 0.5, query=query)
     mask = jnp.zeros(hmax).at[jnp.array(active)].set(1.0)
     H = len(active)
     X, y = data()
@@ -78,8 +77,8 @@ def test_padded_equals_plain_value_and_grad(query, active):
 
 def test_shapes_and_variants():
     X, _ = data()
-    p_full = init_classifier(jax.random.PRNGKey(0), Cfg, 3, init="random")
-    p_first = init_classifier(jax.random.PRNGKey(0), Cfg, 3, init="random",
+    p_full = init_params(jax.random.PRNGKey(0), Cfg, 3, "random")
+    p_first = init_params(jax.random.PRNGKey(0), Cfg, 3, "random",
                               query="first")
     assert p_full["W"].shape == (3, 4, 4) and p_full["U"].shape == (3, 5, 4)
     assert p_first["W"].shape == (3, 4, 4) and p_first["U"].shape == (3, 4)
@@ -94,14 +93,14 @@ def test_shapes_and_variants():
     with pytest.raises(ValueError, match="query"):
         classifier_apply(p_first, X, mask, 2, "full")
     with pytest.raises(ValueError, match="init"):
-        init_classifier(None, Cfg, 3, init="xavier")
+        init_params(None, Cfg, 3, "xavier")
 
 
 @pytest.mark.parametrize("query", ["full", "first"])
 def test_one_over_sqrt_h_scaling(query):
     # H identical heads: Phi_H = H * phi_head / sqrt(H) = sqrt(H) * Phi_1.
     X, _ = data()
-    one = init_classifier(jax.random.PRNGKey(2), Cfg, 1, init="random",
+    one = init_params(jax.random.PRNGKey(2), Cfg, 1, "random",
                           query=query)
     hmax = 8
     tiled = jax.tree_util.tree_map(
@@ -117,7 +116,7 @@ def test_traced_num_heads_vmapped_members():
     # Members with different H share shapes: vmap over (mask, H) in one jit.
     hmax = 4
     X, y = data()
-    params = init_classifier(jax.random.PRNGKey(3), Cfg, hmax, init="random")
+    params = init_params(jax.random.PRNGKey(3), Cfg, hmax, "random")
     Hs = jnp.array([1, 2, 4])
     masks = jax.vmap(lambda h: head_mask_for(h, hmax))(Hs)
     losses = jax.jit(jax.vmap(logistic_loss, in_axes=(None, None, None, 0, 0)))(
@@ -132,7 +131,7 @@ def test_zero_init_and_one_gd_step():
     hmax, H = 4, 3
     X, y = data()
     mask = head_mask_for(H, hmax)
-    p0 = init_classifier(None, Cfg, hmax)
+    p0 = init_params(None, Cfg, hmax, "zero")
     assert float(logistic_loss(p0, X, y, mask, H)) == pytest.approx(math.log(2))
     p1, loss0 = gd_step(p0, X, y, 0.5, mask, H)
     assert float(loss0) == pytest.approx(math.log(2))

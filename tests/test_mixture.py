@@ -1,4 +1,4 @@
-"""Tests for the tokenized-mixture generator (spec §4)."""
+"""Tests for the tokenized-mixture generator (arXiv 2310.12680)."""
 
 import jax
 import jax.numpy as jnp

@@ -14,8 +14,8 @@ from mhjax.analysis.ntk import simplex_margin
 from mhjax.config import ConfigError, load_config_file
 from mhjax.data.mixture import default_mixture_config
 from mhjax.experiments import make_experiment
-from mhjax.experiments.mixture import read_loss_curve
 from mhjax.io.checkpoint import SweepCheckpointer
+from mhjax.io.curves import read_curves
 from mhjax.models.classifier import classifier_apply, gd_step
 from mhjax.train.loop import Sweep, run
 
@@ -38,9 +38,9 @@ def tiny_mixture_config(**sweep):
     config.data.dim, config.data.seq_len, config.data.relevant_fraction = 6, 4, 0.5
     config.data.num_test = 64
     config.model = ml_collections.ConfigDict(dict(query="full"))
-    config.init = ml_collections.ConfigDict(dict(scheme="zero_plus_step", first_step=None, scale=0.1))
+    config.init = ml_collections.ConfigDict(dict(scheme="zero_plus_step", first_step=None, tau=0.1))
     config.analysis = ml_collections.ConfigDict(dict(lanczos_iters=8, margin_iters=20000, margin_tol=1e-6))
-    config.train = ml_collections.ConfigDict(dict(steps=STEPS, chunk_steps=10, eval_every=10, checkpoint_every=STEPS))
+    config.train = ml_collections.ConfigDict(dict(steps=STEPS, chunk_steps=10, eval_every=10, checkpoint_every=STEPS, loss_points=8))
     return config
 
 
@@ -68,12 +68,13 @@ def test_results_have_the_mixture_fields_and_figures(swept):
             assert isinstance(m[key], float) and math.isfinite(m[key]), (m["name"], key)
         assert m["params"] == m["heads"] * (6 * 6 + 4 * 6)  # active heads only
         assert 0.0 <= m["test_accuracy"] <= 1.0 and m["param_distance"] > 0
+        assert m["head_spread"] == 0.0  # zero_plus_step: every head the same, at theta_0 and theta_K
     for name in ("loss_vs_K.png", "test_loss_vs_n.png", "ntk_margin_vs_H.png", "mixture_summary.md"):
         assert os.path.getsize(os.path.join(workdir, name)) > 0, name
     with open(os.path.join(workdir, "mixture_summary.md")) as f:
-        summary = f.read()
+        summary = f.read().split("## Training rate")[0]  # the main table; the rate table follows
     assert summary.count("\n| 8 | 1 | ") == 2 and summary.count("\n| 16 | 1 | ") == 2  # a row per (n, H)
-    steps, losses = read_loss_curve(workdir, "h2-n8-s0")
+    steps, losses = read_curves(workdir, ["h2-n8-s0"], ["train/loss"])["h2-n8-s0"]["train/loss"]
     assert list(steps) == [10, 20] and np.all(np.isfinite(losses)) and losses[1] < losses[0]
 
 
@@ -229,7 +230,7 @@ def test_first_token_query_variant_pads_like_the_plain_model():
     config.model.query = "first"
     experiment = make_experiment(config)
     member = next(m for m in experiment.members if m["heads"] == 2)
-    assert experiment.member_info(member) == {"params": 2 * (6 * 6 + 6)}
+    assert experiment.member_info(member)["params"] == 2 * (6 * 6 + 6)
     recipe = experiment.programs("auto", "cpu")[0].recipe
     theta0 = recipe.init_params(jax.tree_util.tree_map(jnp.asarray, experiment.member_constants(member)))
     X, y = (jnp.asarray(a[:8]) for a in experiment.train_data(0))

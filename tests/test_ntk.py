@@ -1,4 +1,4 @@
-"""Tests for NTK Gram, simplex margin, Lanczos and GD rate (spec §3)."""
+"""Tests for NTK Gram, simplex margin, Lanczos and GD rate (arXiv 2310.12680)."""
 
 import math
 
@@ -13,7 +13,7 @@ from mhjax.analysis.ntk import (grad_loss_ratio, hessian_extreme_eigs,
                                 linear_margin, ntk_gram, ntk_gram_bruteforce,
                                 simplex_margin)
 from mhjax.models.classifier import (classifier_apply, head_mask_for,
-                                     init_classifier, logistic_loss)
+                                     init_params, logistic_loss)
 
 
 class Cfg:
@@ -21,8 +21,7 @@ class Cfg:
 
 
 def tiny_model(query="full", hmax=3, H=2, seed=0):
-    params = init_classifier(jax.random.PRNGKey(seed), Cfg, hmax, 0.7,
-                             init="random", query=query)
+    params = init_params(jax.random.PRNGKey(seed), Cfg, hmax, "random", 0.7, query=query)
     mask = head_mask_for(H, hmax)
     apply_fn = lambda p, x: classifier_apply(p, x, mask, H)
     return params, apply_fn, mask
@@ -241,7 +240,7 @@ def test_gd_classifier_on_easy_mixture_rate():
     X, y = sample_mixture(jax.random.PRNGKey(0), cfg, 32)
     H, hmax = 2, 4
     mask = head_mask_for(H, hmax)
-    params = init_classifier(None, cfg, hmax)
+    params = init_params(None, cfg, hmax, "zero")
     loss_fn = lambda p: logistic_loss(p, X, y, mask, H)
 
     def step(p, _):

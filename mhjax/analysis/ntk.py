@@ -1,4 +1,4 @@
-"""NTK, margin and curvature diagnostics (spec §3), in jax.numpy.
+"""NTK, margin and curvature diagnostics of arXiv 2310.12680 (Deora et al.), in jax.numpy.
 
 * ``ntk_gram`` / ``ntk_gram_bruteforce``: empirical NTK Gram
   K_ij = <grad_theta f(x_i), grad_theta f(x_j)>.

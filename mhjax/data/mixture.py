@@ -1,4 +1,4 @@
-"""Tokenized-mixture data model (spec §4).
+"""Tokenized-mixture data model of arXiv 2310.12680 (Deora et al.).
 
 Cluster layout (orthogonal means = scaled standard basis vectors of R^d):
 
@@ -23,11 +23,14 @@ draws from the same distribution.
 from __future__ import annotations
 
 import functools
+import math
+import types
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 
 def default_mixture_config() -> ml_collections.ConfigDict:
@@ -62,33 +65,53 @@ def num_relevant_tokens(cfg: Any) -> int:
     return int(round(float(cfg.relevant_fraction) * int(cfg.seq_len)))
 
 
+class MixtureConfigError(ValueError):
+    """A bad data-config field: ``field`` names it, the message is one line "<field>: ..."."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
 def validate_mixture_config(cfg: Any) -> None:
-    """Raise ValueError (one line, naming the field) on an invalid config."""
+    """Raise MixtureConfigError (a ValueError, one line "<field>: ...") on the first bad field.
+
+    The one validator of the data fields: the sampler calls it, and the mixture experiment
+    turns its errors into ``config.data.<field>`` ConfigErrors."""
+    for field, low in (("dim", 1), ("seq_len", 1), ("num_relevant_per_label", 1), ("num_noise_clusters", 0)):
+        value = getattr(cfg, field)
+        if not _is_int(value) or value < low:
+            raise MixtureConfigError(field, f"must be an integer >= {low}; got {value!r}")
+    for field in ("relevant_fraction", "signal_norm", "noise_std"):
+        value = getattr(cfg, field)
+        if not _is_number(value) or not math.isfinite(value):
+            raise MixtureConfigError(field, f"must be a finite number; got {value!r}")
     d, t = int(cfg.dim), int(cfg.seq_len)
     r, m = int(cfg.num_relevant_per_label), int(cfg.num_noise_clusters)
-    if t < 1:
-        raise ValueError(f"seq_len must be >= 1, got {t}")
-    if r < 1:
-        raise ValueError(f"num_relevant_per_label must be >= 1, got {r}")
-    if m < 0:
-        raise ValueError(f"num_noise_clusters must be >= 0, got {m}")
     if d < 2 * r + m:
-        raise ValueError(
-            f"dim must be >= 2*num_relevant_per_label + num_noise_clusters"
-            f" = {2 * r + m} for orthogonal cluster means, got dim={d}")
+        raise MixtureConfigError("dim", f"must be >= 2*num_relevant_per_label + num_noise_clusters = {2 * r + m} "
+                                 f"(orthogonal cluster means); got {d}")
     if not 0.0 < float(cfg.relevant_fraction) <= 1.0:
-        raise ValueError(
-            f"relevant_fraction must be in (0, 1], got {cfg.relevant_fraction}")
+        raise MixtureConfigError("relevant_fraction", f"must be in (0, 1]; got {cfg.relevant_fraction}")
     k = num_relevant_tokens(cfg)
     if k < 1:
-        raise ValueError(
-            f"relevant_fraction * seq_len rounds to 0 relevant tokens"
-            f" ({cfg.relevant_fraction} * {t})")
+        raise MixtureConfigError("relevant_fraction", f"relevant_fraction * seq_len must round to >= 1 relevant token; "
+                                 f"got {cfg.relevant_fraction} * {t}")
     if k < t and m < 1:
-        raise ValueError(
-            "num_noise_clusters must be >= 1 when relevant_fraction < 1")
+        raise MixtureConfigError("num_noise_clusters", "must be >= 1 when some tokens are irrelevant "
+                                 "(relevant_fraction * seq_len < seq_len); got 0")
+    if float(cfg.signal_norm) < 0:
+        raise MixtureConfigError("signal_norm", f"must be >= 0; got {cfg.signal_norm}")
     if float(cfg.noise_std) < 0:
-        raise ValueError(f"noise_std must be >= 0, got {cfg.noise_std}")
+        raise MixtureConfigError("noise_std", f"must be >= 0; got {cfg.noise_std}")
 
 
 def sample_mixture(key: jax.Array, cfg: Any, n: int, *,
@@ -138,3 +161,41 @@ def _sample(key, *, n, d, t, r, m, k, signal_norm, noise_std):
     means = signal_norm * jax.nn.one_hot(idx, d, dtype=jnp.float32)
     x = means + noise_std * jax.random.normal(k_eps, (n, t, d), jnp.float32)
     return x, y.astype(jnp.float32), relevant
+
+
+# ---------------------------------------------------------------------- #
+# Example streams: example i of a key is drawn from fold_in(key, i)
+# ---------------------------------------------------------------------- #
+SAMPLE_BLOCK = 64  # examples per call of the host sampler (one compiled program for any count)
+DATA_FIELDS = ("dim", "seq_len", "num_relevant_per_label", "num_noise_clusters", "relevant_fraction", "signal_norm",
+               "noise_std")
+
+
+def sample_examples(key, data_config, count: int, start=0):
+    """Examples start..start+count-1 of the stream of ``key``: example i is drawn from
+    fold_in(key, i), so it does not depend on ``count`` (a smaller set is a prefix of a larger
+    one). Returns (X (count, T, d), y (count,))."""
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(start + jnp.arange(count, dtype=jnp.uint32))
+    X, y = jax.vmap(lambda k: sample_mixture(k, data_config, 1))(keys)
+    return X[:, 0], y[:, 0]
+
+
+@functools.partial(jax.jit, static_argnames="data")
+def _sample_block(key, start, data):
+    return sample_examples(key, types.SimpleNamespace(**dict(data)), SAMPLE_BLOCK, start)
+
+
+class HostSampler:
+    """``sample_examples`` on the host, compiled once per data config and process for a block of
+    SAMPLE_BLOCK examples and called block after block (the sampler's compile takes seconds on
+    CPU, so neither the count nor a new experiment object may trigger another)."""
+
+    def __init__(self, data_config):
+        self.data = tuple((field, data_config[field]) for field in DATA_FIELDS)
+
+    def __call__(self, key, count: int):
+        blocks = [jax.device_get(_sample_block(jnp.asarray(key), jnp.uint32(b * SAMPLE_BLOCK), self.data))
+                  for b in range(-(-count // SAMPLE_BLOCK))]
+        X = np.concatenate([b[0] for b in blocks])[:count]
+        y = np.concatenate([b[1] for b in blocks])[:count]
+        return X, y

@@ -49,6 +49,16 @@ class Experiment:
         """TensorBoard tags filled in later (e.g. by ``mhjax analyze``), listed as HParams metrics."""
         return []
 
+    def eval_steps(self) -> list[int]:
+        """Steps at which to evaluate besides every ``train.eval_every`` (0 = before training;
+        another k: at the end of the chunk that contains it)."""
+        return []
+
+    def loss_steps(self) -> list[int]:
+        """Steps k at which the trainer records the exact train loss L(theta_k) of every member
+        (results field ``loss_curve``; ``Sweep.loss_curves`` during ``extra_results``)."""
+        return []
+
     def images(self, member_states: dict, step: int) -> dict[str, dict[str, np.ndarray]]:
         """{member name: {tag: RGB uint8 image (H, W, 3)}} logged at the end of training;
         ``member_states`` maps member names to their own host MemberState."""

@@ -1,11 +1,11 @@
-"""Single-layer multi-head attention classifier Phi (spec §1), pure jax.numpy.
+"""Single-layer multi-head attention classifier Phi of arXiv 2310.12680 (Deora et al.), pure jax.numpy.
 
   full (default):  Phi(X) = 1/sqrt(H) * sum_h < U_h , softmax_rows(X W_h X^T) X >
                    W_h: (d, d), U_h: (T, d)
   first (variant): Phi(X) = 1/sqrt(H) * sum_h U_h^T X^T softmax(X W_h x_1)
                    W_h: (d, d), U_h: (d,)
 
-No MLP, norm, residual, positions or 1/sqrt(d) score scaling (as in the spec).
+No MLP, norm, residual, positions or 1/sqrt(d) score scaling (as in the paper's model).
 
 Sweeps over H in one program: parameters are padded to ``Hmax`` heads and a
 member's head count enters only through ``head_mask`` (Hmax,) of 0/1 and the
@@ -26,31 +26,59 @@ import jax
 import jax.numpy as jnp
 
 QUERIES = ("full", "first")
-INITS = ("zero", "random")
+# theta_0 before the optional first GD step (the trainer takes that step; see ``gd_step``).
+INIT_SCHEMES = ("random_decoders", "antisymmetric", "zero", "random")
 
 
-def init_classifier(key: jax.Array, cfg: Any, max_heads: int,
-                    scale: float = 1.0, *, init: str = "zero",
-                    query: str = "full") -> dict:
+def init_params(key: jax.Array, cfg: Any, max_heads: int, scheme: str = "random_decoders",
+                tau: float = 1.0, *, query: str = "full", head_mask=None) -> dict:
     """Parameters for ``max_heads`` heads (cfg provides ``dim`` and ``seq_len``).
 
-    init="zero": all zeros (the spec's default theta_0 is zero init followed by
-      one full-batch GD step, done by the trainer, e.g. with ``gd_step``).
-    init="random" (variant): every entry of W and U i.i.d. N(0, scale^2).
+    Head h's random values come from fold_in(key, h), so they do not depend on
+    ``max_heads`` (a member draws the same heads in any sweep). Schemes:
+      * "random_decoders": W_h = 0, U_h ~ N(0, tau^2) entrywise, independent per head. With
+        W = 0 every head attends uniformly, so Phi(theta_0; X) = <sum_h U_h, mean token>/sqrt(H)
+        is a random linear function, but each head's gradient in W_h differs (it is multiplied
+        by its own U_h), so GD moves the heads apart.
+      * "antisymmetric": heads in pairs (2j, 2j+1) with U_{2j+1} = -U_{2j} ~ N(0, tau^2) drawn
+        from fold_in(key, 2j), W = 0, so Phi(theta_0) = 0 exactly. With ``head_mask`` given,
+        an active head whose partner is masked (the last head of an odd H) is set to zero.
+      * "zero": all zeros (every head gets the same gradient forever: a degenerate start).
+      * "random": every entry of W_h and U_h i.i.d. N(0, tau^2).
+    Masked heads (``head_mask`` 0) are zero.
     """
-    if init not in INITS:
-        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if scheme not in INIT_SCHEMES:
+        raise ValueError(f"init scheme must be one of {INIT_SCHEMES}, got {scheme!r}")
     if query not in QUERIES:
         raise ValueError(f"query must be one of {QUERIES}, got {query!r}")
     d, t = int(cfg.dim), int(cfg.seq_len)
-    w_shape = (max_heads, d, d)
-    u_shape = (max_heads, t, d) if query == "full" else (max_heads, d)
-    if init == "zero":
-        return {"W": jnp.zeros(w_shape, jnp.float32),
-                "U": jnp.zeros(u_shape, jnp.float32)}
-    k_w, k_u = jax.random.split(key)
-    return {"W": scale * jax.random.normal(k_w, w_shape, jnp.float32),
-            "U": scale * jax.random.normal(k_u, u_shape, jnp.float32)}
+    u_head = (t, d) if query == "full" else (d,)
+    W = jnp.zeros((max_heads, d, d), jnp.float32)
+    U = jnp.zeros((max_heads,) + u_head, jnp.float32)
+    heads = jnp.arange(max_heads)
+    # Head h, part i (0: W, 1: U): its own key, whatever max_heads is.
+    draw = lambda h, shape, i: tau * jax.random.normal(jax.random.fold_in(jax.random.fold_in(key, h), i), shape)
+    if scheme == "random":
+        W = jax.vmap(lambda h: draw(h, (d, d), 0))(heads)
+        U = jax.vmap(lambda h: draw(h, u_head, 1))(heads)
+    elif scheme == "random_decoders":
+        U = jax.vmap(lambda h: draw(h, u_head, 1))(heads)
+    elif scheme == "antisymmetric":
+        sign = jnp.where(heads % 2 == 0, 1.0, -1.0)
+        U = jax.vmap(lambda h: draw(h - h % 2, u_head, 1))(heads) * _per_head(sign, U)
+        if head_mask is not None:  # a head whose partner is masked would leave Phi(theta_0) != 0
+            mask = jnp.asarray(head_mask, jnp.float32)
+            partner = mask[heads ^ 1] if max_heads % 2 == 0 else jnp.append(mask, 0.0)[heads ^ 1]
+            U = U * _per_head(partner, U)
+    if head_mask is not None:
+        mask = jnp.asarray(head_mask, jnp.float32)
+        W, U = W * _per_head(mask, W), U * _per_head(mask, U)
+    return {"W": W, "U": U}
+
+
+def _per_head(values, like):
+    """(Hmax,) -> broadcastable against ``like`` (Hmax, ...)."""
+    return values.reshape((-1,) + (1,) * (like.ndim - 1))
 
 
 def head_mask_for(num_heads, max_heads: int) -> jax.Array:
@@ -116,17 +144,23 @@ def classifier_apply(params: dict, X: jax.Array, head_mask: jax.Array,
 
 def logistic_loss(params: dict, X: jax.Array, y: jax.Array,
                   head_mask: jax.Array, num_heads=None,
-                  query: Optional[str] = None) -> jax.Array:
-    """Empirical risk mean_i softplus(-y_i Phi(X_i)); X: (n, T, d), y: (n,)."""
+                  query: Optional[str] = None, weights=None) -> jax.Array:
+    """Empirical risk mean_i softplus(-y_i Phi(X_i)); X: (n, T, d), y: (n,).
+
+    ``weights`` (n,) of 0/1 (optional): the mean over the examples of weight 1 only, so a
+    training set padded with zero-weight examples has the loss of the unpadded one."""
     phi = classifier_apply(params, X, head_mask, num_heads, query)
-    return jnp.mean(jax.nn.softplus(-y * phi))
+    losses = jax.nn.softplus(-y * phi)
+    if weights is None:
+        return jnp.mean(losses)
+    return jnp.sum(weights * losses) / jnp.sum(weights)
 
 
 def gd_step(params: dict, X: jax.Array, y: jax.Array, eta,
             head_mask: jax.Array, num_heads=None,
-            query: Optional[str] = None):
+            query: Optional[str] = None, weights=None):
     """One full-batch plain GD step on ``logistic_loss``: (new_params, loss)."""
     loss, grads = jax.value_and_grad(logistic_loss)(
-        params, X, y, head_mask, num_heads, query)
+        params, X, y, head_mask, num_heads, query, weights)
     new = jax.tree_util.tree_map(lambda p, g: p - eta * g, params, grads)
     return new, loss

@@ -62,6 +62,9 @@ class Sweep:
         self.placement = Placement(jax.devices()[:count] if count else None)
         self.consts = {p.name: self.placement.put(stack_constants(experiment, p.members), len(p.members)) for p in self.programs}
         self._chunks = {}
+        # {member index: {"steps": [...], "values": [...]}}: the exact L(theta_k) at the
+        # experiment's ``loss_steps()``, picked from the chunks' per-step losses on the host.
+        self.loss_curves = {}
         self._evaluate = {p.name: engine.make_evaluate(p.recipe) for p in self.programs}
 
     def init_states(self):
@@ -160,6 +163,12 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
     hparams = {m.name: m.hparams for m in members}
     writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
     reported_divergence, evaluation = set(), None
+    # A resumed run records only the steps after its checkpoint.
+    wanted = np.array(sorted(set(experiment.loss_steps())), dtype=np.int64)
+    started, trained = time.perf_counter(), 0
+    evals = sorted(set(experiment.eval_steps()))
+    if 0 in evals and step == 0:
+        _log_eval(writers, members, sweep.evaluate(states), 0)
     bar = tqdm(total=total, initial=step, unit="step", disable=not (progress and primary), dynamic_ncols=True, file=sys.stderr)
     try:
         with _StopFlag() as stop:
@@ -177,13 +186,16 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
                         seconds[members[i].name] += elapsed
                     chunk_time += elapsed
                     _log_chunk(writers, members, idx, metrics, status, step + n, reported_divergence, log)
+                    _record_losses(sweep.loss_curves, idx, metrics["loss"], step, wanted)
                 rate = n * len(members) / max(chunk_time, 1e-9)
                 for i, m in enumerate(members):
                     writers.scalars(m.name, {"perf/member_steps_per_s": rate}, step + n)
                 previous, step = step, step + n
+                trained += n
                 bar.set_postfix_str(f"{rate:,.0f} member-steps/s")
                 bar.update(n)
-                if _crossed(previous, step, config.train.eval_every) or step == total:
+                wanted_eval = any(previous < k <= step for k in evals)
+                if _crossed(previous, step, config.train.eval_every) or step == total or wanted_eval:
                     evaluation = sweep.evaluate(states)
                     _log_eval(writers, members, evaluation, step)
                 due = _crossed(previous, step, config.train.checkpoint_every) or step == total
@@ -193,6 +205,10 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
                     raise Interrupted(f"interrupted at step {step}; checkpoint written, run the same command to resume")
         if latest is not None and latest >= total:
             log(f"training already complete at step {latest}; not retraining")
+        elif primary and trained:
+            wall = time.perf_counter() - started
+            log(f"trained {trained} steps x {len(members)} members in {wall:.1f} s: "
+                f"{trained * len(members) / max(wall, 1e-9):,.0f} member-steps/s (with logging and evaluation)")
         if evaluation is None:  # else the loop's last evaluation is of this very state
             evaluation = sweep.evaluate(states)
         payload = _results(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
@@ -258,6 +274,18 @@ def _log_chunk(writers, members, idx, metrics, status, step, reported, log):
             writers[members[i].name].add_text("status", f"diverged at step {int(diverged_at[j])}", step)
 
 
+def _record_losses(curves, idx, losses, start, wanted):
+    """Append L(theta_k) for the wanted k in [start, start + chunk): the scan's row t holds the
+    loss of the step's input, theta_{start+t}."""
+    if not wanted.size:
+        return
+    inside = wanted[(wanted >= start) & (wanted < start + losses.shape[0])]
+    for j, i in enumerate(idx):
+        curve = curves.setdefault(i, {"steps": [], "values": []})
+        curve["steps"] += [int(k) for k in inside]
+        curve["values"] += [float(losses[k - start, j]) for k in inside]
+
+
 def _log_eval(writers, members, evaluation, step):
     for i, m in enumerate(members):
         writers.scalars(m.name, {f"eval/{k.removeprefix('eval_')}": v for k, v in evaluation[i].items()}, step)
@@ -271,6 +299,8 @@ def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from)
         for j, i in enumerate(idx):
             member = experiment.members[i]
             record = {"name": member.name, **member.hparams, **experiment.member_info(member)}
+            if i in sweep.loss_curves:
+                record["loss_curve"] = sweep.loss_curves[i]
             record.update(steps=int(steps[j]), train_loss=float(losses[j]), **evaluation[i], wall_time_s=seconds[member.name], program=name)
             record["status"] = "diverged" if diverged[j] else "ok"
             if diverged[j]:

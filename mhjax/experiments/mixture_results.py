@@ -1,0 +1,109 @@
+"""Per-member results of a mixture sweep computed once training is done (the NTK quantities of arXiv 2310.12680).
+
+* ntk_margin (+ gap, radius, normalized): hard-margin SVM through the origin on the NTK
+  features at theta_0 of the member's own H on its own n examples; linear_margin (flattened
+  tokens) and linear_margin_mean (mean token) as baselines.
+* param_distance = ||theta_K - theta_0||.
+* head_spread: mean pairwise distance between the active heads' vectors (W_h, U_h) at
+  theta_K divided by their mean norm (0 for H = 1; 0 exactly when every head is the same).
+* loss_curve {steps, values}: the recorded L(theta_k) with k = K appended; loss_slope: the
+  least-squares slope of log L against log k over k in [K/10, K] (the last decade).
+* K is the member's own K (``own_steps``: train.steps, or steps_per_example * n).
+* margin_loss_product = ntk_margin^2 * eta * K * L(theta_K): the theory's training rate
+  L ~ 1/(gamma^2 eta K) makes it of order one and flat in K.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from mhjax.analysis import ntk
+
+
+def head_spread(params, head_mask):
+    """Mean pairwise distance of the active heads' parameter vectors over their mean norm.
+
+    params: {'W': (Hmax, d, d), 'U': (Hmax, ...)}; head_mask: (Hmax,) 0/1. Returns 0 for one
+    active head (no pairs)."""
+    heads = params["W"].shape[0]
+    V = jnp.concatenate([params["W"].reshape(heads, -1), params["U"].reshape(heads, -1)], 1)
+    m = head_mask.astype(V.dtype)
+    # Direct differences, not |a|^2 + |b|^2 - 2<a, b>: identical heads must give exactly 0.
+    dist = jnp.linalg.norm(V[:, None, :] - V[None, :, :], axis=-1)
+    norms = jnp.linalg.norm(V, axis=-1)
+    pairs = m[:, None] * m[None, :] * (1.0 - jnp.eye(m.shape[0], dtype=V.dtype))
+    count = jnp.sum(m)
+    mean_dist = jnp.sum(pairs * dist) / jnp.maximum(jnp.sum(pairs), 1.0)
+    mean_norm = jnp.sum(m * norms) / jnp.maximum(count, 1.0)
+    return jnp.where(count > 1, mean_dist / jnp.maximum(mean_norm, 1e-30), 0.0)
+
+
+def loss_slope(steps, values, total: int) -> float:
+    """Least-squares slope of log(loss) against log(k) over k in [total/10, total], k >= 1."""
+    steps, values = np.asarray(steps, float), np.asarray(values, float)
+    keep = (steps >= total / 10) & (steps >= 1) & np.isfinite(values) & (values > 0)
+    if keep.sum() < 2:
+        return float("nan")
+    return float(np.polyfit(np.log(steps[keep]), np.log(values[keep]), 1)[0])
+
+
+def _member_pieces(recipe, params_K, consts):
+    """(NTK Gram at theta_0 over all max_train examples, ||theta_K - theta_0||, head spread,
+    L(theta_K)) of one member."""
+    theta0 = recipe.init_params(consts)
+    gram = ntk.ntk_gram(recipe.apply_single(consts), theta0, consts["X"], chunk_size=min(64, recipe.max_train))
+    distance = jnp.linalg.norm(ravel_pytree(params_K)[0] - ravel_pytree(theta0)[0])
+    return gram, distance, head_spread(params_K, consts["head_mask"]), recipe.train_loss(params_K, consts)
+
+
+def _ratio(margin, radius) -> float:
+    return float(margin) / float(radius) if radius > 0 else float("nan")
+
+
+def extra_results(experiment, sweep, states) -> dict:
+    """{member index: fields} for every member of the sweep (see the module docstring)."""
+    a = experiment.config.analysis
+    solver = dict(num_iters=int(a.margin_iters), tol=float(a.margin_tol))
+    out, linear = {}, {}
+    for name, idx, recipe in sweep.programs:
+        fn = jax.jit(lambda params, consts, recipe=recipe: jax.lax.map(lambda pc: _member_pieces(recipe, *pc),
+                                                                       (params, consts)))
+        grams, distances, spreads, final = jax.device_get(fn(states[name].params, sweep.consts[name]))
+        for j, i in enumerate(idx):
+            member = experiment.members[i]
+            n, seed, eta = member["num_train"], member["seed"], float(member["step_size"])
+            total = experiment.member_info(member)["own_steps"]
+            X, y = experiment.train_data(seed)
+            margin, gap, info = ntk.simplex_margin(grams[j][:n, :n], y[:n], return_info=True, **solver)
+            if (seed, n) not in linear:
+                flat = ntk.linear_margin(X[:n], y[:n], "flatten", return_info=True, **solver)
+                mean = ntk.linear_margin(X[:n], y[:n], "mean", return_info=True, **solver)
+                linear[(seed, n)] = (flat, mean)
+            flat, mean = linear[(seed, n)]
+            record = {
+                "ntk_margin": float(margin),
+                "ntk_margin_gap": float(gap),
+                "ntk_radius": float(info["radius"]),
+                "ntk_margin_normalized": _ratio(margin, info["radius"]),
+                "linear_margin": float(flat[0]),
+                "linear_margin_normalized": _ratio(flat[0], flat[2]["radius"]),
+                "linear_margin_mean": float(mean[0]),
+                "linear_margin_mean_normalized": _ratio(mean[0], mean[2]["radius"]),
+                "param_distance": float(distances[j]),
+                "head_spread": float(spreads[j]),
+                "margin_loss_product": float(margin) ** 2 * eta * total * float(final[j]),
+            }
+            curve = sweep.loss_curves.get(i)
+            if curve is not None:
+                kept = [(k, v) for k, v in zip(curve["steps"], curve["values"]) if k < total]  # frozen after K
+                steps = [k for k, _ in kept] + [total]
+                values = [v if math.isfinite(v) else None for v in [v for _, v in kept] + [float(final[j])]]
+                record["loss_curve"] = {"steps": steps, "values": values}
+                finite = [(k, v) for k, v in zip(steps, values) if v is not None]
+                record["loss_slope"] = loss_slope([k for k, _ in finite], [v for _, v in finite], total)
+            out[i] = record
+    return out
