@@ -1,8 +1,8 @@
 """Causal multi-head self-attention whose head count can be a traced value.
 
 Two ways to run H heads at width D:
-- plain: ``num_heads = H`` and ``heads=None``; standard H-head attention.
-- grouped-in-one-program: ``num_heads = F`` fine heads (F a multiple of every
+- static heads: ``num_heads = H`` and ``heads=None``; standard H-head attention.
+- fine heads (the ``fused`` strategy): ``num_heads = F`` fine heads (F a multiple of every
   member's H) and ``heads = H`` (a traced int). Fine scores q_f . k_f are summed
   over the F/H fine heads of each coarse head, scaled by 1/sqrt(D/H) and soft-maxed;
   each fine head then reads its own values with its coarse head's attention. This
@@ -11,8 +11,8 @@ Two ways to run H heads at width D:
 
 Two implementations of the same function (tested equal, values and gradients):
 - on the CPU, a fused C++ kernel (cpu_attention.py): each (row, head) is done in L1 with
-  no T x T tensor stored, and the head count is a runtime argument, so a grouped member
-  costs what a plain one does;
+  no T x T tensor stored, and the head count is a runtime argument, so a member on fine
+  heads costs what one at its static head count does;
 - elsewhere (or with MHJAX_ATTENTION=jax / no C++ compiler), plain JAX einsums.
 
 Dropout on the attention probabilities is drawn per COARSE head c from seeds
@@ -137,7 +137,7 @@ class CausalSelfAttention(nn.Module):
     @nn.compact
     def __call__(self, x, heads=None, deterministic: bool = True):
         """x: (B, T, D) -> (out (B, T, D), probs (B, F, T, T)); probs[b, f, i, j] is query i
-        (receiver) attending to key j (sender); in grouped mode fine heads of one coarse head
+        (receiver) attending to key j (sender); on fine heads, the fine heads of one coarse head
         carry identical rows. probs are computed only if used (dead code otherwise)."""
         width = x.shape[-1]
         fine = self.num_heads
@@ -181,7 +181,7 @@ def _split(x, fine: int):
 
 
 def attention_probs(q, k, fine: int, heads=None):
-    """(B, F, T, T) causal attention probabilities of the fine heads (grouped: summed
+    """(B, F, T, T) causal attention probabilities of the fine heads (with ``heads``: summed
     scores over each coarse head's fine heads, scaled by 1/sqrt(D/H))."""
     width, length = q.shape[-1], q.shape[-2]
     scores = jnp.einsum("btfd,bsfd->bfts", _split(q, fine), _split(k, fine))
