@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
                             "W/report/: results per head count, training curves and, after `mhjax analyze --workdir W`, "
                             "mixing time, minimax fidelity and synergy per layer and head count.")
     report.add_argument("--workdir", metavar="W", required=True, help="a trained sweep workdir")
+    report.add_argument("--reference", metavar="DIR", default=None, help="also compare with the released checkpoints "
+                        "{H}_heads_{task}.pt in DIR and check the paper's claims (mhjax.reproduction)")
     return parser
 
 
@@ -114,7 +116,7 @@ def cmd_analyze(args, overrides) -> int:
 def cmd_report(args, overrides) -> int:
     from mhjax.report import write_report
 
-    result = write_report(args.workdir)
+    result = write_report(args.workdir, reference=args.reference)
     print(f"wrote {result['md']} ({len(result['figures'])} figures)")
     if result["needs_analysis"]:
         print(f"no analysis yet: `mhjax analyze --workdir {args.workdir}` adds mixing time, fidelity and synergy", file=sys.stderr)

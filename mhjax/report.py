@@ -322,8 +322,9 @@ def plot_synergy(analysis: dict, path: str) -> bool:
 # ---------------------------------------------------------------------- #
 # The report
 # ---------------------------------------------------------------------- #
-def write_report(workdir: str, log=None) -> dict:
-    """Write ``W/report.md`` and ``W/report/*.png``; returns {"md": path, "figures": [paths]}."""
+def write_report(workdir: str, log=None, reference: str | None = None) -> dict:
+    """Write ``W/report.md`` and ``W/report/*.png``; returns {"md": path, "figures": [paths]}.
+    ``reference``: a folder of released checkpoints to compare with (mhjax.reproduction)."""
     workdir = str(workdir)
     results = load_results(workdir)
     members = results["members"]
@@ -367,6 +368,12 @@ def write_report(workdir: str, log=None) -> dict:
             link = figure(name, fn, analysis)
             if link:
                 lines += [link, ""]
+
+    if reference is not None:
+        from mhjax.reproduction import reproduction_markdown
+
+        more, paths = reproduction_markdown(workdir, reference, out_dir, REPORT_DIR)
+        lines, figures = lines + more, figures + paths
 
     extra = sorted(glob.glob(os.path.join(workdir, "*.png")))
     if extra:

@@ -1,0 +1,1 @@
+"""Figures (matplotlib, Agg backend) of trained sweeps and their analysis."""
