@@ -125,7 +125,7 @@ RULES = [
     "seed standard deviations, and no step between neighbouring head counts may go the other way by more than the "
     "sum of their standard deviations. A released model is one seed: the standard error of its mean over the "
     "evaluation sequences stands in for the seed std. (c) and (d) hold "
-    "when the trend holds in every layer (✓/✗ per layer in the detail).",
+    "when the trend holds in every layer (✓/✗ per layer in the detail, where ± is that std or standard error).",
     "- **(b)** uses the first evaluation step at which the held-out accuracy curve reaches *learnt* "
     "(a seed that never does counts as later than every step); the released checkpoints have no curves: *not judged*.",
     "- **(e)**: for every H >= 4, the share of sequences on which the combined operator's minimax fidelity is "

@@ -191,7 +191,7 @@ def _claims_cd(by_task: dict, steps: int) -> list[Verdict]:
     out = []
     for claim, key, direction, fmt in (
         ("c", "mixing_time_mean", -1, "{:.2f}"),
-        ("d", "fidelity_pct_mean", +1, "{:.2f}"),
+        ("d", "fidelity_pct_mean", +1, "{:.3g}"),
     ):
         for task, by_heads in by_task.items():
             ok, parts = _layer_trend(by_heads, key, direction, fmt)

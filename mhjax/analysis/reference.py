@@ -77,7 +77,8 @@ def evaluation_setup(
 
 
 def _cache_key(checkpoints: dict, tokens: np.ndarray, conventions: dict) -> str:
-    parts = [f"{path}:{os.path.getsize(path)}:{os.path.getmtime(path)}" for path in checkpoints.values()]
+    # names, not paths: the same files reached through another path reuse the cache
+    parts = [f"{os.path.basename(p)}:{os.path.getsize(p)}:{os.path.getmtime(p)}" for p in checkpoints.values()]
     parts += [
         hashlib.sha256(np.ascontiguousarray(tokens, np.int32).tobytes()).hexdigest(),
         str(tokens.shape),
