@@ -177,7 +177,7 @@ def reproduction_markdown(
             "",
             'The paper: "Beyond Parallelism: Synergistic Computational Graph Effects in Multi-Head '
             'Attention" (arXiv 2507.02944), Section 4. Released models: '
-            f"`{os.path.abspath(reference_dir)}` ({len(released)} checkpoints, {PAPER_STEPS:,} steps, "
+            f"`{reference_dir}` ({len(released)} checkpoints, {PAPER_STEPS:,} steps, "
             f"one seed each), evaluated on {how}; conventions: "
             + ", ".join(f"{k} {conventions[k]}" for k in ("horizon", "max_steps", "include_sink", "chain"))
             + f". mhjax: {len(members)} members, {steps:,} steps.",
