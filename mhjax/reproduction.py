@@ -66,8 +66,7 @@ def learnt_steps(members: list[dict], curves: dict, seq_len: int) -> dict:
 
 def _accuracy_table(ours: list[dict] | None, results: list[dict], released: list[dict]) -> list[str]:
     lines = [
-        "| task | heads | mhjax, evaluation sequences % | mhjax, held-out set of training (results.json) % "
-        "| released, evaluation sequences % |",
+        "| task | heads | mhjax, evaluation sequences % | mhjax, held-out set % | released, evaluation sequences % |",
         "|---|---:|---:|---:|---:|",
     ]
     keys = sorted({(m["task"], m["heads"]) for m in results} | {(e["task"], e["heads"]) for e in released})
@@ -83,33 +82,32 @@ def _accuracy_table(ours: list[dict] | None, results: list[dict], released: list
     return lines + [""]
 
 
+def _values(entries: list[dict], task: str, heads: int, layer: int, key: str, scale: float) -> list[float]:
+    return [
+        scale * e["layers"][layer][key]
+        for e in entries
+        if (e["task"], e["heads"]) == (task, heads) and layer < len(e["layers"])
+    ]
+
+
 def _layer_tables(ours: list[dict], released: list[dict]) -> list[str]:
     lines = []
-    num_layers = max(len(e["layers"]) for e in ours + released)
+    layers = range(max(len(e["layers"]) for e in ours + released))
     for task in sorted({e["task"] for e in ours + released}):
         heads = sorted({e["heads"] for e in ours + released if e["task"] == task})
         for title, key, fmt, scale in METRICS:
+            header = " | ".join(f"layer {i} mhjax | layer {i} released" for i in layers)
             lines += [
                 f"**{task}: {title}** (mhjax mean ± std over seeds | released)",
                 "",
-                "| heads | " + " | ".join(f"layer {l} mhjax | layer {l} released" for l in range(num_layers)) + " |",
-                "|---:|" + "---:|---:|" * num_layers,
+                f"| heads | {header} |",
+                "|---:|" + "---:|---:|" * len(layers),
             ]
             for h in heads:
-                cells = [str(h)]
-                for l in range(num_layers):
-                    for group in (ours, released):
-                        cells.append(
-                            _mean_sd(
-                                [
-                                    scale * e["layers"][l][key]
-                                    for e in group
-                                    if (e["task"], e["heads"]) == (task, h) and l < len(e["layers"])
-                                ],
-                                fmt,
-                            )
-                        )
-                lines.append("| " + " | ".join(cells) + " |")
+                cells = [
+                    _mean_sd(_values(group, task, h, i, key, scale), fmt) for i in layers for group in (ours, released)
+                ]
+                lines.append(f"| {h} | " + " | ".join(cells) + " |")
             lines.append("")
     return lines
 
@@ -170,20 +168,14 @@ def reproduction_markdown(
         [e for e in (analysis or {}).get("members", {}).values() if e.get("status", "ok") == "ok"] if analysis else None
     )
     curves = read_curves(workdir, [m["name"] for m in members], [tag for tag, _, _ in CURVE_PANELS])
-    figures, lines = (
-        [],
-        [
-            "## Reproduction beside the released checkpoints",
-            "",
-            'The paper: "Beyond Parallelism: Synergistic Computational Graph Effects in Multi-Head '
-            'Attention" (arXiv 2507.02944), Section 4. Released models: '
-            f"`{reference_dir}` ({len(released)} checkpoints, {PAPER_STEPS:,} steps, "
-            f"one seed each), evaluated on {how}; conventions: "
-            + ", ".join(f"{k} {conventions[k]}" for k in ("horizon", "max_steps", "include_sink", "chain"))
-            + f". mhjax: {len(members)} members, {steps:,} steps.",
-            "",
-        ],
+    intro = (
+        'The paper: "Beyond Parallelism: Synergistic Computational Graph Effects in Multi-Head Attention" '
+        f"(arXiv 2507.02944), Section 4. Released models: `{reference_dir}` ({len(released)} checkpoints, "
+        f"{PAPER_STEPS:,} steps, one seed each), evaluated on {how}, with the conventions of W's analysis ("
+        + ", ".join(f"{k} {conventions[k]}" for k in ("horizon", "max_steps", "include_sink", "chain"))
+        + f"). mhjax: {len(members)} members, {steps:,} steps."
     )
+    figures, lines = [], ["## Reproduction beside the released checkpoints", "", intro, ""]
 
     def figure(name, fn, *args):
         path = os.path.join(out_dir, name)
@@ -193,7 +185,15 @@ def reproduction_markdown(
 
     lines += ["### Learning curves", "", "Mean ± std over seeds (band) per head count; losses on a log scale.", ""]
     figure("reproduction_curves.png", plot_curve_bands, members, curves)
-    lines += ["### Held-out accuracy", ""] + _accuracy_table(ours, members, released)
+    lines += [
+        "### Held-out accuracy",
+        "",
+        "Token accuracy in eval mode. *Evaluation sequences*: the random sequences "
+        "mhjax and the released models are both analysed on; *held-out set*: the config's evaluation set, "
+        "scored along training (`eval/accuracy`). Mean ± std over seeds.",
+        "",
+    ]
+    lines += _accuracy_table(ours, members, released)
     lines += ["### Mixing time, minimax fidelity and synergy per layer", ""]
     if ours is None:
         lines += [

@@ -70,7 +70,7 @@ def test_report_beside_released_checkpoints(workdir, reference, capsys):
     assert (entry["num_sequences"], entry["seq_len"], entry["steps"]) == (3, 8, 20000)
     assert entry["accuracy"] == direct["accuracy"]
     np.testing.assert_allclose(
-        [l["fidelity_pct_mean"] for l in entry["layers"]], [l["fidelity_pct_mean"] for l in direct["layers"]]
+        [x["fidelity_pct_mean"] for x in entry["layers"]], [x["fidelity_pct_mean"] for x in direct["layers"]]
     )
     # side-by-side rows: heads, then mhjax (mean ± std over 2 seeds) and released per layer
     assert re.search(r"^\| 4 \| \d+\.\d\d ± \d+\.\d\d \| \d+\.\d\d \|", text, re.M)

@@ -211,7 +211,7 @@ def _claim_e(by_task: dict, steps: int) -> list[Verdict]:
             out.append(Verdict("e", task, NOT_JUDGED, "no model with H >= 4"))
             continue
         shares = {
-            h: _stats([100 * float(np.mean([l["combined_beats_best_share"] for l in e["layers"]])) for e in es])
+            h: _stats([100 * float(np.mean([layer["combined_beats_best_share"] for layer in e["layers"]])) for e in es])
             for h, es in many.items()
         }
         ok = all(m > 50 for m, _ in shares.values())

@@ -76,7 +76,8 @@ def plot_curve_bands(members: list[dict], curves: dict, path: str) -> bool:
                 seeds = runs[(task, heads, tag)]
                 steps, mean, std = _band(seeds)
                 ax.plot(steps, scale * mean, color=colour, label=f"{_label(heads)} ({len(seeds)} seeds)")
-                ax.fill_between(steps, scale * (mean - std), scale * (mean + std), color=colour, alpha=0.25, lw=0)
+                low = np.maximum(mean - std, 0.1 * mean) if "loss" in tag else mean - std  # log axis: stay positive
+                ax.fill_between(steps, scale * low, scale * (mean + std), color=colour, alpha=0.25, lw=0)
             ax.set(xlabel="step", ylabel=label, title=f"{task}: {label}")
             if "loss" in tag:
                 ax.set_yscale("log")
@@ -90,7 +91,7 @@ def plot_curve_bands(members: list[dict], curves: dict, path: str) -> bool:
 
 def _per_layer(entries: list[dict], key: str, scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     num_layers = min(len(e["layers"]) for e in entries)
-    values = np.array([[scale * float(e["layers"][l][key]) for l in range(num_layers)] for e in entries])
+    values = np.array([[scale * float(e["layers"][i][key]) for i in range(num_layers)] for e in entries])
     return np.arange(num_layers), values.mean(axis=0), values.std(axis=0)
 
 
