@@ -93,6 +93,9 @@ def test_report_beside_released_checkpoints(workdir, reference, capsys):
     assert (
         dict(((c, t), r) for c, t, _, r in rows)[("b", "cycle")] == claims.NOT_JUDGED
     )  # no curves for released models
+    cached = os.path.getmtime(os.path.join(workdir, "report", "released.json"))
+    assert main(["report", "--workdir", workdir, "--reference", reference]) == 0  # same sequences: the cache is reused
+    assert os.path.getmtime(os.path.join(workdir, "report", "released.json")) == cached
     for link in ("report/reproduction_curves.png", "report/reproduction_layers.png"):
         assert link in text and open(os.path.join(workdir, link), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
