@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
                             "W/report/: results per head count, training curves and, after `mhjax analyze --workdir W`, "
                             "mixing time, minimax fidelity and synergy per layer and head count.")
     report.add_argument("--workdir", metavar="W", required=True, help="a trained sweep workdir")
+    report.add_argument("--reference", metavar="DIR", default=None, help="also compare with the released checkpoints "
+                        "{H}_heads_{task}.pt in DIR and check the paper's claims")
     return parser
 
 

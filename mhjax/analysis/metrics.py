@@ -28,6 +28,7 @@ import numpy as np
 from mhjax.analysis import dag
 from mhjax.config import ConfigError
 from mhjax.data import sequences as seqdata
+from mhjax.io.torch_import import CheckpointFormatError, UnsafeCheckpointError, load_reference_params
 from mhjax.models.probe import forward_fn, model_sizes
 
 DEFAULTS = {"horizon": 100, "max_steps": 100, "include_sink": True, "chain": "reference"}
@@ -240,3 +241,30 @@ def tokens_for(sequences, num_sequences, seed, max_len, vocab_size) -> tuple[np.
             raise ConfigError(f"--sequences: need 2 <= T <= {max_len} and tokens in [0, {vocab_size - 1}]")
         return tokens.astype(np.int32), {"sequences": "array"}
     return random_tokens(num_sequences, max_len, vocab_size, seed), {"sequences": "random", "seed": int(seed)}
+
+
+def analyze_checkpoint(path, heads: int, task: str, sequences=None, num_sequences: int = 50, seed: int = 0,
+                       **kwargs) -> dict:
+    """Analyse one released ``{H}_heads_{task}.pt`` file (read by the restricted unpickler).
+
+    ``sequences``: None (``num_sequences`` random sequences of the model's
+    max_len from ``seed``), a path to an ``.npy`` (N, T) int array, or an array.
+    Extra keyword arguments go to :func:`analyze_params`.
+    """
+    check_task(task)
+    path = str(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"--torch-checkpoint: no such file: {path}")
+    if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads < 1:
+        raise ConfigError(f"--heads: must be a positive integer, got {heads!r}")
+    try:
+        params, info = load_reference_params(path, num_heads=int(heads))
+    except (CheckpointFormatError, UnsafeCheckpointError) as exc:
+        option = "--heads" if "num_heads" in str(exc) else "--torch-checkpoint"
+        raise ConfigError(f"{option}: {one_line(exc)}") from None
+    sizes = {k: info[k] for k in ("vocab_size", "max_len", "num_layers", "mlp_dim")}
+    sizes["width"] = info["d_model"]
+    tokens, source = tokens_for(sequences, num_sequences, seed, sizes["max_len"], sizes["vocab_size"])
+    result = analyze_params(params, int(heads), task, tokens, sizes, **kwargs)
+    result = {"source": {"torch_checkpoint": os.path.abspath(path), **source}, **result}
+    return result

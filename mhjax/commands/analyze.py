@@ -13,43 +13,23 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from mhjax.analysis.metrics import analyze_params, check_task, one_line, tokens_for
+from mhjax.analysis.metrics import analyze_checkpoint, analyze_params, one_line, tokens_for
 from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
 from mhjax.io.checkpoint import METADATA, SweepCheckpointer
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.results import read_workdir_json, write_json
 from mhjax.io.tensorboard import log_to_run
-from mhjax.io.torch_import import CheckpointFormatError, UnsafeCheckpointError, load_reference_params
 from mhjax.plotting.analysis import format_analysis, plot_analysis
 from mhjax.plotting.images import attention_grid
 from mhjax.train.engine import unstack
 from mhjax.train.loop import Sweep
 
+
 def analyze_torch_checkpoint(path, heads: int, task: str, out=None, sequences=None, num_sequences: int = 50,
                              seed: int = 0, *, plot: bool = True, **kwargs) -> dict:
-    """Analyse one reference ``{H}_heads_{task}.pt`` file; writes ``out/analysis.{json,md,png}`` if ``out``.
-
-    ``sequences``: None (``num_sequences`` random sequences of the model's
-    max_len from ``seed``), a path to an ``.npy`` (N, T) int array, or an array.
-    Extra keyword arguments go to :func:`mhjax.analysis.metrics.analyze_params`.
-    """
-    check_task(task)
-    path = str(path)
-    if not os.path.isfile(path):
-        raise ConfigError(f"--torch-checkpoint: no such file: {path}")
-    if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads < 1:
-        raise ConfigError(f"--heads: must be a positive integer, got {heads!r}")
-    try:
-        params, info = load_reference_params(path, num_heads=int(heads))
-    except (CheckpointFormatError, UnsafeCheckpointError) as exc:
-        option = "--heads" if "num_heads" in str(exc) else "--torch-checkpoint"
-        raise ConfigError(f"{option}: {one_line(exc)}") from None
-    sizes = {k: info[k] for k in ("vocab_size", "max_len", "num_layers", "mlp_dim")}
-    sizes["width"] = info["d_model"]
-    tokens, source = tokens_for(sequences, num_sequences, seed, sizes["max_len"], sizes["vocab_size"])
-    result = analyze_params(params, int(heads), task, tokens, sizes, **kwargs)
-    result = {"source": {"torch_checkpoint": os.path.abspath(path), **source}, **result}
+    """:func:`mhjax.analysis.metrics.analyze_checkpoint`, and ``out/analysis.{json,md,png}`` if ``out``."""
+    result = analyze_checkpoint(path, heads, task, sequences, num_sequences, seed, **kwargs)
     if out is not None:
         result["files"] = write_analysis(out, result, plot=plot)
     return result

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 
+from mhjax.commands.reproduction import reproduction_markdown
 from mhjax.config import ConfigError
 from mhjax.io.curves import read_curves
 from mhjax.io.lock import WorkdirLock
@@ -71,8 +72,9 @@ def load_curves(workdir: str, names: list[str], tags=None) -> dict:
 # ---------------------------------------------------------------------- #
 # The report
 # ---------------------------------------------------------------------- #
-def write_report(workdir: str, log=None) -> dict:
-    """Write ``W/report.md`` and ``W/report/*.png``; returns {"md": path, "figures": [paths]}."""
+def write_report(workdir: str, log=None, reference: str | None = None) -> dict:
+    """Write ``W/report.md`` and ``W/report/*.png``; returns {"md": path, "figures": [paths]}.
+    ``reference``: a folder of released checkpoints to compare with (mhjax.commands.reproduction)."""
     workdir = str(workdir)
     results = load_results(workdir)
     members = results["members"]
@@ -117,6 +119,10 @@ def write_report(workdir: str, log=None) -> dict:
             if link:
                 lines += [link, ""]
 
+    if reference is not None:
+        more, paths = reproduction_markdown(workdir, reference, out_dir, REPORT_DIR)
+        lines, figures = lines + more, figures + paths
+
     extra = sorted(glob.glob(os.path.join(workdir, "*.png")))
     if extra:
         lines += ["## Experiment figures", ""]
@@ -144,7 +150,7 @@ def is_analyzable(results: dict) -> bool:
 
 def command(args, overrides) -> int:
     with WorkdirLock(args.workdir, "report"):
-        result = write_report(args.workdir)
+        result = write_report(args.workdir, reference=args.reference)
     print(f"wrote {result['md']} ({len(result['figures'])} figures)")
     if result["needs_analysis"]:
         print(f"no analysis yet: `mhjax analyze --workdir {args.workdir}` adds mixing time, fidelity and synergy",
