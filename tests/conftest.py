@@ -40,6 +40,17 @@ def tiny_train(config, steps, chunk_steps, eval_every, checkpoint_every):
     return config
 
 
+def set_field(config, field: str, value):
+    """config.<field> = value for a dotted field, e.g. "init.scheme" (bypassing the config's lock)."""
+    node = config
+    *path, last = field.split(".")
+    for part in path:
+        node = node[part]
+    with node.unlocked():
+        node[last] = value
+    return config
+
+
 @pytest.fixture
 def tiny_config():
     return tiny_sequence_config

@@ -15,6 +15,7 @@ from mhjax.experiments import make_experiment
 from mhjax.experiments.mixture_results import head_spread, loss_slope
 from mhjax.models.classifier import classifier_apply, init_params
 from mhjax.train.loop import Sweep
+from tests.conftest import set_field
 from tests.test_mixture_sweep import tiny_mixture_config
 
 K = 20
@@ -129,13 +130,7 @@ def test_loss_slope_of_an_exact_power_law():
     ("data.seq_len", 0, "config.data.seq_len"),
 ])
 def test_bad_init_and_train_fields(field, value, needle):
-    config = tiny_mixture_config()
-    node = config
-    *path, last = field.split(".")
-    for part in path:
-        node = node[part]
-    with node.unlocked():
-        node[last] = value
+    config = set_field(tiny_mixture_config(), field, value)
     with pytest.raises(ConfigError) as info:
         make_experiment(config)
     assert str(info.value).startswith(needle) and "\n" not in str(info.value), str(info.value)

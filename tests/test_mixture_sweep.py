@@ -18,6 +18,7 @@ from mhjax.io.checkpoint import SweepCheckpointer
 from mhjax.io.curves import read_curves
 from mhjax.models.classifier import classifier_apply, gd_step
 from mhjax.train.loop import Sweep, run
+from tests.conftest import set_field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 20
@@ -192,13 +193,7 @@ def test_smaller_training_set_is_a_prefix_and_test_data_are_fresh():
     ],
 )
 def test_bad_fields_raise_one_line_naming_the_field(field, value, needle):
-    config = tiny_mixture_config()
-    node = config
-    *path, last = field.split(".")
-    for part in path:
-        node = node[part]
-    with node.unlocked():
-        node[last] = value
+    config = set_field(tiny_mixture_config(), field, value)
     with pytest.raises(ConfigError) as info:
         make_experiment(config)
     message = str(info.value)

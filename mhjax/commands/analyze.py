@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import ml_collections
-import numpy as np
 
 from mhjax.analysis.metrics import analyze_checkpoint, analyze_params, one_line, tokens_for
 from mhjax.config import ConfigError

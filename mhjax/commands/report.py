@@ -26,7 +26,7 @@ from mhjax.commands.reproduction import reproduction_markdown
 from mhjax.config import ConfigError
 from mhjax.io.curves import read_curves
 from mhjax.io.lock import WorkdirLock
-from mhjax.io.results import markdown_table, read_workdir_json
+from mhjax.io.results import load_analysis, markdown_table, read_workdir_json
 from mhjax.plotting.report import analysis_tables, plot_curves, plot_mixing_fidelity, plot_synergy, summary_table
 
 REPORT_DIR = "report"
@@ -40,17 +40,6 @@ def load_results(workdir: str) -> dict:
     if not isinstance(results.get("members"), list):
         raise ConfigError(f"--workdir: {os.path.join(workdir, 'results.json')} has no member list")
     return results
-
-
-def load_analysis(workdir: str) -> dict | None:
-    path = os.path.join(workdir, "analysis", "analysis.json")
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def load_sweep_fields(workdir: str) -> list[str]:

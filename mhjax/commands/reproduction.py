@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
 
 from mhjax.analysis import claims
 from mhjax.analysis.reference import PAPER_STEPS, analyze_reference, evaluation_setup, find_checkpoints
 from mhjax.io.curves import read_curves
-from mhjax.io.results import read_workdir_json
+from mhjax.io.results import load_analysis, read_workdir_json
+from mhjax.plotting.report import mean_sd
 from mhjax.plotting.reproduction import CURVE_PANELS, plot_beside_released, plot_curve_bands
 
 CACHE = "released.json"  # the released models' analysis, in the report folder
@@ -29,13 +29,6 @@ METRICS = (
 )
 
 
-def _mean_sd(values, fmt: str) -> str:
-    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], float)
-    if v.size == 0:
-        return "-"
-    return fmt.format(v.mean()) + (f" ± {fmt.format(v.std())}" if v.size > 1 else "")
-
-
 def _sizes(workdir: str) -> tuple[int, int]:
     """(vocab_size, seq_len) of the sweep's config."""
     try:
@@ -44,15 +37,6 @@ def _sizes(workdir: str) -> tuple[int, int]:
         return int(model["vocab_size"]), int(model["seq_len"])
     except (OSError, ValueError, KeyError, TypeError):
         return 256, 100  # the paper's
-
-
-def _load_analysis(workdir: str) -> dict | None:
-    path = os.path.join(workdir, "analysis", "analysis.json")
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def learnt_steps(members: list[dict], curves: dict, seq_len: int) -> dict:
@@ -78,7 +62,7 @@ def _accuracy_table(ours: list[dict] | None, results: list[dict], released: list
             if (m["task"], m["heads"]) == (task, heads) and m.get("eval_accuracy") is not None
         ]
         theirs = [e["accuracy"] * 100 for e in released if (e["task"], e["heads"]) == (task, heads)]
-        lines.append(f"| {task} | {heads} | " + " | ".join(_mean_sd(v, "{:.2f}") for v in (mine, held, theirs)) + " |")
+        lines.append(f"| {task} | {heads} | " + " | ".join(mean_sd(v, "{:.2f}") for v in (mine, held, theirs)) + " |")
     return lines + [""]
 
 
@@ -105,7 +89,7 @@ def _layer_tables(ours: list[dict], released: list[dict]) -> list[str]:
             ]
             for h in heads:
                 cells = [
-                    _mean_sd(_values(group, task, h, i, key, scale), fmt) for i in layers for group in (ours, released)
+                    mean_sd(_values(group, task, h, i, key, scale), fmt) for i in layers for group in (ours, released)
                 ]
                 lines.append(f"| {h} | " + " | ".join(cells) + " |")
             lines.append("")
@@ -159,7 +143,7 @@ def reproduction_markdown(
     )
     members = results.get("members") or []
     steps = int(results.get("steps") or max((m.get("steps", 0) for m in members), default=0))
-    analysis = _load_analysis(workdir)
+    analysis = load_analysis(workdir)
     vocab_size, seq_len = _sizes(workdir)
     tokens, conventions, how = evaluation_setup(workdir, analysis, vocab_size, seq_len)
     os.makedirs(out_dir, exist_ok=True)

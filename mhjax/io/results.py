@@ -29,6 +29,16 @@ def read_workdir_json(workdir: str, name: str, missing_hint: str) -> dict:
     return data
 
 
+def load_analysis(workdir: str) -> dict | None:
+    """W/analysis/analysis.json (written by ``mhjax analyze --workdir W``), or None if absent or unreadable."""
+    path = os.path.join(workdir, "analysis", "analysis.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def json_ready(value):
     """``value`` with non-finite floats as None (JSON has no NaN) and numpy scalars as Python ones."""
     if isinstance(value, np.generic):

@@ -18,7 +18,8 @@ def _num(value) -> float:
     return value
 
 
-def _mean_sd(values, fmt: str = "{:.4g}", scale: float = 1.0) -> str:
+def mean_sd(values, fmt: str = "{:.4g}", scale: float = 1.0) -> str:
+    """'mean ± std' of the finite values (times ``scale``), the value alone for one, '-' for none."""
     vals = np.array([_num(v) * scale for v in values], float)
     vals = vals[np.isfinite(vals)]
     if vals.size == 0:
@@ -74,11 +75,11 @@ def summary_table(members: list[dict], sweep_fields: list[str] | None = None) ->
         cells = [str(k) for k in key] + [count]
         for k, _ in metrics:
             if "accuracy" in k:
-                cells.append(_mean_sd([m.get(k) for m in group], "{:.2f}", 100.0))
+                cells.append(mean_sd([m.get(k) for m in group], "{:.2f}", 100.0))
             elif k == "wall_time_s":
-                cells.append(_mean_sd([m.get(k) for m in group], "{:.1f}"))
+                cells.append(mean_sd([m.get(k) for m in group], "{:.1f}"))
             else:
-                cells.append(_mean_sd([m.get(k) for m in group], "{:.4f}"))
+                cells.append(mean_sd([m.get(k) for m in group], "{:.4f}"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -116,8 +117,8 @@ def analysis_tables(analysis: dict) -> str:
                       "| " + " | ".join(["heads"] + accuracy + [f"layer {l}" for l in range(num_layers)]) + " |",
                       "|---:|" + "---:|" * (len(accuracy) + num_layers)]
             for heads, entries in by_heads.items():
-                cells = [str(heads)] + ([_mean_sd([e.get("accuracy") for e in entries], "{:.2f}", 100.0)] if n == 0 else [])
-                cells += [_mean_sd(_layer_values(entries, key, l), fmt, scale) for l in range(num_layers)]
+                cells = [str(heads)] + ([mean_sd([e.get("accuracy") for e in entries], "{:.2f}", 100.0)] if n == 0 else [])
+                cells += [mean_sd(_layer_values(entries, key, l), fmt, scale) for l in range(num_layers)]
                 lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
     return "\n".join(lines)
