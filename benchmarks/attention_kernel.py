@@ -5,6 +5,7 @@ at heads 1/4/8/16. Interleaved repetitions in one process, medians.
 
     python benchmarks/attention_kernel.py [--reps N] [--dropout P]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,11 +35,15 @@ def main(argv=None):
         count = jnp.full((1,), heads, jnp.int32)
         impls = {
             "kernel": lambda q, k, v, c=count, s=seeds: cpu_attention.attention(q, k, v, c, s, threshold, inv_keep),
-            "xla": lambda q, k, v, h=heads, s=seeds: attention.jax_attention(q, k, v, h, None, s, threshold, inv_keep)[0],
+            "xla": lambda q, k, v, h=heads, s=seeds: attention.jax_attention(q, k, v, h, None, s, threshold, inv_keep)[
+                0
+            ],
         }
         for name, f in impls.items():
             fns[(heads, name, "fwd")] = jax.jit(f)
-            fns[(heads, name, "fwd+bwd")] = jax.jit(jax.grad(lambda q, k, v, f=f: jnp.sum(jnp.sin(f(q, k, v))), argnums=(0, 1, 2)))
+            fns[(heads, name, "fwd+bwd")] = jax.jit(
+                jax.grad(lambda q, k, v, f=f: jnp.sum(jnp.sin(f(q, k, v))), argnums=(0, 1, 2))
+            )
     for fn in fns.values():
         jax.block_until_ready(fn(q, k, v))
     times = {key_: [] for key_ in fns}
@@ -47,12 +52,18 @@ def main(argv=None):
             start = time.perf_counter()
             jax.block_until_ready(fn(q, k, v))
             times[key_].append(time.perf_counter() - start)
-    print(f"attention core, B {batch}, T {length}, D {width}, dropout {args.dropout}: median ms over {args.reps} interleaved reps")
+    print(
+        f"attention core, B {batch}, T {length}, D {width}, dropout {args.dropout}: median ms over {args.reps} interleaved reps"
+    )
     print(f"{'heads':>5} {'kernel fwd':>11} {'xla fwd':>9} {'kernel f+b':>11} {'xla f+b':>9} {'speed-up f+b':>13}")
     for heads in (1, 4, 8, 16):
-        m = {(n, p): 1e3 * statistics.median(times[(heads, n, p)]) for n in ("kernel", "xla") for p in ("fwd", "fwd+bwd")}
-        print(f"{heads:5d} {m['kernel', 'fwd']:11.2f} {m['xla', 'fwd']:9.2f} {m['kernel', 'fwd+bwd']:11.2f} "
-              f"{m['xla', 'fwd+bwd']:9.2f} {m['xla', 'fwd+bwd'] / m['kernel', 'fwd+bwd']:12.1f}x")
+        m = {
+            (n, p): 1e3 * statistics.median(times[(heads, n, p)]) for n in ("kernel", "xla") for p in ("fwd", "fwd+bwd")
+        }
+        print(
+            f"{heads:5d} {m['kernel', 'fwd']:11.2f} {m['xla', 'fwd']:9.2f} {m['kernel', 'fwd+bwd']:11.2f} "
+            f"{m['xla', 'fwd+bwd']:9.2f} {m['xla', 'fwd+bwd'] / m['kernel', 'fwd+bwd']:12.1f}x"
+        )
 
 
 if __name__ == "__main__":

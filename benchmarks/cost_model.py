@@ -13,6 +13,7 @@ roofline predicts on ``--device`` from the HLO figures.
 A strategy ``S:V`` is strategy S with attention variant V (btft, bf16). The compile times
 are this machine's (a CPU) and include XLA's CPU code generation.
 """
+
 from __future__ import annotations
 
 import os
@@ -73,7 +74,11 @@ def run_strategy(experiment, spec: str, device: cost.Device) -> dict:
     analytic = train_step_flops(d.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, m.vocab_size)
     hlo = cost.Cost(measured["flops_per_member_step"], measured["bytes_per_member_step"])
     # The analytic model knows the library's own attention only, not the variants.
-    model = None if variant else cost.sweep_cost(cost.Shape.of(experiment.config), experiment.program_groups(programs), device)
+    model = (
+        None
+        if variant
+        else cost.sweep_cost(cost.Shape.of(experiment.config), experiment.program_groups(programs), device)
+    )
     scale = lambda key, unit: None if model is None else model[key] / unit  # noqa: E731
     return {
         "gflop_per_member_step": hlo.flops / 1e9,
@@ -97,10 +102,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--config", default=str(ROOT / "configs" / "paper.py"))
-    parser.add_argument("--device", default="h200", choices=sorted(cost.DEVICES), help="roofline preset (sources in mhjax/models/cost.py)")
+    parser.add_argument(
+        "--device",
+        default="h200",
+        choices=sorted(cost.DEVICES),
+        help="roofline preset (sources in mhjax/models/cost.py)",
+    )
     parser.add_argument("--peak-tflops", type=float, default=None, help="override the preset's peak TFLOP/s")
     parser.add_argument("--hbm-gbs", type=float, default=None, help="override the preset's memory bandwidth, GB/s")
-    parser.add_argument("--strategies", default=DEFAULT_STRATEGIES, help="comma-separated; S:V = strategy S with attention variant V")
+    parser.add_argument(
+        "--strategies", default=DEFAULT_STRATEGIES, help="comma-separated; S:V = strategy S with attention variant V"
+    )
     parser.add_argument("--seeds", default=None, help="override config.sweep.seed, e.g. 0,1,2,3,4,5,6,7")
     args = parser.parse_args(argv)
     config = load_config(args.config)
@@ -108,31 +120,50 @@ def main(argv=None) -> int:
         config.sweep.seed = tuple(int(s) for s in args.seeds.split(","))
     experiment = SequenceExperiment(config)
     device = device_from(args)
-    print(f"{len(experiment.members)} members; roofline on {device.name}: {device.peak_flops / 1e12:g} TFLOP/s, "
-          f"{device.hbm_bytes_per_s / 1e9:g} GB/s", flush=True)
+    print(
+        f"{len(experiment.members)} members; roofline on {device.name}: {device.peak_flops / 1e12:g} TFLOP/s, "
+        f"{device.hbm_bytes_per_s / 1e9:g} GB/s",
+        flush=True,
+    )
     header = f"{'strategy':<18} {'GFLOP':>7} {'GB':>6} {'/analytic':>9} {'model GFLOP':>11} {'model GB':>8} {'temp GB':>8} {'compile s':>9} {'steps/s':>8}"
     print(header, flush=True)
     results = {}
     for spec in args.strategies.split(","):
         r = results[spec] = run_strategy(experiment, spec, device)
-        model = [f"{x:.2f}" if x is not None else "-" for x in (r["cost_model_gflop_per_member_step"], r["cost_model_gb_per_member_step"])]
-        print(f"{spec:<18} {r['gflop_per_member_step']:>7.2f} {r['gb_per_member_step']:>6.2f} {r['hlo_over_analytic_flops']:>9.2f} "
-              f"{model[0]:>11} {model[1]:>8} {r['peak_temp_bytes'] / 1e9:>8.2f} "
-              f"{r['compile_s']:>9.1f} {r['roofline_member_steps_per_s']:>8.0f}", flush=True)
+        model = [
+            f"{x:.2f}" if x is not None else "-"
+            for x in (r["cost_model_gflop_per_member_step"], r["cost_model_gb_per_member_step"])
+        ]
+        print(
+            f"{spec:<18} {r['gflop_per_member_step']:>7.2f} {r['gb_per_member_step']:>6.2f} {r['hlo_over_analytic_flops']:>9.2f} "
+            f"{model[0]:>11} {model[1]:>8} {r['peak_temp_bytes'] / 1e9:>8.2f} "
+            f"{r['compile_s']:>9.1f} {r['roofline_member_steps_per_s']:>8.0f}",
+            flush=True,
+        )
         if r["accuracy"]:
-            print(f"{'':<18} one step against fp32 {strategy_of(spec)}: loss {r['accuracy']['loss_rel_diff']:.1e}, "
-                  f"gradient {r['accuracy']['grad_rel_l2']:.1e} (relative)", flush=True)
+            print(
+                f"{'':<18} one step against fp32 {strategy_of(spec)}: loss {r['accuracy']['loss_rel_diff']:.1e}, "
+                f"gradient {r['accuracy']['grad_rel_l2']:.1e} (relative)",
+                flush=True,
+            )
     ratio = None
     if "one_program" in results and "grouped" in results:
         one, grouped = results["one_program"], results["grouped"]
-        ratio = {"flops": one["gflop_per_member_step"] / grouped["gflop_per_member_step"],
-                 "bytes": one["gb_per_member_step"] / grouped["gb_per_member_step"]}
+        ratio = {
+            "flops": one["gflop_per_member_step"] / grouped["gflop_per_member_step"],
+            "bytes": one["gb_per_member_step"] / grouped["gb_per_member_step"],
+        }
         print(f"one_program / grouped: FLOPs {ratio['flops']:.3f}x, bytes {ratio['bytes']:.3f}x (target <= 1.25x)")
     payload = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "config": os.path.relpath(args.config, ROOT) if os.path.isabs(args.config) else args.config,
         "members": len(experiment.members),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "jax": jax.__version__, "backend": jax.default_backend()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "jax": jax.__version__,
+            "backend": jax.default_backend(),
+        },
         "device": device._asdict(),
         "attention": "jax (MHJAX_ATTENTION=jax)",
         "strategies": results,

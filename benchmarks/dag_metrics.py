@@ -20,6 +20,7 @@ The ratio reference / exact is the headline (target >= 1000x).
 
     .venv/bin/python benchmarks/dag_metrics.py [--ref-items 3] [--mc-items 16] [--json OUT]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,7 +81,8 @@ def exact_metrics(A, block: int = 8):
     """A (n, T, T), n % block == 0 -> (mixing time, minimax fidelity) each (n,)."""
     blocks = A.reshape(-1, block, *A.shape[-2:])
     mix, fid = jax.lax.map(
-        lambda a: (dag.mixing_time(a, MAX_STEPS, "reference"), dag.minimax_fidelity(a, HORIZON, True)), blocks)
+        lambda a: (dag.mixing_time(a, MAX_STEPS, "reference"), dag.minimax_fidelity(a, HORIZON, True)), blocks
+    )
     return mix.reshape(-1), fid.reshape(-1)
 
 
@@ -124,8 +126,9 @@ def _time(fn, repeats: int = 3) -> tuple[float, object]:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--ref-items", type=int, default=3, help="layer-sequences run through the Python reference loop")
     ap.add_argument("--mc-items", type=int, default=16, help="layer-sequences for the vectorised MC (500 walks)")
     ap.add_argument("--random", action="store_true", help="use random causal matrices even if checkpoints exist")
@@ -158,8 +161,9 @@ def main(argv=None) -> dict:
     # vectorised Monte Carlo, 500 walks per start node, on a subset
     k = min(args.mc_items, n)
     sub = combined[:k]
-    mc = jax.jit(lambda key, a: jax.lax.map(
-        lambda x: dag.mixing_time_mc(key, x[None], MAX_STEPS, WALKS, "reference", True), a))
+    mc = jax.jit(
+        lambda key, a: jax.lax.map(lambda x: dag.mixing_time_mc(key, x[None], MAX_STEPS, WALKS, "reference", True), a)
+    )
     jax.block_until_ready(mc(jax.random.PRNGKey(0), sub))
     mc_s, (mc_est, mc_se) = _time(lambda: mc(jax.random.PRNGKey(1), sub), repeats=1)
     mc_est, mc_se = np.asarray(mc_est).reshape(-1), np.asarray(mc_se).reshape(-1)
@@ -196,18 +200,26 @@ def main(argv=None) -> dict:
     print(f"\n{'method':<38}{'time for set (s)':>18}{'per layer-seq (ms)':>20}{'measured on':>13}")
     for name, total, per, on in rows:
         print(f"{name:<38}{total:>18.3f}{1e3 * per:>20.3f}{on:>13}")
-    print(f"(exact first call incl. compile: {compile_s:.2f} s; reference loop split: "
-          f"MC {ref_mix_s / r:.3f} s + fidelity {ref_fid_s / r:.4f} s per layer-sequence)")
-    print(f"(reference extrapolated by walk steps instead, using the exact mixing times of all {n}: "
-          f"{ref_step_weighted:,.0f} s, i.e. {ref_step_weighted / exact_s:,.0f}x; the headline uses the per-item cost)")
-    print(f"\nspeed-up exact vs reference loop: {ratio:,.0f}x  (target >= 1000x: {'PASS' if ratio >= 1000 else 'FAIL'})")
+    print(
+        f"(exact first call incl. compile: {compile_s:.2f} s; reference loop split: "
+        f"MC {ref_mix_s / r:.3f} s + fidelity {ref_fid_s / r:.4f} s per layer-sequence)"
+    )
+    print(
+        f"(reference extrapolated by walk steps instead, using the exact mixing times of all {n}: "
+        f"{ref_step_weighted:,.0f} s, i.e. {ref_step_weighted / exact_s:,.0f}x; the headline uses the per-item cost)"
+    )
+    print(
+        f"\nspeed-up exact vs reference loop: {ratio:,.0f}x  (target >= 1000x: {'PASS' if ratio >= 1000 else 'FAIL'})"
+    )
     print(f"speed-up exact vs vectorised MC:  {mc_scaled / exact_s:,.0f}x")
     print("\nagreement on the measured items (exact vs MC estimates):")
     for j, i in enumerate(pick):
         print(f"  item {i:5d}: exact {mix[i]:.4f}  reference loop {ref_mix[j]:.4f}")
     z = np.abs(mc_est - mix[:k]) / np.maximum(mc_se, 1e-12)
-    print(f"  vectorised MC on {k} items: max |MC - exact| = {np.max(np.abs(mc_est - mix[:k])):.4f} "
-          f"({np.max(z):.2f} standard errors)")
+    print(
+        f"  vectorised MC on {k} items: max |MC - exact| = {np.max(np.abs(mc_est - mix[:k])):.4f} "
+        f"({np.max(z):.2f} standard errors)"
+    )
     if use_ckpt:
         per_layer = mix.reshape(8, 4, NUM_SEQ).mean(-1)
         print("\nmean exact mixing time per (model, layer):")
@@ -215,15 +227,30 @@ def main(argv=None) -> dict:
             print(f"  {h:>2}_heads_{task:<5} " + "  ".join(f"L{l} {v:8.4f}" for l, v in enumerate(vals)))
 
     result = {
-        "set": {"layer_sequences": n, "T": T, "source": source, "backend": jax.default_backend(),
-                "cpu_count": os.cpu_count()},
-        "exact_s": exact_s, "exact_compile_s": compile_s, "exact_plus_heads_s": full_s,
-        "mc_s_scaled": mc_scaled, "mc_items": k, "mc_walks": WALKS,
-        "reference_s_per_item": ref_per, "reference_s_scaled": ref_scaled, "reference_items": r,
-        "reference_mixing_s_per_item": ref_mix_s / r, "reference_fidelity_s_per_item": ref_fid_s / r,
-        "reference_s_step_weighted": ref_step_weighted, "median_mixing_time": float(np.median(mix)),
-        "ratio_reference_over_exact": ratio, "ratio_mc_over_exact": mc_scaled / exact_s,
-        "target_ratio": 1000, "pass": bool(ratio >= 1000),
+        "set": {
+            "layer_sequences": n,
+            "T": T,
+            "source": source,
+            "backend": jax.default_backend(),
+            "cpu_count": os.cpu_count(),
+        },
+        "exact_s": exact_s,
+        "exact_compile_s": compile_s,
+        "exact_plus_heads_s": full_s,
+        "mc_s_scaled": mc_scaled,
+        "mc_items": k,
+        "mc_walks": WALKS,
+        "reference_s_per_item": ref_per,
+        "reference_s_scaled": ref_scaled,
+        "reference_items": r,
+        "reference_mixing_s_per_item": ref_mix_s / r,
+        "reference_fidelity_s_per_item": ref_fid_s / r,
+        "reference_s_step_weighted": ref_step_weighted,
+        "median_mixing_time": float(np.median(mix)),
+        "ratio_reference_over_exact": ratio,
+        "ratio_mc_over_exact": mc_scaled / exact_s,
+        "target_ratio": 1000,
+        "pass": bool(ratio >= 1000),
     }
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=float))

@@ -14,6 +14,7 @@ Variants of the attention core that the library does not use are measured by swa
 The JAX attention path must be on (MHJAX_ATTENTION=jax before mhjax is imported):
 the CPU kernel is an opaque custom call whose cost XLA cannot see.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -106,7 +107,11 @@ def measure(experiment, programs) -> dict:
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # older jax: one dict per device
         flops += float(cost["flops"])
         nbytes += float(cost["bytes accessed"])
-        each[program.name] = {"members": len(program.members), "flops": float(cost["flops"]), "bytes": float(cost["bytes accessed"])}
+        each[program.name] = {
+            "members": len(program.members),
+            "flops": float(cost["flops"]),
+            "bytes": float(cost["bytes accessed"]),
+        }
         peak_temp = max(peak_temp, int(compiled.memory_analysis().temp_size_in_bytes))
     return {
         "programs": len(programs),
@@ -137,4 +142,7 @@ def accuracy(experiment, programs, name: str) -> dict:
     diff = jax.tree_util.tree_map(lambda a, b: jnp.sum((a - b) ** 2), grads_v, grads)
     norm = jax.tree_util.tree_map(lambda a: jnp.sum(a**2), grads)
     total = lambda t: float(jnp.sqrt(sum(jax.tree_util.tree_leaves(t))))  # noqa: E731
-    return {"loss_rel_diff": abs(float(loss_v) - float(loss)) / abs(float(loss)), "grad_rel_l2": total(diff) / total(norm)}
+    return {
+        "loss_rel_diff": abs(float(loss_v) - float(loss)) / abs(float(loss)),
+        "grad_rel_l2": total(diff) / total(norm),
+    }

@@ -1,6 +1,7 @@
 """The runners of benchmarks/throughput.py: mhjax's programs, each member alone, PyTorch, and the
 machine's fp32 matmul peak. Each runner: warm() compiles and runs once; run(steps) -> {head
 count: seconds}; memory(steps) -> bytes."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -49,6 +50,7 @@ def model_flops(config) -> float:
 
 # ---------------------------------------------------------------- memory
 
+
 def _rss_bytes() -> int:
     try:
         with open("/proc/self/statm") as f:
@@ -83,8 +85,12 @@ def xla_peak_bytes(jitted, *args) -> float | None:
     """Arguments + outputs + temporaries of the compiled program (donated outputs alias)."""
     try:
         stats = jitted.lower(*args).compile().memory_analysis()
-        return float(stats.argument_size_in_bytes + stats.output_size_in_bytes
-                     - stats.alias_size_in_bytes + stats.temp_size_in_bytes)
+        return float(
+            stats.argument_size_in_bytes
+            + stats.output_size_in_bytes
+            - stats.alias_size_in_bytes
+            + stats.temp_size_in_bytes
+        )
     except Exception:  # noqa: BLE001 - memory analysis is best effort
         return None
 
@@ -92,6 +98,7 @@ def xla_peak_bytes(jitted, *args) -> float | None:
 # ---------------------------------------------------------------- runners
 # Each runner: warm() compiles and runs once; run(steps) -> {head count: seconds} for
 # `steps` steps of all its members (blocking until done).
+
 
 class SweepRunner:
     """mhjax's own engine: Sweep.run_chunk over each program (a scanned, vmapped chunk)."""
@@ -199,8 +206,20 @@ class TorchRunner:
         m, d = config.model, config.data
         self.label, self.threads = label, threads
         self.trainers = [
-            (h, Trainer(h, vocab_size=m.vocab_size, length=m.seq_len, width=m.width, num_layers=m.num_layers,
-                        mlp_dim=m.mlp_dim, dropout=m.dropout, batch_size=d.batch_size, learning_rate=1e-3))
+            (
+                h,
+                Trainer(
+                    h,
+                    vocab_size=m.vocab_size,
+                    length=m.seq_len,
+                    width=m.width,
+                    num_layers=m.num_layers,
+                    mlp_dim=m.mlp_dim,
+                    dropout=m.dropout,
+                    batch_size=d.batch_size,
+                    learning_rate=1e-3,
+                ),
+            )
             for h in config.sweep.heads
         ]
         self.members = len(self.trainers)
@@ -266,7 +285,7 @@ class MatmulPeak:
                 self.times["torch"].append(time.perf_counter() - start)
 
     def flops(self):
-        work = 2.0 * self.N ** 3
+        work = 2.0 * self.N**3
         return {k: work / min(v) for k, v in self.times.items() if v}  # best observed: the peak
 
 
@@ -274,7 +293,6 @@ def pick_torch_threads(config, log) -> tuple[int, dict]:
     """PyTorch's intra-op threads: the faster of 1 and all cores on this machine, now (its
     OpenMP barriers suffer badly when other processes share the cores)."""
     import torch
-
     from torch_model import Trainer
 
     cores = os.cpu_count() or 1

@@ -27,6 +27,7 @@ sequence length (50, 100, 200).
 
     python benchmarks/throughput.py [--json OUT] [--quick] [--reps N] [--steps N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,13 +45,22 @@ import jax
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from mhjax.models import attention as attention_module  # noqa: E402
 from runners import (  # noqa: E402
-    HEADS, MatmulPeak, ProgramView, SequentialRunner, SweepRunner, TorchRunner, make_config, model_flops,
+    HEADS,
+    MatmulPeak,
+    ProgramView,
+    SequentialRunner,
+    SweepRunner,
+    TorchRunner,
+    make_config,
+    model_flops,
     pick_torch_threads,
 )
 
+from mhjax.models import attention as attention_module  # noqa: E402
+
 # ---------------------------------------------------------------- measurement
+
 
 def interleaved(runners, steps, reps, log, extra=None):
     """{label: [ {heads: seconds} per rep ]}, runners taking turns in every repetition."""
@@ -60,9 +70,13 @@ def interleaved(runners, steps, reps, log, extra=None):
             samples[r.label].append(r.run(steps))
         if extra is not None:
             extra()
-        log(f"  rep {rep + 1}/{reps}: " + ", ".join(
-            f"{r.label} {1000 * sum(samples[r.label][-1].values()) / (steps * r.members):.0f}" for r in runners
-        ) + " ms/member-step")
+        log(
+            f"  rep {rep + 1}/{reps}: "
+            + ", ".join(
+                f"{r.label} {1000 * sum(samples[r.label][-1].values()) / (steps * r.members):.0f}" for r in runners
+            )
+            + " ms/member-step"
+        )
     return samples
 
 
@@ -94,14 +108,24 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, smaller scaling sweep")
     parser.add_argument("--reps", type=int, default=None, help="repetitions (default 3, quick 2)")
     parser.add_argument("--steps", type=int, default=None, help="steps per repetition per member (default 3, quick 2)")
-    parser.add_argument("--members", default=None, help="members per program for the scaling part (default 1,2,4,8; quick 1,2,4)")
-    parser.add_argument("--lengths", default=None, help="sequence lengths for the scaling part (default 50,100,200; quick 50,100)")
+    parser.add_argument(
+        "--members", default=None, help="members per program for the scaling part (default 1,2,4,8; quick 1,2,4)"
+    )
+    parser.add_argument(
+        "--lengths", default=None, help="sequence lengths for the scaling part (default 50,100,200; quick 50,100)"
+    )
     parser.add_argument("--no-torch", action="store_true", help="skip PyTorch")
     parser.add_argument("--no-scaling", action="store_true", help="skip the scaling part")
-    parser.add_argument("--strategies", default="unrolled,fused,grouped,sequential",
-                        help="mhjax strategies to time; NAME:IMPL pins the attention implementation (e.g. grouped:jax)")
-    parser.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/mhjax/jax_compilation_cache"),
-                        help="JAX persistent compilation cache (reruns skip compiling); '' to disable")
+    parser.add_argument(
+        "--strategies",
+        default="unrolled,fused,grouped,sequential",
+        help="mhjax strategies to time; NAME:IMPL pins the attention implementation (e.g. grouped:jax)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        default=os.path.expanduser("~/.cache/mhjax/jax_compilation_cache"),
+        help="JAX persistent compilation cache (reruns skip compiling); '' to disable",
+    )
     args = parser.parse_args(argv)
     if args.cache_dir:
         jax.config.update("jax_compilation_cache_dir", args.cache_dir)
@@ -117,8 +141,10 @@ def main(argv=None):
 
     backend = jax.default_backend()
     kernel = attention_module.use_cpu_kernel()
-    log(f"jax {jax.__version__} on {backend} ({len(jax.devices())} device(s)), {os.cpu_count()} cores; "
-        f"CPU attention kernel: {'on' if kernel else 'off'}")
+    log(
+        f"jax {jax.__version__} on {backend} ({len(jax.devices())} device(s)), {os.cpu_count()} cores; "
+        f"CPU attention kernel: {'on' if kernel else 'off'}"
+    )
     config = make_config(HEADS)
     flops = model_flops(config)
     tokens = config.data.batch_size * config.model.seq_len
@@ -178,17 +204,23 @@ def main(argv=None):
     ratio = results[best]["member_steps_per_s"] / results["torch"]["member_steps_per_s"] if "torch" in results else None
 
     print()
-    print(f"Paper model, heads {'/'.join(map(str, HEADS))}, batch {config.data.batch_size}, length {config.model.seq_len}: "
-          f"{flops / 1e9:.2f} GFLOP per member-step (analytic)")
-    print("fp32 matmul peak (2048^2, best of run): " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peaks.items()))
+    print(
+        f"Paper model, heads {'/'.join(map(str, HEADS))}, batch {config.data.batch_size}, length {config.model.seq_len}: "
+        f"{flops / 1e9:.2f} GFLOP per member-step (analytic)"
+    )
+    print(
+        "fp32 matmul peak (2048^2, best of run): " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peaks.items())
+    )
     header = f"{'strategy':14s} {'member-steps/s':>14s} {'tokens/s':>10s} {'GFLOP/s':>8s} {'MFU':>6s} {'memory MB':>10s}   ms per member-step by heads"
     print(header)
     print("-" * len(header))
     for label, r in results.items():
         mem = "-" if r["memory_bytes"] is None else f"{r['memory_bytes'] / 2**20:.0f}"
         by = ", ".join(f"{k}: {v:.0f}" for k, v in r["ms_per_step_by_heads"].items())
-        print(f"{label:14s} {r['member_steps_per_s']:14.2f} {r['tokens_per_s']:10.0f} {r['achieved_flops_per_s'] / 1e9:8.1f} "
-              f"{r['mfu']:6.2f} {mem:>10s}   {by}")
+        print(
+            f"{label:14s} {r['member_steps_per_s']:14.2f} {r['tokens_per_s']:10.0f} {r['achieved_flops_per_s'] / 1e9:8.1f} "
+            f"{r['mfu']:6.2f} {mem:>10s}   {by}"
+        )
     if ratio is not None:
         print(f"\nbest mhjax strategy: {best}; ratio_vs_torch = {ratio:.2f}; mfu = {results[best]['mfu']:.2f}")
 
@@ -220,19 +252,36 @@ def main(argv=None):
         print(f"\n{'program':12s} {'member-steps/s':>14s} {'tokens/s':>10s} {'MFU':>6s} {'memory MB':>10s}")
         for r in scale_runners:
             length = r.config.model.seq_len
-            out = summarise(r, s_samples[r.label], steps, model_flops(r.config), peak_flops, config.data.batch_size * length)
+            out = summarise(
+                r, s_samples[r.label], steps, model_flops(r.config), peak_flops, config.data.batch_size * length
+            )
             out["memory_bytes"] = r.memory(steps)
             scaling[r.label] = out
             mem = "-" if out["memory_bytes"] is None else f"{out['memory_bytes'] / 2**20:.0f}"
-            print(f"{r.label:12s} {out['member_steps_per_s']:14.2f} {out['tokens_per_s']:10.0f} {out['mfu']:6.2f} {mem:>10s}")
+            print(
+                f"{r.label:12s} {out['member_steps_per_s']:14.2f} {out['tokens_per_s']:10.0f} {out['mfu']:6.2f} {mem:>10s}"
+            )
 
     payload = {
         "date": datetime.date.today().isoformat(),
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(), "backend": backend, "jax": jax.__version__,
-                    "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None},
-        "model": {"width": 64, "layers": 4, "mlp": 128, "vocab": 256, "batch": config.data.batch_size,
-                  "length": config.model.seq_len, "heads": list(HEADS), "dropout": config.model.dropout},
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "backend": backend,
+            "jax": jax.__version__,
+            "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        },
+        "model": {
+            "width": 64,
+            "layers": 4,
+            "mlp": 128,
+            "vocab": 256,
+            "batch": config.data.batch_size,
+            "length": config.model.seq_len,
+            "heads": list(HEADS),
+            "dropout": config.model.dropout,
+        },
         "cpu_attention_kernel": kernel,
         "reps": reps,
         "steps_per_rep": steps,

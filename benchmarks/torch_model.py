@@ -11,6 +11,7 @@ Attention is F.scaled_dot_product_attention (is_causal, dropout_p): on the CPU w
 dropout it runs PyTorch's math path (matmul, softmax, dropout, matmul), and it was the
 faster of that and a hand-written version here (``attention="manual"``).
 """
+
 from __future__ import annotations
 
 import math
@@ -59,7 +60,9 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, vocab_size=256, max_len=100, width=64, num_layers=4, mlp_dim=128, heads=1, dropout=0.1, impl="sdpa"):
+    def __init__(
+        self, vocab_size=256, max_len=100, width=64, num_layers=4, mlp_dim=128, heads=1, dropout=0.1, impl="sdpa"
+    ):
         super().__init__()
         self.token_emb = nn.Embedding(vocab_size, width)  # N(0, 1) by default
         self.pos_emb = nn.Embedding(max_len, width)
@@ -76,8 +79,21 @@ class Transformer(nn.Module):
 class Trainer:
     """One member: model, Adam, and a copy-task step on a fresh random batch."""
 
-    def __init__(self, heads, *, vocab_size=256, length=100, width=64, num_layers=4, mlp_dim=128, dropout=0.1,
-                 batch_size=50, learning_rate=1e-3, seed=0, impl="sdpa"):
+    def __init__(
+        self,
+        heads,
+        *,
+        vocab_size=256,
+        length=100,
+        width=64,
+        num_layers=4,
+        mlp_dim=128,
+        dropout=0.1,
+        batch_size=50,
+        learning_rate=1e-3,
+        seed=0,
+        impl="sdpa",
+    ):
         torch.manual_seed(seed)
         self.model = Transformer(vocab_size, length, width, num_layers, mlp_dim, heads, dropout, impl).train()
         self.opt = torch.optim.Adam(self.model.parameters(), lr=learning_rate, betas=(0.9, 0.999), eps=1e-8)

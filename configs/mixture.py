@@ -16,6 +16,7 @@ Measured (2 shared CPU cores, load ~5: an upper bound): 4 min 10 s wall, 225 s i
 Outputs in the workdir besides the core ones (results.json/.md, tb/, checkpoints):
 loss_vs_K.png, test_loss_vs_n.png, ntk_margin_vs_H.png and mixture_summary.md.
 """
+
 import ml_collections
 
 from mhjax.data.mixture import default_mixture_config

@@ -15,6 +15,7 @@ Measured (`time mhjax train --config configs/mixture_generalization.py --workdir
 --no-progress`, 2 CPU cores shared with another 10-minute run and other jobs: an upper bound):
 11 min 26 s wall, 651 s in the loop (44 member-steps/s: every member is padded to n = 2048).
 """
+
 import os
 import sys
 

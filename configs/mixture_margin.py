@@ -8,6 +8,7 @@ configs/mixture_rates.py (T = 4, d = 6). Seeds vary both the data and theta_0, s
 seeds keeps the data's share however large H is.
 Measured (2 shared CPU cores, upper bound): 1 min 21 s wall.
 """
+
 import os
 import sys
 
@@ -23,6 +24,7 @@ def get_config():
     config.sweep.seed = (0, 1, 2, 3, 4, 5)
     config.sweep.step_size = (1.0,)
     config.analysis.lanczos_iters = 8
-    config.train = ml_collections.ConfigDict(dict(steps=1, chunk_steps=1, eval_every=0, eval_points=0, loss_points=0,
-                                                  checkpoint_every=1))
+    config.train = ml_collections.ConfigDict(
+        dict(steps=1, chunk_steps=1, eval_every=0, eval_points=0, loss_points=0, checkpoint_every=1)
+    )
     return config

@@ -20,6 +20,7 @@ Caveat read off path.png: with tau = 1 the Hessian at theta_0 is large (eta lamb
 at eta = 0.1), so the first steps are above GD's stability edge for every eta; by k = 250 it is
 ~1e-3. The last-decade slopes are measured far past that phase.
 """
+
 import ml_collections
 
 from mhjax.data.mixture import default_mixture_config

@@ -1,4 +1,5 @@
 """Spec §5 in full: copy and cycle, heads 1/4/8/16, width 64, 20,000 Adam steps (for accelerators)."""
+
 import ml_collections
 
 
@@ -16,10 +17,6 @@ def get_config():
     config.model = ml_collections.ConfigDict(
         dict(width=64, num_layers=4, mlp_dim=128, vocab_size=256, seq_len=100, dropout=0.1)
     )
-    config.data = ml_collections.ConfigDict(
-        dict(protocol="fixed", num_train=5000, batch_size=50, num_eval=500)
-    )
-    config.train = ml_collections.ConfigDict(
-        dict(steps=20000, chunk_steps=200, eval_every=1000, checkpoint_every=2000)
-    )
+    config.data = ml_collections.ConfigDict(dict(protocol="fixed", num_train=5000, batch_size=50, num_eval=500))
+    config.train = ml_collections.ConfigDict(dict(steps=20000, chunk_steps=200, eval_every=1000, checkpoint_every=2000))
     return config

@@ -10,6 +10,7 @@ configs/paper.py is the full 20,000-step protocol, for accelerators.
 Measured on 2026-12-03: `mhjax train --config configs/paper_cpu.py` took 1 h 24 min (5,087 s) of wall time on a
 shared 2-core machine with other jobs running (docs/reproduction.md).
 """
+
 import os
 import sys
 

@@ -2,6 +2,7 @@
 
 The paper's model (width 64, 4 layers, MLP 128, vocab 256) on sequences of length 32
 instead of 100 and 200 steps instead of 20,000, so it fits a laptop CPU."""
+
 import os
 import sys
 

@@ -1,13 +1,13 @@
 """The `mhjax` command line: argparse wiring only (the commands are in mhjax/commands/).
 
 Bad input: one line on stderr, exit status 2, no traceback."""
+
 from __future__ import annotations
 
 import argparse
 import sys
 
 from mhjax.config import ConfigError, split_overrides
-
 
 ANALYZE_DESCRIPTION = """\
 Mixing time and minimax fidelity of every layer's combined attention operator
@@ -29,59 +29,103 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="mhjax", description="Sweeps over the number of attention heads in JAX.", formatter_class=fmt)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    train = sub.add_parser("train", help="train a sweep (resumes if the workdir has a checkpoint)", formatter_class=fmt,
-                           description="Train every member of a sweep. Override any config field with --config.FIELD=VALUE.")
+    train = sub.add_parser(
+        "train",
+        help="train a sweep (resumes if the workdir has a checkpoint)",
+        formatter_class=fmt,
+        description="Train every member of a sweep. Override any config field with --config.FIELD=VALUE.",
+    )
     train.add_argument("--config", required=True, help="an ml_collections config file, e.g. configs/quick.py")
     train.add_argument("--workdir", default=None, help="output folder (default: runs/<config>-<timestamp>)")
     train.add_argument("--dry-run", action="store_true", help="print members, parameters, FLOPs and memory, then exit")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     dist = train.add_argument_group("several hosts (jax.distributed; one process per host)")
-    dist.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize() with auto-detection (SLURM, TPU pods)")
+    dist.add_argument(
+        "--distributed",
+        action="store_true",
+        help="call jax.distributed.initialize() with auto-detection (SLURM, TPU pods)",
+    )
     dist.add_argument("--coordinator", default=None, help="coordinator address host:port (explicit initialisation)")
     dist.add_argument("--num-processes", type=int, default=None, help="number of processes (with --coordinator)")
     dist.add_argument("--process-id", type=int, default=None, help="this process's id (with --coordinator)")
 
-    ex2 = sub.add_parser("example2", help="the paper's Example 2 (three minimax fidelities and a figure)", formatter_class=fmt)
+    ex2 = sub.add_parser(
+        "example2", help="the paper's Example 2 (three minimax fidelities and a figure)", formatter_class=fmt
+    )
     ex2.add_argument("--out", default="example2", help="output folder")
 
     sub.add_parser("configs", help="list the bundled configs", formatter_class=fmt)
 
     register_analyze(sub)
 
-    report = sub.add_parser("report", help="write W/report.md: results tables and figures (reads well on GitHub)",
-                            formatter_class=fmt, description="Summarise a trained sweep in W/report.md with figures in "
-                            "W/report/: results per head count, training curves and, after `mhjax analyze --workdir W`, "
-                            "mixing time, minimax fidelity and synergy per layer and head count.")
+    report = sub.add_parser(
+        "report",
+        help="write W/report.md: results tables and figures (reads well on GitHub)",
+        formatter_class=fmt,
+        description="Summarise a trained sweep in W/report.md with figures in "
+        "W/report/: results per head count, training curves and, after `mhjax analyze --workdir W`, "
+        "mixing time, minimax fidelity and synergy per layer and head count.",
+    )
     report.add_argument("--workdir", metavar="W", required=True, help="a trained sweep workdir")
-    report.add_argument("--reference", metavar="DIR", default=None, help="also compare with the released checkpoints "
-                        "{H}_heads_{task}.pt in DIR and check the paper's claims")
+    report.add_argument(
+        "--reference",
+        metavar="DIR",
+        default=None,
+        help="also compare with the released checkpoints {H}_heads_{task}.pt in DIR and check the paper's claims",
+    )
     return parser
 
 
 def register_analyze(subparsers) -> argparse.ArgumentParser:
     """Add the ``analyze`` subparser to an ``add_subparsers()`` object; returns it."""
     p = subparsers.add_parser(
-        "analyze", help="DAG metrics (mixing time, minimax fidelity) of trained models",
-        description=ANALYZE_DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "analyze",
+        help="DAG metrics (mixing time, minimax fidelity) of trained models",
+        description=ANALYZE_DESCRIPTION,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     src = p.add_argument_group("what to analyse (exactly one)")
-    src.add_argument("--torch-checkpoint", metavar="PATH", default=None,
-                     help="a released reference checkpoint {H}_heads_{task}.pt (needs --heads, --task, --out)")
-    src.add_argument("--workdir", metavar="W", default=None,
-                     help="a trained sweep workdir: analyse every member of its latest checkpoint")
+    src.add_argument(
+        "--torch-checkpoint",
+        metavar="PATH",
+        default=None,
+        help="a released reference checkpoint {H}_heads_{task}.pt (needs --heads, --task, --out)",
+    )
+    src.add_argument(
+        "--workdir",
+        metavar="W",
+        default=None,
+        help="a trained sweep workdir: analyse every member of its latest checkpoint",
+    )
     p.add_argument("--heads", type=int, default=None, help="number of attention heads of --torch-checkpoint")
     p.add_argument("--task", default=None, help="task of --torch-checkpoint: copy, cycle or zero")
-    p.add_argument("--out", metavar="DIR", default=None,
-                   help="output folder (required with --torch-checkpoint; default W/analysis with --workdir)")
-    p.add_argument("--sequences", metavar="FILE.npy", default=None,
-                   help="evaluate these (N, T) integer token sequences instead of random ones")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="output folder (required with --torch-checkpoint; default W/analysis with --workdir)",
+    )
+    p.add_argument(
+        "--sequences",
+        metavar="FILE.npy",
+        default=None,
+        help="evaluate these (N, T) integer token sequences instead of random ones",
+    )
     p.add_argument("--num-sequences", type=int, default=50, help="number of random evaluation sequences")
     p.add_argument("--seed", type=int, default=0, help="seed of the random evaluation sequences")
     p.add_argument("--horizon", type=int, default=100, help="fidelity horizon: max over t = 1..horizon")
     p.add_argument("--max-steps", type=int, default=100, help="cap on the walk length in the mixing time")
-    p.add_argument("--chain", choices=("reference", "normalized"), default="reference",
-                   help="walk for the mixing time: the reference sampler's chain or column-normalised")
-    p.add_argument("--exclude-sink", action="store_true",
-                   help="minimax fidelity over non-sink nodes only (the reference includes the sink)")
+    p.add_argument(
+        "--chain",
+        choices=("reference", "normalized"),
+        default="reference",
+        help="walk for the mixing time: the reference sampler's chain or column-normalised",
+    )
+    p.add_argument(
+        "--exclude-sink",
+        action="store_true",
+        help="minimax fidelity over non-sink nodes only (the reference includes the sink)",
+    )
     p.add_argument("--batch-size", type=int, default=50, help="sequences per forward/metrics call (memory bound)")
     p.add_argument("--no-tensorboard", action="store_true", help="with --workdir: do not log to the TensorBoard runs")
     p.add_argument("--no-plot", action="store_true", help="skip analysis.png")

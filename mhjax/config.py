@@ -3,6 +3,7 @@
 Every problem with a config raises ConfigError("<field>: <what is allowed>"); the
 command line prints that one line and exits with status 2 before anything compiles.
 """
+
 from __future__ import annotations
 
 import ast
@@ -34,7 +35,9 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
     except Exception as exc:
         raise ConfigError(f"--config: get_config() in {path} failed: {_one_line(exc)}") from None
     if not isinstance(config, ml_collections.ConfigDict):
-        raise ConfigError(f"--config: get_config() in {path} must return an ml_collections.ConfigDict, got {type(config).__name__}")
+        raise ConfigError(
+            f"--config: get_config() in {path} must return an ml_collections.ConfigDict, got {type(config).__name__}"
+        )
     return config
 
 
@@ -101,7 +104,7 @@ def split_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     while i < len(argv):
         arg = argv[i]
         if arg.startswith("--config."):
-            body = arg[len("--config."):]
+            body = arg[len("--config.") :]
             if "=" in body:
                 field, value = body.split("=", 1)
             elif i + 1 < len(argv):
@@ -117,6 +120,7 @@ def split_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 # ---- validation helpers: each raises ConfigError naming the field ----
+
 
 def require_positive(config, field: str, kind=(int, float)):
     value = _get(config, field)
@@ -146,7 +150,11 @@ def require_nonempty_tuple(config, field: str):
 def require_range(config, field: str, low: float, high: float, inclusive_low=True, inclusive_high=True):
     value = _get(config, field)
     ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok_type and (value >= low if inclusive_low else value > low) and (value <= high if inclusive_high else value < high)
+    ok = (
+        ok_type
+        and (value >= low if inclusive_low else value > low)
+        and (value <= high if inclusive_high else value < high)
+    )
     if not ok:
         lo, hi = ("[" if inclusive_low else "("), ("]" if inclusive_high else ")")
         raise ConfigError(f"config.{field}: must be in {lo}{low}, {high}{hi}, got {value!r}")
@@ -171,7 +179,9 @@ def require_device_count(config, field: str):
 
     available = jax.local_device_count()
     if _get(config, field) > available:
-        raise ConfigError(f"config.{field}: {_get(config, field)} devices requested, this process has {available} ({jax.default_backend()})")
+        raise ConfigError(
+            f"config.{field}: {_get(config, field)} devices requested, this process has {available} ({jax.default_backend()})"
+        )
 
 
 def _get(config, field: str):

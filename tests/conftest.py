@@ -23,7 +23,9 @@ def tiny_sequence_config(**sweep):
     fields = dict(task=("copy",), heads=(1, 4), seed=(0,), learning_rate=(3e-3,))
     fields.update({k: tuple(v) for k, v in sweep.items()})
     config.sweep = ml_collections.ConfigDict(fields)
-    config.model = ml_collections.ConfigDict(dict(width=16, num_layers=1, mlp_dim=32, vocab_size=16, seq_len=8, dropout=0.1))
+    config.model = ml_collections.ConfigDict(
+        dict(width=16, num_layers=1, mlp_dim=32, vocab_size=16, seq_len=8, dropout=0.1)
+    )
     config.data = ml_collections.ConfigDict(dict(protocol="fixed", num_train=16, batch_size=4, num_eval=8))
     config.train = ml_collections.ConfigDict(dict(steps=6, chunk_steps=3, eval_every=3, checkpoint_every=3))
     return config
@@ -36,7 +38,9 @@ def config_source(config) -> str:
 
 def tiny_train(config, steps, chunk_steps, eval_every, checkpoint_every):
     with config.train.unlocked():
-        config.train.update(dict(steps=steps, chunk_steps=chunk_steps, eval_every=eval_every, checkpoint_every=checkpoint_every))
+        config.train.update(
+            dict(steps=steps, chunk_steps=chunk_steps, eval_every=eval_every, checkpoint_every=checkpoint_every)
+        )
     return config
 
 

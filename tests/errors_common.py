@@ -1,5 +1,6 @@
 """Shared pieces of the bad-input tests: a tiny config file, a trained workdir, a snapshot of
 a workdir (to show a refused command changed nothing) and the one-line error check."""
+
 import os
 import shutil
 
@@ -9,7 +10,7 @@ from mhjax import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-CONFIG = '''
+CONFIG = """
 import ml_collections
 
 
@@ -24,7 +25,7 @@ def get_config():
     c.train = ml_collections.ConfigDict(dict(steps=2, chunk_steps=2, eval_every=0, checkpoint_every=2))
 {extra}
     return c
-'''
+"""
 
 
 def write_config(path, extra: str = "") -> str:

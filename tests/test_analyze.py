@@ -13,9 +13,9 @@ from mhjax.analysis import dag, metrics
 from mhjax.cli import register_analyze as register
 from mhjax.commands import analyze
 from mhjax.commands.analyze import run_analyze
+from mhjax.config import ConfigError
 from mhjax.models import probe
 from mhjax.plotting.images import attention_grid
-from mhjax.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -25,8 +25,16 @@ needs_ckpts = pytest.mark.skipif(
     not SHARED.is_dir() or not all((CKPT_DIR / f"{h}_heads_{t}.pt").exists() for h, t in MODELS),
     reason=f"released reference checkpoints not found under {CKPT_DIR}",
 )
-LAYER_KEYS = {"layer", "mixing_time_mean", "mixing_time_std", "fidelity_pct_mean", "fidelity_pct_std",
-              "best_single_fidelity_pct_mean", "combined_beats_best_share", "head_weights"}
+LAYER_KEYS = {
+    "layer",
+    "mixing_time_mean",
+    "mixing_time_std",
+    "fidelity_pct_mean",
+    "fidelity_pct_std",
+    "best_single_fidelity_pct_mean",
+    "combined_beats_best_share",
+    "head_weights",
+}
 
 
 def cli(argv):
@@ -76,8 +84,21 @@ def test_released_checkpoint_accuracy(heads, task):
 @needs_ckpts
 def test_cli_torch_checkpoint_end_to_end(tmp_path, capsys):
     out = tmp_path / "an"
-    rc = cli(["analyze", "--torch-checkpoint", str(CKPT_DIR / "4_heads_copy.pt"), "--heads", "4", "--task", "copy",
-              "--out", str(out), "--num-sequences", "3"])
+    rc = cli(
+        [
+            "analyze",
+            "--torch-checkpoint",
+            str(CKPT_DIR / "4_heads_copy.pt"),
+            "--heads",
+            "4",
+            "--task",
+            "copy",
+            "--out",
+            str(out),
+            "--num-sequences",
+            "3",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     assert "layer 3" in capsys.readouterr().out
     data = json.loads((out / "analysis.json").read_text())
@@ -118,39 +139,63 @@ def test_sequences_file_and_learned_weights(tmp_path):
 
 
 @needs_ckpts
-@pytest.mark.parametrize("argv,option", [
-    (["--heads", "8"], "--heads"),  # file name says 4 heads
-    (["--heads", "3"], "--heads"),  # not a divisor of 64
-    (["--heads", "4", "--sequences", "{bad1d}"], "--sequences"),
-    (["--heads", "4", "--sequences", "{float}"], "--sequences"),
-    (["--heads", "4", "--sequences", "{range}"], "--sequences"),
-    (["--heads", "4", "--sequences", "{long}"], "--sequences"),
-    (["--heads", "4", "--sequences", "{missing}"], "--sequences"),
-    (["--heads", "4", "--num-sequences", "0"], "--num-sequences"),
-])
+@pytest.mark.parametrize(
+    "argv,option",
+    [
+        (["--heads", "8"], "--heads"),  # file name says 4 heads
+        (["--heads", "3"], "--heads"),  # not a divisor of 64
+        (["--heads", "4", "--sequences", "{bad1d}"], "--sequences"),
+        (["--heads", "4", "--sequences", "{float}"], "--sequences"),
+        (["--heads", "4", "--sequences", "{range}"], "--sequences"),
+        (["--heads", "4", "--sequences", "{long}"], "--sequences"),
+        (["--heads", "4", "--sequences", "{missing}"], "--sequences"),
+        (["--heads", "4", "--num-sequences", "0"], "--num-sequences"),
+    ],
+)
 def test_bad_input_with_checkpoint(tmp_path, capsys, argv, option):
-    files = {"bad1d": np.zeros(10, np.int64), "float": np.zeros((2, 10), np.float32),
-             "range": np.full((2, 10), 256), "long": np.zeros((2, 101), np.int32)}
+    files = {
+        "bad1d": np.zeros(10, np.int64),
+        "float": np.zeros((2, 10), np.float32),
+        "range": np.full((2, 10), 256),
+        "long": np.zeros((2, 101), np.int32),
+    }
     for name, arr in files.items():
         np.save(tmp_path / f"{name}.npy", arr)
     argv = [a.format(**{k: str(tmp_path / f"{k}.npy") for k in [*files, "missing"]}) for a in argv]
-    rc = cli(["analyze", "--torch-checkpoint", str(CKPT_DIR / "4_heads_copy.pt"), "--task", "copy",
-              "--out", str(tmp_path / "o"), *argv])
+    rc = cli(
+        [
+            "analyze",
+            "--torch-checkpoint",
+            str(CKPT_DIR / "4_heads_copy.pt"),
+            "--task",
+            "copy",
+            "--out",
+            str(tmp_path / "o"),
+            *argv,
+        ]
+    )
     assert_one_line_error(capsys, rc, option)
 
 
-@pytest.mark.parametrize("argv,option", [
-    (["--torch-checkpoint", "/nonexistent/4_heads_copy.pt", "--heads", "4", "--task", "copy", "--out", "o"],
-     "--torch-checkpoint"),
-    (["--torch-checkpoint", "/nonexistent/4_heads_copy.pt", "--heads", "4", "--task", "reverse", "--out", "o"],
-     "--task"),
-    (["--torch-checkpoint", "x.pt", "--task", "copy", "--out", "o"], "--heads"),
-    (["--torch-checkpoint", "x.pt", "--heads", "4", "--task", "copy"], "--out"),
-    (["--heads", "4"], "--torch-checkpoint/--workdir"),
-    (["--workdir", "/nonexistent/sweep"], "--workdir"),
-    (["--workdir", "w", "--torch-checkpoint", "x.pt"], "--torch-checkpoint/--workdir"),
-    (["--heads", "four"], "--heads"),  # argparse errors are one line too
-])
+@pytest.mark.parametrize(
+    "argv,option",
+    [
+        (
+            ["--torch-checkpoint", "/nonexistent/4_heads_copy.pt", "--heads", "4", "--task", "copy", "--out", "o"],
+            "--torch-checkpoint",
+        ),
+        (
+            ["--torch-checkpoint", "/nonexistent/4_heads_copy.pt", "--heads", "4", "--task", "reverse", "--out", "o"],
+            "--task",
+        ),
+        (["--torch-checkpoint", "x.pt", "--task", "copy", "--out", "o"], "--heads"),
+        (["--torch-checkpoint", "x.pt", "--heads", "4", "--task", "copy"], "--out"),
+        (["--heads", "4"], "--torch-checkpoint/--workdir"),
+        (["--workdir", "/nonexistent/sweep"], "--workdir"),
+        (["--workdir", "w", "--torch-checkpoint", "x.pt"], "--torch-checkpoint/--workdir"),
+        (["--heads", "four"], "--heads"),  # argparse errors are one line too
+    ],
+)
 def test_bad_input_without_checkpoint(tmp_path, monkeypatch, capsys, argv, option):
     monkeypatch.chdir(tmp_path)
     assert_one_line_error(capsys, cli(["analyze", *argv]), option)
@@ -160,8 +205,21 @@ def test_help_lists_every_option(capsys):
     with pytest.raises(SystemExit):
         cli(["analyze", "--help"])
     text = capsys.readouterr().out
-    for opt in ("--torch-checkpoint", "--workdir", "--heads", "--task", "--out", "--sequences", "--num-sequences",
-                "--seed", "--horizon", "--max-steps", "--chain", "--exclude-sink", "--no-tensorboard"):
+    for opt in (
+        "--torch-checkpoint",
+        "--workdir",
+        "--heads",
+        "--task",
+        "--out",
+        "--sequences",
+        "--num-sequences",
+        "--seed",
+        "--horizon",
+        "--max-steps",
+        "--chain",
+        "--exclude-sink",
+        "--no-tensorboard",
+    ):
         assert opt in text
     assert "(default: 50)" in text
 
@@ -175,7 +233,9 @@ def test_layer_metrics_matches_dag_per_item():
     attn /= attn.sum(-1, keepdims=True)
     beta = rng.random((L, H))
     beta /= beta.sum(-1, keepdims=True)
-    got = jax.device_get(metrics.layer_metrics(attn.astype(np.float32), beta.astype(np.float32), block=4))  # 6 items: padded
+    got = jax.device_get(
+        metrics.layer_metrics(attn.astype(np.float32), beta.astype(np.float32), block=4)
+    )  # 6 items: padded
     for l in range(L):
         for n in range(N):
             A = dag.combine(attn[l, n], beta[l])
@@ -210,12 +270,26 @@ def sweep_workdir(tmp_path_factory):
     from mhjax.experiments import make_experiment
     from mhjax.train.loop import run
 
-    config = apply_overrides(load_config_file(str(ROOT / "configs" / "quick.py")), {
-        "model.width": "16", "model.num_layers": "1", "model.seq_len": "8", "model.mlp_dim": "16",
-        "model.vocab_size": "16", "train.steps": "4", "train.chunk_steps": "4", "train.eval_every": "0",
-        "train.checkpoint_every": "0", "sweep.heads": "(1, 2)", "sweep.task": "('copy',)",
-        "data.num_train": "16", "data.batch_size": "8", "data.num_eval": "8", "strategy": "fused",
-    })
+    config = apply_overrides(
+        load_config_file(str(ROOT / "configs" / "quick.py")),
+        {
+            "model.width": "16",
+            "model.num_layers": "1",
+            "model.seq_len": "8",
+            "model.mlp_dim": "16",
+            "model.vocab_size": "16",
+            "train.steps": "4",
+            "train.chunk_steps": "4",
+            "train.eval_every": "0",
+            "train.checkpoint_every": "0",
+            "sweep.heads": "(1, 2)",
+            "sweep.task": "('copy',)",
+            "data.num_train": "16",
+            "data.batch_size": "8",
+            "data.num_eval": "8",
+            "strategy": "fused",
+        },
+    )
     workdir = tmp_path_factory.mktemp("sweep")
     run(make_experiment(config), str(workdir), progress=False, log=lambda m: None)
     return workdir
@@ -240,7 +314,9 @@ def test_workdir_every_member_and_tensorboard(sweep_workdir, capsys):
         events = EventAccumulator(str(sweep_workdir / "tb" / name), size_guidance={"images": 0, "scalars": 0})
         events.Reload()
         assert "analysis/attention/layer0" in events.Tags()["images"]
-        assert {"analysis/layer0/mixing_time", "analysis/layer0/fidelity_pct", "analysis/accuracy"} <= set(events.Tags()["scalars"])
+        assert {"analysis/layer0/mixing_time", "analysis/layer0/fidelity_pct", "analysis/accuracy"} <= set(
+            events.Tags()["scalars"]
+        )
         assert events.Scalars("analysis/layer0/mixing_time")[-1].step == 4
         assert "train/loss" in events.Tags()["scalars"]  # same run as training
     assert (sweep_workdir / "analysis" / "analysis.md").exists()

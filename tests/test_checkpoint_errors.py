@@ -1,5 +1,6 @@
 """Bad checkpoints, analysis inputs and device counts through the CLI: exit status 2, one line on
 stderr naming the file or option, nothing unpickled, the workdir left as it was."""
+
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import pytest
 
 from mhjax import cli
 from tests.errors_common import ROOT, assert_one_line_error, snapshot
+
 
 def _checkpoint_files(workdir, step):
     root = os.path.join(workdir, "checkpoints", str(step))
@@ -72,7 +74,9 @@ def test_mismatched_checkpoint_names_file_and_mismatch(workdir_copy, capsys, cha
     _retarget(workdir, edit)
     before = snapshot(workdir)
     text = str(tuple(value)) if isinstance(value, list) else str(value)
-    code = cli.main(["train", "--config", config, "--workdir", workdir, "--no-progress", f"--config.{section}.{field}={text}"])
+    code = cli.main(
+        ["train", "--config", config, "--workdir", workdir, "--no-progress", f"--config.{section}.{field}={text}"]
+    )
     line = assert_one_line_error(capsys, code, "does not match this sweep")
     assert os.path.join(workdir, "checkpoints", "2") in line
     expected = {
@@ -96,7 +100,20 @@ def test_analyze_bad_inputs(trained, tmp_path, capsys):
     out = str(tmp_path / "out")
     before = snapshot(workdir)
     cases = [
-        (["analyze", "--torch-checkpoint", str(tmp_path / "missing.pt"), "--heads", "4", "--task", "copy", "--out", out], "--torch-checkpoint"),
+        (
+            [
+                "analyze",
+                "--torch-checkpoint",
+                str(tmp_path / "missing.pt"),
+                "--heads",
+                "4",
+                "--task",
+                "copy",
+                "--out",
+                out,
+            ],
+            "--torch-checkpoint",
+        ),
         (["analyze", "--torch-checkpoint", str(junk), "--heads", "4", "--task", "copy", "--out", out], str(junk)),
         (["analyze", "--torch-checkpoint", str(junk), "--task", "copy", "--out", out], "--heads"),
         (["analyze", "--torch-checkpoint", str(junk), "--heads", "four", "--task", "copy", "--out", out], "--heads"),
@@ -124,7 +141,11 @@ def test_device_count_beyond_the_mesh_is_refused(trained, capsys):
     import jax
 
     before = snapshot(workdir)
-    for value, match in ((str(jax.local_device_count() + 1), "config.devices"), ("-1", "config.devices"), ("two", "config.devices")):
+    for value, match in (
+        (str(jax.local_device_count() + 1), "config.devices"),
+        ("-1", "config.devices"),
+        ("two", "config.devices"),
+    ):
         code = cli.main(["train", "--config", config, "--workdir", workdir, f"--config.devices={value}"])
         assert_one_line_error(capsys, code, match)
     assert snapshot(workdir) == before
@@ -132,9 +153,12 @@ def test_device_count_beyond_the_mesh_is_refused(trained, capsys):
 
 # ---- a few through a real subprocess: the real stderr holds one line, no traceback ----
 
+
 def _cli_subprocess(*argv):
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "mhjax", *argv], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "mhjax", *argv], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT
+    )
 
 
 def test_subprocess_errors_are_one_line(workdir_copy, tmp_path):
@@ -162,6 +186,7 @@ def test_subprocess_errors_are_one_line(workdir_copy, tmp_path):
 
 # ---- untrusted files: restoring a checkpoint never runs code from disk ----
 
+
 class _Payload:
     """Unpickling this creates the marker file (what a hostile pickle would do)."""
 
@@ -181,8 +206,15 @@ def test_checkpoint_restore_never_unpickles(workdir_copy, tmp_path, capsys):
     marker = tmp_path / "pwned"
     evil = pickle.dumps(_Payload(str(marker)), protocol=2)
     step = os.path.join(workdir, "checkpoints", "2")
-    planted = ["checkpoint", "checkpoint.pkl", "_CHECKPOINT_METADATA.pkl", "default/data.pkl",
-               "default/pytree.pkl", "default/_METADATA.pkl", "default/checkpoint.msgpack"]
+    planted = [
+        "checkpoint",
+        "checkpoint.pkl",
+        "_CHECKPOINT_METADATA.pkl",
+        "default/data.pkl",
+        "default/pytree.pkl",
+        "default/_METADATA.pkl",
+        "default/checkpoint.msgpack",
+    ]
     for name in planted:
         with open(os.path.join(step, name), "wb") as f:
             f.write(evil)
@@ -216,13 +248,24 @@ def test_the_package_has_no_unsafe_loaders():
                 if isinstance(node, (ast.Import, ast.ImportFrom)):
                     modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
                     for m in modules:
-                        if m.split(".")[0] in ("pickle", "dill", "cloudpickle", "joblib", "shelve", "marshal") and not path.endswith("torch_import.py"):
+                        if m.split(".")[0] in (
+                            "pickle",
+                            "dill",
+                            "cloudpickle",
+                            "joblib",
+                            "shelve",
+                            "marshal",
+                        ) and not path.endswith("torch_import.py"):
                             problems.append(f"{path}:{node.lineno} imports {m}")
                 if isinstance(node, ast.Call):
                     func = ast.unparse(node.func)
-                    if func in ("torch.load", "pickle.load", "pickle.loads", "eval", "exec") or func.endswith("PyTreeCheckpointHandler"):
+                    if func in ("torch.load", "pickle.load", "pickle.loads", "eval", "exec") or func.endswith(
+                        "PyTreeCheckpointHandler"
+                    ):
                         problems.append(f"{path}:{node.lineno} calls {func}")
                     for kw in node.keywords:
-                        if kw.arg == "allow_pickle" and not (isinstance(kw.value, ast.Constant) and kw.value.value is False):
+                        if kw.arg == "allow_pickle" and not (
+                            isinstance(kw.value, ast.Constant) and kw.value.value is False
+                        ):
                             problems.append(f"{path}:{node.lineno} {func}(allow_pickle=...)")
     assert not problems, problems

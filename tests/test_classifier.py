@@ -7,8 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mhjax.models.classifier import (classifier_apply, gd_step, head_mask_for,
-                                     init_params, logistic_loss)
+from mhjax.models.classifier import classifier_apply, gd_step, head_mask_for, init_params, logistic_loss
 
 
 class Cfg:
@@ -55,13 +54,10 @@ def test_padded_equals_plain_value_and_grad(query, active):
     Us = [params["U"][h] for h in active]
 
     phi = jax.jit(classifier_apply, static_argnums=4)(params, X, mask, H, query)
-    np.testing.assert_allclose(phi, reference_phi(Ws, Us, X, query),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(phi, reference_phi(Ws, Us, X, query), rtol=1e-5, atol=1e-6)
 
-    g = jax.jit(jax.grad(logistic_loss), static_argnums=5)(
-        params, X, y, mask, H, query)
-    g_ref_W, g_ref_U = jax.jit(jax.grad(ref_loss, argnums=(0, 1)),
-                               static_argnums=4)(Ws, Us, X, y, query)
+    g = jax.jit(jax.grad(logistic_loss), static_argnums=5)(params, X, y, mask, H, query)
+    g_ref_W, g_ref_U = jax.jit(jax.grad(ref_loss, argnums=(0, 1)), static_argnums=4)(Ws, Us, X, y, query)
     for i, h in enumerate(active):
         np.testing.assert_allclose(g["W"][h], g_ref_W[i], rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(g["U"][h], g_ref_U[i], rtol=1e-4, atol=1e-6)
@@ -70,16 +66,14 @@ def test_padded_equals_plain_value_and_grad(query, active):
     assert np.all(np.asarray(g["W"])[masked] == 0.0)
     assert np.all(np.asarray(g["U"])[masked] == 0.0)
     # ... and exactly zero contribution: changing them changes nothing
-    junk = jax.tree_util.tree_map(lambda p: p.at[jnp.array(masked)].set(7.0),
-                                  params)
+    junk = jax.tree_util.tree_map(lambda p: p.at[jnp.array(masked)].set(7.0), params)
     np.testing.assert_array_equal(classifier_apply(junk, X, mask, H, query), phi)
 
 
 def test_shapes_and_variants():
     X, _ = data()
     p_full = init_params(jax.random.PRNGKey(0), Cfg, 3, "random")
-    p_first = init_params(jax.random.PRNGKey(0), Cfg, 3, "random",
-                              query="first")
+    p_first = init_params(jax.random.PRNGKey(0), Cfg, 3, "random", query="first")
     assert p_full["W"].shape == (3, 4, 4) and p_full["U"].shape == (3, 5, 4)
     assert p_first["W"].shape == (3, 4, 4) and p_first["U"].shape == (3, 4)
     mask = head_mask_for(2, 3)
@@ -88,8 +82,7 @@ def test_shapes_and_variants():
         assert classifier_apply(p, X, mask).shape == (6,)
         assert classifier_apply(p, X[0], mask).shape == ()
         # single example == batched row; num_heads defaults to sum(mask)
-        np.testing.assert_allclose(classifier_apply(p, X[2], mask, 2),
-                                   classifier_apply(p, X, mask)[2], rtol=1e-6)
+        np.testing.assert_allclose(classifier_apply(p, X[2], mask, 2), classifier_apply(p, X, mask)[2], rtol=1e-6)
     with pytest.raises(ValueError, match="query"):
         classifier_apply(p_first, X, mask, 2, "full")
     with pytest.raises(ValueError, match="init"):
@@ -100,16 +93,13 @@ def test_shapes_and_variants():
 def test_one_over_sqrt_h_scaling(query):
     # H identical heads: Phi_H = H * phi_head / sqrt(H) = sqrt(H) * Phi_1.
     X, _ = data()
-    one = init_params(jax.random.PRNGKey(2), Cfg, 1, "random",
-                          query=query)
+    one = init_params(jax.random.PRNGKey(2), Cfg, 1, "random", query=query)
     hmax = 8
-    tiled = jax.tree_util.tree_map(
-        lambda p: jnp.repeat(p, hmax, axis=0), one)
+    tiled = jax.tree_util.tree_map(lambda p: jnp.repeat(p, hmax, axis=0), one)
     phi1 = classifier_apply(one, X, jnp.ones(1), 1)
     for H in (1, 2, 4, 8):
         phiH = classifier_apply(tiled, X, head_mask_for(H, hmax), H)
-        np.testing.assert_allclose(phiH, math.sqrt(H) * phi1, rtol=1e-5,
-                                   atol=1e-6)
+        np.testing.assert_allclose(phiH, math.sqrt(H) * phi1, rtol=1e-5, atol=1e-6)
 
 
 def test_traced_num_heads_vmapped_members():
@@ -119,11 +109,9 @@ def test_traced_num_heads_vmapped_members():
     params = init_params(jax.random.PRNGKey(3), Cfg, hmax, "random")
     Hs = jnp.array([1, 2, 4])
     masks = jax.vmap(lambda h: head_mask_for(h, hmax))(Hs)
-    losses = jax.jit(jax.vmap(logistic_loss, in_axes=(None, None, None, 0, 0)))(
-        params, X, y, masks, Hs)
+    losses = jax.jit(jax.vmap(logistic_loss, in_axes=(None, None, None, 0, 0)))(params, X, y, masks, Hs)
     for i, H in enumerate([1, 2, 4]):
-        expect = ref_loss(list(params["W"][:H]), list(params["U"][:H]), X, y,
-                          "full")
+        expect = ref_loss(list(params["W"][:H]), list(params["U"][:H]), X, y, "full")
         np.testing.assert_allclose(losses[i], expect, rtol=1e-5)
 
 
@@ -141,7 +129,6 @@ def test_zero_init_and_one_gd_step():
     U = np.asarray(p1["U"])
     assert np.all(U[H:] == 0.0) and np.abs(U[0]).max() > 0
     np.testing.assert_allclose(U[1], U[0])
-    mean_tok = jnp.mean(X, axis=1, keepdims=True)            # (n, 1, d)
-    expect = 0.5 * jnp.mean((0.5 * y)[:, None, None]
-                            * jnp.broadcast_to(mean_tok, X.shape), 0) / math.sqrt(H)
+    mean_tok = jnp.mean(X, axis=1, keepdims=True)  # (n, 1, d)
+    expect = 0.5 * jnp.mean((0.5 * y)[:, None, None] * jnp.broadcast_to(mean_tok, X.shape), 0) / math.sqrt(H)
     np.testing.assert_allclose(U[0], expect, rtol=1e-5, atol=1e-7)

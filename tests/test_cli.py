@@ -1,4 +1,5 @@
 """Command-line ergonomics: --help with defaults, `configs`, `--dry-run`, default workdirs, Ctrl-C and resume."""
+
 import argparse
 import glob
 import os
@@ -67,7 +68,7 @@ def test_every_subcommand_help_lists_every_option_with_its_default(capsys):
             flag = max(action.option_strings, key=len)
             start = text.find(flag + " ", text.find("options:"))  # in the option list, not the usage line
             start = start if start >= 0 else text.index(flag, text.find("options:"))
-            nxt = [text.find(max(o.option_strings, key=len), start + len(flag)) for o in options[k + 1:]]
+            nxt = [text.find(max(o.option_strings, key=len), start + len(flag)) for o in options[k + 1 :]]
             end = min([i for i in nxt if i > start] or [len(text)])
             assert "(default:" in text[start:end], f"mhjax {name} --help: {flag} shows no default"
 
@@ -148,8 +149,13 @@ def test_ctrl_c_checkpoints_exits_130_and_the_next_run_resumes(tmp_path):
     assert saved and 0 < max(saved) < steps
     assert not os.path.exists(os.path.join(workdir, "results.json"))
 
-    done = subprocess.run(command[:-2] + ["--config", config, "--workdir", workdir, "--no-progress"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        command[:-2] + ["--config", config, "--workdir", workdir, "--no-progress"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"resuming from checkpoint at step {max(saved)}" in done.stderr
     assert os.path.isfile(os.path.join(workdir, "results.json"))

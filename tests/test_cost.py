@@ -1,5 +1,6 @@
 """The analytic cost model (models/cost.py) against XLA's own count of compiled steps, and
 its roofline and sharding arithmetic."""
+
 import jax
 import pytest
 
@@ -36,7 +37,9 @@ def test_cost_model_matches_xlas_count_on_unseen_shapes(monkeypatch):
     measured = {}
     for strategy in ("fused", "grouped"):
         flops, nbytes = measured[strategy] = hlo_cost(experiment, strategy)
-        predicted = cost.sweep_cost(shape, experiment.program_groups(experiment.programs(strategy, "gpu")), cost.DEVICES["h200"])
+        predicted = cost.sweep_cost(
+            shape, experiment.program_groups(experiment.programs(strategy, "gpu")), cost.DEVICES["h200"]
+        )
         assert predicted["flops_per_member_step"] == pytest.approx(flops, rel=TOLERANCE), strategy
         assert predicted["bytes_per_member_step"] == pytest.approx(nbytes, rel=TOLERANCE), strategy
     assert measured["fused"][1] > measured["grouped"][1]  # the padded fine heads cost traffic

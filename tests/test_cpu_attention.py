@@ -1,6 +1,7 @@
 """The fused CPU attention kernel computes the same function as the JAX attention:
 values and gradients, plain and grouped heads, with and without dropout, vmapped members
 with different head counts; and its dropout keeps the right fraction."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,7 +23,9 @@ def implementation():
 
 def _value_and_grad(model, params, tokens, heads, deterministic):
     def loss(p):
-        logits = model.apply({"params": p}, tokens, heads, deterministic=deterministic, rngs={"dropout": jax.random.PRNGKey(5)})
+        logits = model.apply(
+            {"params": p}, tokens, heads, deterministic=deterministic, rngs={"dropout": jax.random.PRNGKey(5)}
+        )
         return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
 
     return jax.jit(jax.value_and_grad(loss))(params)
@@ -79,7 +82,9 @@ def test_kernel_vmapped_members_with_different_heads(implementation):
     def run():
         def one(h):
             def loss(p):
-                logits = model.apply({"params": p}, tokens, h, deterministic=False, rngs={"dropout": jax.random.PRNGKey(5)})
+                logits = model.apply(
+                    {"params": p}, tokens, h, deterministic=False, rngs={"dropout": jax.random.PRNGKey(5)}
+                )
                 return jnp.mean(logits**2)
 
             return jax.value_and_grad(loss)(params)

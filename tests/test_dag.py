@@ -91,8 +91,9 @@ def test_transition_matrix_matches_brute_force():
 def test_mixing_time_mc_agrees_within_sampling_error(chain):
     A = np.stack([random_causal(np.random.default_rng(s), 8) for s in (10, 11)])
     exact = np.asarray(dag.mixing_time(A, max_steps=30, chain=chain))
-    est, se = dag.mixing_time_mc(jax.random.PRNGKey(0), A, max_steps=30, num_walks=2000,
-                                 chain=chain, return_stderr=True)
+    est, se = dag.mixing_time_mc(
+        jax.random.PRNGKey(0), A, max_steps=30, num_walks=2000, chain=chain, return_stderr=True
+    )
     est, se = np.asarray(est), np.asarray(se)
     assert est.shape == se.shape == (2,)
     assert np.all(se > 0)
@@ -175,7 +176,7 @@ def test_head_weights_learned_reads_rows_of_out_kernel():
     D, H = 8, 4
     d = D // H
     K = np.zeros((D, D))
-    K[2 * d:3 * d, :] = np.arange(d * D).reshape(d, D) + 1.0  # only head 2's rows
+    K[2 * d : 3 * d, :] = np.arange(d * D).reshape(d, D) + 1.0  # only head 2's rows
     np.testing.assert_allclose(dag.head_weights("learned", H, out_kernel=K), [0, 0, 1, 0])
     # the transposed (torch-oriented) kernel spreads over all heads instead
     assert not np.allclose(dag.head_weights("learned", H, out_kernel=K.T), [0, 0, 1, 0])
@@ -212,8 +213,9 @@ def test_example2_numbers():
     assert got["head1"] == pytest.approx(0.375, abs=1e-4)
     assert got["head2"] == pytest.approx(0.25, abs=1e-4)
     assert got["multi_head"] == pytest.approx(0.41667, abs=1e-4)
-    s = dag.synergy(np.stack([ops["head1"], ops["head2"]]), dag.head_weights("uniform", 2),
-                    horizon=20, include_sink=False)
+    s = dag.synergy(
+        np.stack([ops["head1"], ops["head2"]]), dag.head_weights("uniform", 2), horizon=20, include_sink=False
+    )
     assert float(s["combined"]) == pytest.approx(5 / 12, abs=1e-5)
     assert float(s["best_single"]) == pytest.approx(0.375, abs=1e-5)
     assert bool(s["combined_beats_best"])

@@ -1,6 +1,7 @@
 """Determinism: the same config and seed give the same numbers; a member's result does not
 depend on which other members share its program (a diverging neighbour included) nor on
 the number of devices the member axis is sharded over (fp32 tolerance 1e-5)."""
+
 import json
 import os
 import subprocess
@@ -30,8 +31,14 @@ def _train_subprocess(config, workdir, **env_extra):
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("XLA_FLAGS", None)
     env.update(env_extra)
-    proc = subprocess.run([sys.executable, "-m", "mhjax", "train", "--config", str(config), "--workdir", str(workdir),
-                           "--no-progress"], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mhjax", "train", "--config", str(config), "--workdir", str(workdir), "--no-progress"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return _checkpoint(str(workdir), 4), json.load(open(os.path.join(workdir, "results.json")))
 
@@ -41,8 +48,11 @@ def test_same_config_and_seed_give_identical_results_and_params(tmp_path):
     executables from JAX's persistent cache): every saved array and result bit for bit."""
     config = tmp_path / "same.py"
     config.write_text(SAME_CONFIG)
-    cache = dict(JAX_COMPILATION_CACHE_DIR=os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(tmp_path / "cache"),
-                 JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    cache = dict(
+        JAX_COMPILATION_CACHE_DIR=os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(tmp_path / "cache"),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
     ca, ra = _train_subprocess(config, tmp_path / "a", PYTHONHASHSEED="1", **cache)
     cb, rb = _train_subprocess(config, tmp_path / "b", PYTHONHASHSEED="2", **cache)
     assert sorted(ca) == sorted(cb)
@@ -70,9 +80,6 @@ def test_a_diverging_neighbour_does_not_change_the_others():
     healthy = next(m.name for m in members if m["learning_rate"] == 3e-3)
     assert healthy in [m.name for m in sc.experiment.members]
     assert_trees_close(member_params(sc, tc, healthy), member_params(sw, tw, healthy))
-
-
-
 
 
 # Device-count independence (1 vs 4 forced host devices) is tested in tests/test_distributed.py.

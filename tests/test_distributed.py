@@ -1,4 +1,5 @@
 """Sharding the member axis over devices and processes does not change any member."""
+
 import json
 import os
 import socket
@@ -98,7 +99,16 @@ def _free_port() -> int:
 def test_two_processes_train_disjoint_members_matching_one_process(reference):
     root, single = reference
     port = _free_port()
-    args = ["--config", str(root / "tiny.py"), "--workdir", str(root / "multi"), "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2"]
+    args = [
+        "--config",
+        str(root / "tiny.py"),
+        "--workdir",
+        str(root / "multi"),
+        "--coordinator",
+        f"127.0.0.1:{port}",
+        "--num-processes",
+        "2",
+    ]
     procs = [_train(args + ["--process-id", str(i)]) for i in range(2)]
     outputs = [p.communicate(timeout=600) for p in procs]
     for proc, (out, err) in zip(procs, outputs):

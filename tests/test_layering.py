@@ -5,8 +5,19 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mhjax"
-LAYERS = {"config": 0, "io": 1, "data": 2, "models": 2, "analysis": 3, "plotting": 4, "train": 5, "experiments": 6,
-          "commands": 7, "cli": 8, "__main__": 9}
+LAYERS = {
+    "config": 0,
+    "io": 1,
+    "data": 2,
+    "models": 2,
+    "analysis": 3,
+    "plotting": 4,
+    "train": 5,
+    "experiments": 6,
+    "commands": 7,
+    "cli": 8,
+    "__main__": 9,
+}
 
 
 def module_name(path: Path) -> str:
@@ -103,7 +114,10 @@ def test_the_checks_catch_the_old_circle_reintroduced():
     assert "mhjax.io.tensorboard" in edges["mhjax.train.loop"]
     edges["mhjax.io.tensorboard"] = edges["mhjax.io.tensorboard"] | {"mhjax.analysis.metrics"}
     edges["mhjax.analysis.metrics"] = edges["mhjax.analysis.metrics"] | {"mhjax.train.loop"}
-    assert upward_edges(edges) == ["mhjax.analysis.metrics -> mhjax.train.loop", "mhjax.io.tensorboard -> mhjax.analysis.metrics"]
+    assert upward_edges(edges) == [
+        "mhjax.analysis.metrics -> mhjax.train.loop",
+        "mhjax.io.tensorboard -> mhjax.analysis.metrics",
+    ]
     assert cycles(edges) == [["mhjax.analysis.metrics", "mhjax.io.tensorboard", "mhjax.train.loop"]]
 
 

@@ -13,8 +13,10 @@ from mhjax.config import ConfigError
 from mhjax.io.lock import LOCK, WorkdirLock
 from tests.conftest import ROOT, config_source, tiny_sequence_config
 
-HOLD = "import sys, time; from mhjax.io.lock import WorkdirLock\nwith WorkdirLock(sys.argv[1], 'train', create=True):\n" \
-       "    print('locked', flush=True); time.sleep(60)"
+HOLD = (
+    "import sys, time; from mhjax.io.lock import WorkdirLock\nwith WorkdirLock(sys.argv[1], 'train', create=True):\n"
+    "    print('locked', flush=True); time.sleep(60)"
+)
 
 
 @pytest.fixture
@@ -29,8 +31,11 @@ def holder(tmp_path):
 
 
 def snapshot(path):
-    return {p: (os.path.getsize(os.path.join(d, p)), os.stat(os.path.join(d, p)).st_mtime_ns)
-            for d, _, files in os.walk(path) for p in files}
+    return {
+        p: (os.path.getsize(os.path.join(d, p)), os.stat(os.path.join(d, p)).st_mtime_ns)
+        for d, _, files in os.walk(path)
+        for p in files
+    }
 
 
 @pytest.mark.parametrize("command", ["train", "analyze", "report"])
@@ -38,8 +43,11 @@ def test_a_busy_workdir_refuses_a_second_command_naming_the_holder(holder, tmp_p
     workdir, process = holder
     config = tmp_path / "tiny.py"
     config.write_text(config_source(tiny_sequence_config()))
-    argv = {"train": ["train", "--config", str(config), "--workdir", str(workdir), "--no-progress"],
-            "analyze": ["analyze", "--workdir", str(workdir)], "report": ["report", "--workdir", str(workdir)]}[command]
+    argv = {
+        "train": ["train", "--config", str(config), "--workdir", str(workdir), "--no-progress"],
+        "analyze": ["analyze", "--workdir", str(workdir)],
+        "report": ["report", "--workdir", str(workdir)],
+    }[command]
     before = snapshot(workdir)
     assert main(argv) == 2
     err = capsys.readouterr().err

@@ -2,6 +2,7 @@
 with rescaled step sizes (checked against a hand-written one-head GD), the default
 random_decoders gives heads that differ and stay different, and a member's numbers do not
 depend on the sweep around it."""
+
 import math
 import os
 
@@ -85,9 +86,13 @@ def test_default_heads_differ_at_theta0_and_thetaK_and_a_member_equals_itself_al
     config.sweep.heads = (4,)
     alone_exp, _, _, alone, _ = trained(config)
     for key in ("W", "U"):
-        np.testing.assert_allclose(np.asarray(alone[alone_exp.members[0].name].params[key]),
-                                   np.asarray(final["h4-s0"].params[key]),
-                                   rtol=1e-5, atol=1e-6, err_msg=key)
+        np.testing.assert_allclose(
+            np.asarray(alone[alone_exp.members[0].name].params[key]),
+            np.asarray(final["h4-s0"].params[key]),
+            rtol=1e-5,
+            atol=1e-6,
+            err_msg=key,
+        )
 
 
 class Shape:
@@ -121,14 +126,17 @@ def test_loss_slope_of_an_exact_power_law():
     assert math.isnan(loss_slope([1, 2], [1.0, 0.5], 1000))  # no point in the last decade
 
 
-@pytest.mark.parametrize("field, value, needle", [
-    ("init.tau", -1.0, "config.init.tau"),
-    ("init.scheme", "xavier", "config.init.scheme"),
-    ("train.steps", 0, "config.train.steps"),
-    ("train.loss_points", -3, "config.train.loss_points"),
-    ("data.noise_std", -1.0, "config.data.noise_std"),
-    ("data.seq_len", 0, "config.data.seq_len"),
-])
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("init.tau", -1.0, "config.init.tau"),
+        ("init.scheme", "xavier", "config.init.scheme"),
+        ("train.steps", 0, "config.train.steps"),
+        ("train.loss_points", -3, "config.train.loss_points"),
+        ("data.noise_std", -1.0, "config.data.noise_std"),
+        ("data.seq_len", 0, "config.data.seq_len"),
+    ],
+)
 def test_bad_init_and_train_fields(field, value, needle):
     config = set_field(tiny_mixture_config(), field, value)
     with pytest.raises(ConfigError) as info:
@@ -207,11 +215,14 @@ def test_lanczos_64_steps_match_the_dense_hessian():
     assert float(out["step_times_hessian_max"]) == pytest.approx(float(consts["step_size"]) * float(out["hessian_max"]))
 
 
-@pytest.mark.parametrize("override, needle", [
-    ("--config.init.tau=-1", "config.init.tau"),
-    ("--config.init.scheme=xavier", "config.init.scheme"),
-    ("--config.train.steps_per_example=10.0", "config.train.steps_per_example"),
-])
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("--config.init.tau=-1", "config.init.tau"),
+        ("--config.init.scheme=xavier", "config.init.scheme"),
+        ("--config.train.steps_per_example=10.0", "config.train.steps_per_example"),
+    ],
+)
 def test_cli_rejects_bad_mixture_values_with_status_2(tmp_path, capsys, override, needle):
     from mhjax import cli
 

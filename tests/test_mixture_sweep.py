@@ -1,5 +1,6 @@
 """The mixture experiment end to end: one tiny sweep through the host loop (module fixture,
 reused), padding invariance against independent plain models, and config validation."""
+
 import json
 import math
 import os
@@ -22,8 +23,18 @@ from tests.conftest import set_field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 20
-EXTRA_KEYS = ("ntk_margin", "ntk_margin_gap", "linear_margin", "linear_margin_mean", "test_loss", "test_accuracy",
-              "train_accuracy", "param_distance", "min_hessian_eig_over_loss_sqrtH", "grad_norm_over_loss")
+EXTRA_KEYS = (
+    "ntk_margin",
+    "ntk_margin_gap",
+    "linear_margin",
+    "linear_margin_mean",
+    "test_loss",
+    "test_accuracy",
+    "train_accuracy",
+    "param_distance",
+    "min_hessian_eig_over_loss_sqrtH",
+    "grad_norm_over_loss",
+)
 
 
 def tiny_mixture_config(**sweep):
@@ -41,7 +52,9 @@ def tiny_mixture_config(**sweep):
     config.model = ml_collections.ConfigDict(dict(query="full"))
     config.init = ml_collections.ConfigDict(dict(scheme="zero_plus_step", first_step=None, tau=0.1))
     config.analysis = ml_collections.ConfigDict(dict(lanczos_iters=8, margin_iters=20000, margin_tol=1e-6))
-    config.train = ml_collections.ConfigDict(dict(steps=STEPS, chunk_steps=10, eval_every=10, checkpoint_every=STEPS, loss_points=8))
+    config.train = ml_collections.ConfigDict(
+        dict(steps=STEPS, chunk_steps=10, eval_every=10, checkpoint_every=STEPS, loss_points=8)
+    )
     return config
 
 
@@ -125,7 +138,9 @@ def test_padded_member_equals_the_plain_model(swept):
         checkpointer.close()
     padded = sweep.member_states(states)["h2-n8-s0"].params
     for key in ("W", "U"):
-        np.testing.assert_allclose(np.asarray(padded[key])[:2], np.asarray(theta[key]), rtol=1e-5, atol=1e-5, err_msg=key)
+        np.testing.assert_allclose(
+            np.asarray(padded[key])[:2], np.asarray(theta[key]), rtol=1e-5, atol=1e-5, err_msg=key
+        )
         assert not np.any(np.asarray(padded[key])[2:]), f"masked heads of {key} moved"
     # NTK margin at theta_0 from an explicit Jacobian of the plain model (reverse mode, whole batch).
     jac = jax.jacrev(lambda p: classifier_apply(p, X, jnp.ones(2), 2))(theta0)
@@ -155,9 +170,14 @@ def test_random_init_of_a_head_does_not_depend_on_the_padding():
     wide = make_experiment(config)
     config.sweep.heads = (2,)
     narrow = make_experiment(config)
-    p_wide = [wide.programs("auto", "cpu")[0][2].init_params(jax.tree_util.tree_map(jnp.asarray, wide.member_constants(m)))
-              for m in wide.members if m["heads"] == 2][0]
-    p_narrow = narrow.programs("auto", "cpu")[0][2].init_params(jax.tree_util.tree_map(jnp.asarray, narrow.member_constants(narrow.members[0])))
+    p_wide = [
+        wide.programs("auto", "cpu")[0][2].init_params(jax.tree_util.tree_map(jnp.asarray, wide.member_constants(m)))
+        for m in wide.members
+        if m["heads"] == 2
+    ][0]
+    p_narrow = narrow.programs("auto", "cpu")[0][2].init_params(
+        jax.tree_util.tree_map(jnp.asarray, narrow.member_constants(narrow.members[0]))
+    )
     for key in ("W", "U"):
         np.testing.assert_array_equal(np.asarray(p_wide[key])[:2], np.asarray(p_narrow[key]))
         assert not np.any(np.asarray(p_wide[key])[2:]) and np.std(np.asarray(p_narrow[key])) > 0.05

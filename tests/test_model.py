@@ -1,4 +1,5 @@
 """The paper's Transformer: parameter count, initialisation, and grouped heads == plain heads."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np

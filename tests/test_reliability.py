@@ -11,6 +11,7 @@ Compiles are shared across runs through JAX's persistent compilation cache (the 
 executables as a fresh compile), except for the kill-during-compile run, which must
 really compile.
 """
+
 import glob
 import json
 import os
@@ -29,7 +30,7 @@ CONFIG = config_source(tiny_train(tiny_sequence_config(heads=(2,), seed=(0, 1)),
 STEPS, FIRST_CHECKPOINT = 9, 6  # chunks 0-3, 3-6 (checkpoint 6), 6-9 (checkpoint 9)
 
 # Runs mhjax.cli.main in a subprocess with one function wrapped to signal "kill me now".
-DRIVER = '''
+DRIVER = """
 import os, sys, time
 from tests.conftest import config_source, tiny_sequence_config, tiny_train
 
@@ -96,15 +97,18 @@ else:
 from mhjax.cli import main
 
 sys.exit(main(sys.argv[1:]))
-'''
+"""
 
 
 def _env(cache_dir):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
     if cache_dir:
-        env.update(JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+        env.update(
+            JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+            JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+        )
     else:  # no persistent cache (tests/conftest.py sets one): this run really compiles
         env.pop("JAX_COMPILATION_CACHE_DIR", None)
     return env
@@ -115,8 +119,14 @@ def _train_args(config_path, workdir):
 
 
 def train(config_path, workdir, cache_dir):
-    proc = subprocess.run([sys.executable, "-m", "mhjax", *_train_args(config_path, workdir)],
-                          env=_env(cache_dir), capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mhjax", *_train_args(config_path, workdir)],
+        env=_env(cache_dir),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     return proc
@@ -128,13 +138,21 @@ def train_and_kill(tmp_path, config_path, workdir, point, cache_dir, step=None):
     marker = tmp_path / f"kill-{point}"
     env = _env(cache_dir)
     env.update(MHJAX_KILL_POINT=point, MHJAX_KILL_MARKER=str(marker), MHJAX_KILL_STEP=str(step))
-    proc = subprocess.Popen([sys.executable, str(driver), *_train_args(config_path, workdir)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, str(driver), *_train_args(config_path, workdir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     deadline = time.monotonic() + 600
     try:
         while not marker.exists():
             if proc.poll() is not None:
-                pytest.fail(f"run ended (rc {proc.returncode}) before reaching kill point {point}: {proc.stderr.read()[-3000:]}")
+                pytest.fail(
+                    f"run ended (rc {proc.returncode}) before reaching kill point {point}: {proc.stderr.read()[-3000:]}"
+                )
             if time.monotonic() > deadline:
                 pytest.fail(f"kill point {point} not reached in time")
             time.sleep(0.01)
@@ -147,7 +165,11 @@ def train_and_kill(tmp_path, config_path, workdir, point, cache_dir, step=None):
 
 
 def complete_steps(workdir):
-    return sorted(int(os.path.basename(p)) for p in glob.glob(os.path.join(workdir, "checkpoints", "*")) if os.path.basename(p).isdigit())
+    return sorted(
+        int(os.path.basename(p))
+        for p in glob.glob(os.path.join(workdir, "checkpoints", "*"))
+        if os.path.basename(p).isdigit()
+    )
 
 
 def load_checkpoint(workdir, step):

@@ -1,4 +1,5 @@
 """`mhjax report`: W/report.md with tables and figures, before and after `mhjax analyze`."""
+
 import os
 import re
 
@@ -24,14 +25,18 @@ def _links(text):
 
 
 def test_report_before_and_after_analysis(workdir, capsys):
-    matplotlib.image.imsave(os.path.join(workdir, "experiment_figure.png"), np.eye(40))  # a figure an experiment left in W
+    matplotlib.image.imsave(
+        os.path.join(workdir, "experiment_figure.png"), np.eye(40)
+    )  # a figure an experiment left in W
 
     assert main(["report", "--workdir", workdir]) == 0
     out = capsys.readouterr()
     assert "report.md" in out.out and f"mhjax analyze --workdir {workdir}" in out.err
     text = open(os.path.join(workdir, "report.md")).read()
     assert "| task | heads | members | held-out accuracy % |" in text
-    assert re.search(r"^\| copy \| 1 \| 1 \| \d+\.\d\d \|", text, re.M) and re.search(r"^\| copy \| 4 \| 1 \|", text, re.M)
+    assert re.search(r"^\| copy \| 1 \| 1 \| \d+\.\d\d \|", text, re.M) and re.search(
+        r"^\| copy \| 4 \| 1 \|", text, re.M
+    )
     assert f"mhjax analyze --workdir {workdir}" in text
     links = _links(text)
     assert "report/curves.png" in links and "experiment_figure.png" in links
@@ -68,18 +73,39 @@ def test_report_on_a_generic_sweep_without_tensorboard(tmp_path, capsys):
     """A mixture-like sweep: tables grouped by the swept fields (not the seed), its own PNGs embedded."""
     import json
 
-    members = [{"name": f"h{h}-s{s}-n{n}", "heads": h, "seed": s, "num_train": n, "step_size": 1.0, "params": 10,
-                "steps": 5, "train_loss": 0.5 / h + 0.01 * s, "test_loss": 0.6 / h, "test_accuracy": 0.9, "ntk_margin": 0.1 * h,
-                "ntk_margin_gap": 1e-5, "wall_time_s": 1.0, "status": "ok"}
-               for h in (1, 4) for s in (0, 1) for n in (32, 128)]
-    (tmp_path / "results.json").write_text(json.dumps({"experiment": "mixture", "title": "mhjax mixture sweep",
-                                                        "steps": 5, "members": members}))
+    members = [
+        {
+            "name": f"h{h}-s{s}-n{n}",
+            "heads": h,
+            "seed": s,
+            "num_train": n,
+            "step_size": 1.0,
+            "params": 10,
+            "steps": 5,
+            "train_loss": 0.5 / h + 0.01 * s,
+            "test_loss": 0.6 / h,
+            "test_accuracy": 0.9,
+            "ntk_margin": 0.1 * h,
+            "ntk_margin_gap": 1e-5,
+            "wall_time_s": 1.0,
+            "status": "ok",
+        }
+        for h in (1, 4)
+        for s in (0, 1)
+        for n in (32, 128)
+    ]
+    (tmp_path / "results.json").write_text(
+        json.dumps({"experiment": "mixture", "title": "mhjax mixture sweep", "steps": 5, "members": members})
+    )
     sweep = {"heads": [1, 4], "seed": [0, 1], "num_train": [32, 128], "step_size": [1.0]}
     (tmp_path / "mhjax.json").write_text(json.dumps({"config": {"experiment": "mixture", "sweep": sweep}}))
     matplotlib.image.imsave(tmp_path / "ntk_margin_vs_H.png", np.eye(30))
     assert main(["report", "--workdir", str(tmp_path)]) == 0
     assert "mhjax analyze" not in capsys.readouterr().err
     text = (tmp_path / "report.md").read_text()
-    assert "| heads | num_train | members | training loss | test loss | test accuracy % | ntk margin | wall time s |" in text
+    assert (
+        "| heads | num_train | members | training loss | test loss | test accuracy % | ntk margin | wall time s |"
+        in text
+    )
     assert "| 4 | 128 | 2 | 0.1300 ± 0.0050 | 0.1500 ± 0.0000 | 90.00 ± 0.00 | 0.4000 ± 0.0000 | 1.0 ± 0.0 |" in text
     assert "![ntk_margin_vs_H](ntk_margin_vs_H.png)" in text and "Attention as a DAG" not in text

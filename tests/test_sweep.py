@@ -1,4 +1,5 @@
 """The sweep engine: member independence, strategies, divergence, resume and outputs."""
+
 import json
 import os
 
@@ -48,7 +49,9 @@ def test_member_alone_equals_member_in_sweep(strategy):
     alone = tiny_sequence_config(task=("cycle",), heads=(2,), seed=(1,))
     sweep_big, states_big = train(big)
     sweep_alone, states_alone = train(alone)
-    assert_trees_close(member_params(sweep_big, states_big, "cycle-h2-s1"), member_params(sweep_alone, states_alone, "cycle-h2-s1"))
+    assert_trees_close(
+        member_params(sweep_big, states_big, "cycle-h2-s1"), member_params(sweep_alone, states_alone, "cycle-h2-s1")
+    )
 
 
 @pytest.mark.parametrize("strategy", ["fused", "unrolled"])
@@ -183,7 +186,9 @@ def test_diverging_member_is_frozen_and_reported(tmp_path):
     bad, good = by_lr[1e30], by_lr[3e-3]
     assert bad["status"] == "diverged" and 0 <= bad["diverged_at_step"] < config.train.steps
     reports = [m for m in messages if "diverged" in m]  # once, naming the member and the step
-    assert len(reports) == 1 and bad["name"] in reports[0] and f"diverged at step {bad['diverged_at_step']}" in reports[0]
+    assert (
+        len(reports) == 1 and bad["name"] in reports[0] and f"diverged at step {bad['diverged_at_step']}" in reports[0]
+    )
     assert good["status"] == "ok" and np.isfinite(good["train_loss"])
     # Frozen: the diverged member's checkpointed params are finite (the bad update was rejected).
     sweep = Sweep(make_experiment(config), backend="cpu")
@@ -202,7 +207,18 @@ def test_run_writes_outputs_and_resume_does_not_retrain(tmp_path):
     results = json.load(open(os.path.join(workdir, "results.json")))
     assert len(results["members"]) == 4
     for member in results["members"]:
-        for key in ("name", "task", "heads", "seed", "params", "steps", "train_loss", "eval_loss", "eval_accuracy", "wall_time_s"):
+        for key in (
+            "name",
+            "task",
+            "heads",
+            "seed",
+            "params",
+            "steps",
+            "train_loss",
+            "eval_loss",
+            "eval_accuracy",
+            "wall_time_s",
+        ):
             assert key in member
         assert member["steps"] == config.train.steps
         assert os.listdir(os.path.join(workdir, "tb", member["name"]))  # event file
@@ -212,7 +228,11 @@ def test_run_writes_outputs_and_resume_does_not_retrain(tmp_path):
     assert second["resumed_from_step"] == config.train.steps
     assert any("not retraining" in m for m in messages)
     for a, b in zip(first["members"], second["members"]):
-        assert a["eval_loss"] == b["eval_loss"] and a["train_loss"] == b["train_loss"] and a["wall_time_s"] == pytest.approx(b["wall_time_s"])
+        assert (
+            a["eval_loss"] == b["eval_loss"]
+            and a["train_loss"] == b["train_loss"]
+            and a["wall_time_s"] == pytest.approx(b["wall_time_s"])
+        )
 
 
 def test_resume_midway_equals_uninterrupted(tmp_path):

@@ -1,4 +1,5 @@
 """TensorBoard without TensorFlow: per-member runs, HParams, images, text; served for real."""
+
 import json
 import os
 import socket
@@ -38,16 +39,28 @@ def test_event_files_hold_scalars_hparams_images_and_config(sweep_dir):
     for name in MEMBERS:
         ea = _accumulator(os.path.join(sweep_dir, "tb", name))
         tags = ea.Tags()
-        for tag in ("train/loss", "train/learning_rate", "eval/loss", "eval/accuracy",
-                    "final/train_loss", "final/eval_loss", "final/eval_accuracy", "final/wall_time_s"):
+        for tag in (
+            "train/loss",
+            "train/learning_rate",
+            "eval/loss",
+            "eval/accuracy",
+            "final/train_loss",
+            "final/eval_loss",
+            "final/eval_accuracy",
+            "final/wall_time_s",
+        ):
             assert tag in tags["scalars"], (name, tag)
         assert ea.Scalars("final/eval_accuracy")[-1].value == pytest.approx(results[name]["eval_accuracy"])
         assert ea.Scalars("final/eval_accuracy")[-1].step == 6
         assert {"attention/layer0", "diffusion/sink_signal"} <= set(tags["images"])
         heatmap = ea.Images("attention/layer0")[-1]
         assert heatmap.width >= 64 and heatmap.height >= 64
-        for tag in ("_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info",
-                    "config/text_summary"):
+        for tag in (
+            "_hparams_/experiment",
+            "_hparams_/session_start_info",
+            "_hparams_/session_end_info",
+            "config/text_summary",
+        ):
             assert tag in tags["tensors"], (name, tag)
         text = ea.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
         assert '"width": 16' in text and "heads=" in text
@@ -85,9 +98,24 @@ def test_tensorboard_server_serves_runs_scalars_images_and_hparams(sweep_dir, tm
     base = f"http://127.0.0.1:{port}"
     log = open(tmp_path / "tensorboard.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", os.path.join(sweep_dir, "tb"), "--host", "127.0.0.1",
-         "--port", str(port), "--load_fast", "false", "--reload_interval", "1"],
-        stdout=log, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            os.path.join(sweep_dir, "tb"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast",
+            "false",
+            "--reload_interval",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline, runs = time.time() + 120, None
         while time.time() < deadline:
@@ -108,7 +136,9 @@ def test_tensorboard_server_serves_runs_scalars_images_and_hparams(sweep_dir, tm
             assert {"attention/layer0", "diffusion/sink_signal"} <= set(images[name])
         sample = _get(f"{base}/data/plugin/images/images?run={MEMBERS[1]}&tag=attention/layer0")
         assert sample and sample[-1]["step"] == 6
-        with urllib.request.urlopen(f"{base}/data/plugin/images/individualImage?{sample[-1]['query']}", timeout=30) as r:
+        with urllib.request.urlopen(
+            f"{base}/data/plugin/images/individualImage?{sample[-1]['query']}", timeout=30
+        ) as r:
             assert r.read(8) == b"\x89PNG\r\n\x1a\n"
         assert MEMBERS[0] in _get(f"{base}/data/plugin/text/tags")
 
@@ -118,14 +148,24 @@ def test_tensorboard_server_serves_runs_scalars_images_and_hparams(sweep_dir, tm
         assert infos["heads"]["domainDiscrete"] == [1.0, 4.0] and infos["heads"]["differs"]
         assert infos["task"]["domainDiscrete"] == ["copy"]
         metrics = {m["name"]["tag"] for m in experiment["metricInfos"]}
-        assert {"final/train_loss", "final/eval_loss", "final/eval_accuracy",
-                "analysis/layer0/mixing_time", "analysis/layer0/fidelity_pct"} <= metrics
+        assert {
+            "final/train_loss",
+            "final/eval_loss",
+            "final/eval_accuracy",
+            "analysis/layer0/mixing_time",
+            "analysis/layer0/fidelity_pct",
+        } <= metrics
 
-        groups = _get(f"{base}/data/plugin/hparams/session_groups", {
-            "experimentName": "", "startIndex": 0, "sliceSize": 100,
-            "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
-            "colParams": [{"hparam": "heads", "order": "ORDER_DESC"}],
-        })["sessionGroups"]
+        groups = _get(
+            f"{base}/data/plugin/hparams/session_groups",
+            {
+                "experimentName": "",
+                "startIndex": 0,
+                "sliceSize": 100,
+                "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"],
+                "colParams": [{"hparam": "heads", "order": "ORDER_DESC"}],
+            },
+        )["sessionGroups"]
         assert [g["name"] for g in groups] == MEMBERS[::-1]  # sorted by heads, descending
         results = {m["name"]: m for m in json.load(open(os.path.join(sweep_dir, "results.json")))["members"]}
         for group in groups:

@@ -43,8 +43,16 @@ def tensor_pickle(entries) -> bytes:
     out = b"\x80\x02" + b"ccollections\nOrderedDict\n)R("
     for name, stype, key, numel, offset, size, stride in entries:
         pid = _tuple([_str("storage"), f"ctorch\n{stype}\n".encode(), _str(key), _str("cpu"), _int(numel)])
-        args = _tuple([pid + b"Q", _int(offset), _tuple(map(_int, size)), _tuple(map(_int, stride)),
-                       b"\x89", b"ccollections\nOrderedDict\n)R"])
+        args = _tuple(
+            [
+                pid + b"Q",
+                _int(offset),
+                _tuple(map(_int, size)),
+                _tuple(map(_int, stride)),
+                b"\x89",
+                b"ccollections\nOrderedDict\n)R",
+            ]
+        )
         out += _str(name) + b"ctorch._utils\n_rebuild_tensor_v2\n" + args + b"R"
     return out + b"u."
 
@@ -63,15 +71,17 @@ def test_crafted_dtypes_offsets_strides_and_shared_storage(tmp_path):
     half = np.arange(6, dtype=np.float16) / 4
     bf = (np.arange(4, dtype=np.float32) - 1.5).astype(ml_dtypes.bfloat16)
     longs = np.array([-3, 2**40, 7], dtype=np.int64)
-    pkl = tensor_pickle([
-        ("plain", "FloatStorage", "0", 12, 0, (3, 4), (4, 1)),
-        ("transposed", "FloatStorage", "0", 12, 0, (4, 3), (1, 4)),  # shares storage 0
-        ("offset", "FloatStorage", "0", 12, 5, (2, 3), (3, 1)),
-        ("half", "HalfStorage", "1", 6, 0, (6,), (1,)),
-        ("bf16", "BFloat16Storage", "2", 4, 1, (3,), (1,)),
-        ("long", "LongStorage", "3", 3, 0, (3,), (1,)),
-        ("scalar", "FloatStorage", "0", 12, 7, (), ()),
-    ])
+    pkl = tensor_pickle(
+        [
+            ("plain", "FloatStorage", "0", 12, 0, (3, 4), (4, 1)),
+            ("transposed", "FloatStorage", "0", 12, 0, (4, 3), (1, 4)),  # shares storage 0
+            ("offset", "FloatStorage", "0", 12, 5, (2, 3), (3, 1)),
+            ("half", "HalfStorage", "1", 6, 0, (6,), (1,)),
+            ("bf16", "BFloat16Storage", "2", 4, 1, (3,), (1,)),
+            ("long", "LongStorage", "3", 3, 0, (3,), (1,)),
+            ("scalar", "FloatStorage", "0", 12, 7, (), ()),
+        ]
+    )
     f = tmp_path / "crafted.pt"
     write_zip(f, pkl, {"0": base, "1": half, "2": bf, "3": longs})
     sd = load_state_dict(f)
@@ -135,20 +145,57 @@ def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path, kind):
 # Globals a pickle could name: lookalikes of the allowed ones under other modules or names,
 # builtins under both spellings, numpy reconstructors, pickle helpers, torch itself.
 REFUSED_GLOBALS = [
-    ("builtins", "eval"), ("builtins", "exec"), ("builtins", "getattr"), ("builtins", "__import__"),
-    ("builtins", "open"), ("__builtin__", "eval"), ("__builtin__", "getattr"), ("__builtin__", "apply"),
-    ("os", "system"), ("posix", "system"), ("nt", "system"), ("subprocess", "Popen"), ("shutil", "rmtree"),
-    ("numpy", "load"), ("numpy", "dtype"), ("numpy", "ndarray"), ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"), ("numpy", "frombuffer"),
-    ("_codecs", "encode"), ("copyreg", "_reconstructor"), ("copy_reg", "_reconstructor"), ("functools", "partial"),
-    ("collections", "defaultdict"), ("collections", "OrderedDict.fromkeys"), ("collections", "namedtuple"),
-    ("torch", "load"), ("torch", "Tensor"), ("torch", "FloatStorage.__class__"), ("torch", "UntypedStorage"),
-    ("torch._utils", "_rebuild_tensor"), ("torch._utils", "_rebuild_tensor_v3"), ("torch._utils", "_rebuild_tensor_v2.__globals__"),
-    ("torch._utils", "_rebuild_from_type_v2"), ("torch._utils", "_rebuild_qtensor"), ("torch._utils", "_rebuild_device_tensor_from_numpy"),
-    ("torch.utils", "_rebuild_tensor_v2"), ("torch_utils", "_rebuild_tensor_v2"), ("torch._utils.x", "_rebuild_tensor_v2"),
-    ("_utils", "_rebuild_tensor_v2"), ("Torch._utils", "_rebuild_tensor_v2"), ("torch._utils ", "_rebuild_tensor_v2"),
-    ("collections ", "OrderedDict"), ("mhjax.io.torch_import", "_rebuild_tensor_v2"), ("mhjax.io.torch_import", "_ALLOWED_FUNCS"),
-    ("torch", "_utils"), ("__main__", "Evil"), ("pickle", "loads"), ("marshal", "loads"), ("types", "FunctionType"),
+    ("builtins", "eval"),
+    ("builtins", "exec"),
+    ("builtins", "getattr"),
+    ("builtins", "__import__"),
+    ("builtins", "open"),
+    ("__builtin__", "eval"),
+    ("__builtin__", "getattr"),
+    ("__builtin__", "apply"),
+    ("os", "system"),
+    ("posix", "system"),
+    ("nt", "system"),
+    ("subprocess", "Popen"),
+    ("shutil", "rmtree"),
+    ("numpy", "load"),
+    ("numpy", "dtype"),
+    ("numpy", "ndarray"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy", "frombuffer"),
+    ("_codecs", "encode"),
+    ("copyreg", "_reconstructor"),
+    ("copy_reg", "_reconstructor"),
+    ("functools", "partial"),
+    ("collections", "defaultdict"),
+    ("collections", "OrderedDict.fromkeys"),
+    ("collections", "namedtuple"),
+    ("torch", "load"),
+    ("torch", "Tensor"),
+    ("torch", "FloatStorage.__class__"),
+    ("torch", "UntypedStorage"),
+    ("torch._utils", "_rebuild_tensor"),
+    ("torch._utils", "_rebuild_tensor_v3"),
+    ("torch._utils", "_rebuild_tensor_v2.__globals__"),
+    ("torch._utils", "_rebuild_from_type_v2"),
+    ("torch._utils", "_rebuild_qtensor"),
+    ("torch._utils", "_rebuild_device_tensor_from_numpy"),
+    ("torch.utils", "_rebuild_tensor_v2"),
+    ("torch_utils", "_rebuild_tensor_v2"),
+    ("torch._utils.x", "_rebuild_tensor_v2"),
+    ("_utils", "_rebuild_tensor_v2"),
+    ("Torch._utils", "_rebuild_tensor_v2"),
+    ("torch._utils ", "_rebuild_tensor_v2"),
+    ("collections ", "OrderedDict"),
+    ("mhjax.io.torch_import", "_rebuild_tensor_v2"),
+    ("mhjax.io.torch_import", "_ALLOWED_FUNCS"),
+    ("torch", "_utils"),
+    ("__main__", "Evil"),
+    ("pickle", "loads"),
+    ("marshal", "loads"),
+    ("types", "FunctionType"),
 ]
 
 
@@ -177,7 +224,9 @@ def test_every_global_outside_the_allow_list_is_refused(tmp_path, module, name):
 
 def test_the_allow_list_is_exactly_the_tensor_state_dict_needs():
     assert set(ti._ALLOWED_FUNCS) == {
-        ("collections", "OrderedDict"), ("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_parameter")
+        ("collections", "OrderedDict"),
+        ("torch._utils", "_rebuild_tensor_v2"),
+        ("torch._utils", "_rebuild_parameter"),
     }
     assert all(not isinstance(f, type(os)) for f in ti._ALLOWED_FUNCS.values())
     assert ti._ALLOWED_FUNCS[("torch._utils", "_rebuild_tensor_v2")].__module__ == "mhjax.io.torch_import"
@@ -245,13 +294,22 @@ def test_reference_checkpoint_maps_to_param_tree(path):
     assert info["num_params"] == 172_800 and info["num_layers"] == 4 and info["head_dim"] == 64 // H
     assert set(params) == {"token_emb", "pos_emb", "readout"} | {f"block_{l}" for l in range(4)}
     shapes = {
-        "ln1": {"scale": (64,)}, "ln2": {"scale": (64,)},
+        "ln1": {"scale": (64,)},
+        "ln2": {"scale": (64,)},
         "attn": {p: {"kernel": (64, 64), "bias": (64,)} for p in ("query", "key", "value", "out")},
-        "mlp_in": {"kernel": (64, 128), "bias": (128,)}, "mlp_out": {"kernel": (128, 64), "bias": (64,)},
+        "mlp_in": {"kernel": (64, 128), "bias": (128,)},
+        "mlp_out": {"kernel": (128, 64), "bias": (64,)},
     }
     for l in range(4):
-        got = {k: ({kk: ({k3: a.shape for k3, a in vv.items()} if isinstance(vv, dict) else vv.shape)
-                    for kk, vv in v.items()}) for k, v in params[f"block_{l}"].items()}
+        got = {
+            k: (
+                {
+                    kk: ({k3: a.shape for k3, a in vv.items()} if isinstance(vv, dict) else vv.shape)
+                    for kk, vv in v.items()
+                }
+            )
+            for k, v in params[f"block_{l}"].items()
+        }
         assert got == shapes
     assert params["token_emb"]["embedding"].shape == (256, 64)
     assert params["readout"]["kernel"].shape == (64, 256)

@@ -4,6 +4,7 @@ traceback, nothing compiled, and an existing workdir left exactly as it was.
 Most cases call mhjax.cli.main in-process (fast); a few run `python -m mhjax` in a
 subprocess to show the real stderr stream holds that one line and nothing else.
 """
+
 import json
 import os
 
@@ -76,7 +77,11 @@ FILE_CASES = [
     ("lr-inf", "c.sweep.learning_rate = (float('inf'),)", "config.sweep.learning_rate"),
     ("lr-bool", "c.sweep.learning_rate = (True,)", "config.sweep.learning_rate"),
     ("heads-bool", "c.sweep.heads = (True,)", "config.sweep.heads"),
-    ("heads-not-a-list", "c.sweep = ml_collections.ConfigDict({**c.sweep.to_dict(), 'heads': 2})", "config.sweep.heads"),
+    (
+        "heads-not-a-list",
+        "c.sweep = ml_collections.ConfigDict({**c.sweep.to_dict(), 'heads': 2})",
+        "config.sweep.heads",
+    ),
     ("steps-bool", "c.train.steps = True", "config.train.steps"),
     ("missing-section", "del c['train']", "config.train"),
     ("missing-field", "del c.model['width']", "config.model.width"),
@@ -132,7 +137,10 @@ def test_command_line_mistakes(trained, tmp_path, capsys):
         (["train", "--config", str(tmp_path / "missing.py"), "--workdir", workdir], "not found"),
         (["train", "--config", str(tmp_path), "--workdir", workdir], "not found"),  # a folder
         (["train", "--config", str(cfg_txt), "--workdir", workdir], "config.sweep.heads"),  # any file name
-        (["train", "--config", config, "--workdir", workdir, "--config.sweep.heads=(3,)", "--dry-run"], "config.sweep.heads"),
+        (
+            ["train", "--config", config, "--workdir", workdir, "--config.sweep.heads=(3,)", "--dry-run"],
+            "config.sweep.heads",
+        ),
         (["bogus-command"], "invalid choice"),
         (["configs", "--config.train.steps=3"], "only to 'mhjax train'"),
         (["analyze", "--workdir", workdir, "--config.train.steps=3"], "only to 'mhjax train'"),

@@ -45,5 +45,9 @@ def example2(horizon: int = HORIZON) -> dict:
     ops = example2_operators()
     signals = {k: sink_signals(A, horizon) for k, A in ops.items()}
     minimax = {k: float(s[:, :-1].max(axis=0).min()) for k, s in signals.items()}
-    return {"operators": ops, "signals": signals, "minimax": minimax,
-            "combined_beats_both": minimax["multi_head"] > max(minimax["head1"], minimax["head2"])}
+    return {
+        "operators": ops,
+        "signals": signals,
+        "minimax": minimax,
+        "combined_beats_both": minimax["multi_head"] > max(minimax["head1"], minimax["head2"]),
+    }

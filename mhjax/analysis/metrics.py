@@ -16,6 +16,7 @@ All layers x sequences x heads go through one jitted function per model shape. R
 per layer: mean and (population, ddof=0) std over sequences; layers are numbered from 0. Bad
 input raises :class:`mhjax.config.ConfigError` with a one-line message naming the option.
 """
+
 from __future__ import annotations
 
 import os
@@ -57,8 +58,15 @@ def _metrics_block(attn, beta, horizon, max_steps, include_sink, chain):
 
 
 @partial(jax.jit, static_argnames=("horizon", "max_steps", "include_sink", "chain", "block"))
-def layer_metrics(attn, beta, horizon: int = 100, max_steps: int = 100, include_sink: bool = True,
-                  chain: str = "reference", block: int = 8):
+def layer_metrics(
+    attn,
+    beta,
+    horizon: int = 100,
+    max_steps: int = 100,
+    include_sink: bool = True,
+    chain: str = "reference",
+    block: int = 8,
+):
     """Per-layer, per-sequence metrics: attn ``(L, N, H, T, T)``, beta ``(L, H)``.
 
     Returns a dict of ``(L, N)`` arrays: ``mixing_time`` (steps), ``fidelity``
@@ -106,7 +114,9 @@ def load_sequences(path, max_len: int, vocab_size: int) -> np.ndarray:
     try:
         arr = np.load(path, allow_pickle=False)
     except Exception as exc:  # not an .npy, pickled object array, truncated ...
-        raise ConfigError(f"--sequences: {path} is not a readable .npy array ({type(exc).__name__}: {one_line(exc)[:200]})") from None
+        raise ConfigError(
+            f"--sequences: {path} is not a readable .npy array ({type(exc).__name__}: {one_line(exc)[:200]})"
+        ) from None
     if not isinstance(arr, np.ndarray):
         raise ConfigError(f"--sequences: {path} must hold a single array (an .npy file), not an archive")
     if arr.ndim != 2 or arr.shape[0] < 1:
@@ -114,7 +124,9 @@ def load_sequences(path, max_len: int, vocab_size: int) -> np.ndarray:
     if not (np.issubdtype(arr.dtype, np.integer) and not np.issubdtype(arr.dtype, np.bool_)):
         raise ConfigError(f"--sequences: expected an integer dtype, got {arr.dtype}")
     if not 2 <= arr.shape[1] <= max_len:
-        raise ConfigError(f"--sequences: sequence length T={arr.shape[1]} must be in [2, {max_len}] (the model's max_len)")
+        raise ConfigError(
+            f"--sequences: sequence length T={arr.shape[1]} must be in [2, {max_len}] (the model's max_len)"
+        )
     lo, hi = int(arr.min()), int(arr.max())
     if lo < 0 or hi >= vocab_size:
         raise ConfigError(f"--sequences: tokens must be in [0, {vocab_size - 1}], found values in [{lo}, {hi}]")
@@ -133,15 +145,33 @@ def check_conventions(horizon, max_steps, include_sink, chain) -> dict:
             raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
     if chain not in _CHAINS:
         raise ConfigError(f"--chain: must be one of {', '.join(_CHAINS)}; got {chain!r}")
-    return {"head_weights": "learned", "horizon": int(horizon), "max_steps": int(max_steps),
-            "include_sink": bool(include_sink), "chain": chain, "fidelity_unit": "percent",
-            "std": "population (ddof=0) over sequences", "layers_numbered_from": 0}
+    return {
+        "head_weights": "learned",
+        "horizon": int(horizon),
+        "max_steps": int(max_steps),
+        "include_sink": bool(include_sink),
+        "chain": chain,
+        "fidelity_unit": "percent",
+        "std": "population (ddof=0) over sequences",
+        "layers_numbered_from": 0,
+    }
 
 
-def analyze_params(params, heads: int, task: str, tokens, sizes: dict | None = None, *,
-                   horizon: int = 100, max_steps: int = 100, include_sink: bool = True,
-                   chain: str = "reference", batch_size: int = 50, keep_attention: bool = False,
-                   block: int = 8) -> dict:
+def analyze_params(
+    params,
+    heads: int,
+    task: str,
+    tokens,
+    sizes: dict | None = None,
+    *,
+    horizon: int = 100,
+    max_steps: int = 100,
+    include_sink: bool = True,
+    chain: str = "reference",
+    batch_size: int = 50,
+    keep_attention: bool = False,
+    block: int = 8,
+) -> dict:
     """Accuracy and per-layer DAG metrics of one H-head Transformer.
 
     Args:
@@ -169,12 +199,15 @@ def analyze_params(params, heads: int, task: str, tokens, sizes: dict | None = N
     heads = int(heads)
     tokens = np.asarray(tokens)
     if tokens.ndim != 2 or not 2 <= tokens.shape[1] <= sizes["max_len"]:
-        raise ConfigError(f"--sequences: expected (N, T) tokens with 2 <= T <= {sizes['max_len']}, got shape {tokens.shape}")
+        raise ConfigError(
+            f"--sequences: expected (N, T) tokens with 2 <= T <= {sizes['max_len']}, got shape {tokens.shape}"
+        )
     tokens = tokens.astype(np.int32)
     N, T = tokens.shape
     targets = np.asarray(seqdata.targets_for(task_id, tokens))
-    forward = forward_fn(sizes["vocab_size"], sizes["max_len"], sizes["width"], sizes["num_layers"],
-                          sizes["mlp_dim"], heads)
+    forward = forward_fn(
+        sizes["vocab_size"], sizes["max_len"], sizes["width"], sizes["num_layers"], sizes["mlp_dim"], heads
+    )
     params = jax.tree_util.tree_map(jnp.asarray, params)
     beta = jnp.asarray(learned_head_weights(params, heads))  # (L, H)
 
@@ -183,35 +216,43 @@ def analyze_params(params, heads: int, task: str, tokens, sizes: dict | None = N
     parts: dict[str, list] = {}
     example = None
     for start in range(0, N, bs):
-        chunk = tokens[start:start + bs]
+        chunk = tokens[start : start + bs]
         n = chunk.shape[0]
         if n < bs:  # pad the tail so every call has one shape (one compile)
             chunk = np.concatenate([chunk, np.repeat(chunk[:1], bs - n, axis=0)])
         preds, attn = forward(params, chunk)
-        correct[start:start + n] = np.asarray(preds)[:n] == targets[start:start + n]
+        correct[start : start + n] = np.asarray(preds)[:n] == targets[start : start + n]
         if keep_attention and example is None:
             example = np.asarray(attn[:, 0])
-        m = jax.device_get(layer_metrics(attn, beta, horizon=horizon, max_steps=max_steps,
-                                         include_sink=include_sink, chain=chain, block=block))
+        m = jax.device_get(
+            layer_metrics(
+                attn, beta, horizon=horizon, max_steps=max_steps, include_sink=include_sink, chain=chain, block=block
+            )
+        )
         for k, v in m.items():
             parts.setdefault(k, []).append(np.asarray(v)[:, :n])
     per = {k: np.concatenate(v, axis=1) for k, v in parts.items()}  # (L, N)
     beta_np = np.asarray(beta)
     layers = []
     for l in range(sizes["num_layers"]):
-        mix, fid, best = per["mixing_time"][l].astype(np.float64), 100.0 * per["fidelity"][l].astype(np.float64), \
-            100.0 * per["best_single"][l].astype(np.float64)
-        layers.append({
-            "layer": l,
-            "mixing_time_mean": float(mix.mean()),
-            "mixing_time_std": float(mix.std()),
-            "fidelity_pct_mean": float(fid.mean()),
-            "fidelity_pct_std": float(fid.std()),
-            "best_single_fidelity_pct_mean": float(best.mean()),
-            "best_single_fidelity_pct_std": float(best.std()),
-            "combined_beats_best_share": float(per["beats"][l].mean()),
-            "head_weights": [float(b) for b in beta_np[l]],
-        })
+        mix, fid, best = (
+            per["mixing_time"][l].astype(np.float64),
+            100.0 * per["fidelity"][l].astype(np.float64),
+            100.0 * per["best_single"][l].astype(np.float64),
+        )
+        layers.append(
+            {
+                "layer": l,
+                "mixing_time_mean": float(mix.mean()),
+                "mixing_time_std": float(mix.std()),
+                "fidelity_pct_mean": float(fid.mean()),
+                "fidelity_pct_std": float(fid.std()),
+                "best_single_fidelity_pct_mean": float(best.mean()),
+                "best_single_fidelity_pct_std": float(best.std()),
+                "combined_beats_best_share": float(per["beats"][l].mean()),
+                "head_weights": [float(b) for b in beta_np[l]],
+            }
+        )
     result = {
         "heads": heads,
         "task": task,
@@ -236,15 +277,18 @@ def tokens_for(sequences, num_sequences, seed, max_len, vocab_size) -> tuple[np.
             return tokens, {"sequences": str(sequences)}
         tokens = np.asarray(sequences)
         if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer) or tokens.size == 0:
-            raise ConfigError(f"--sequences: expected a non-empty (N, T) integer array, got shape {tokens.shape} dtype {tokens.dtype}")
+            raise ConfigError(
+                f"--sequences: expected a non-empty (N, T) integer array, got shape {tokens.shape} dtype {tokens.dtype}"
+            )
         if not 2 <= tokens.shape[1] <= max_len or tokens.min() < 0 or tokens.max() >= vocab_size:
             raise ConfigError(f"--sequences: need 2 <= T <= {max_len} and tokens in [0, {vocab_size - 1}]")
         return tokens.astype(np.int32), {"sequences": "array"}
     return random_tokens(num_sequences, max_len, vocab_size, seed), {"sequences": "random", "seed": int(seed)}
 
 
-def analyze_checkpoint(path, heads: int, task: str, sequences=None, num_sequences: int = 50, seed: int = 0,
-                       **kwargs) -> dict:
+def analyze_checkpoint(
+    path, heads: int, task: str, sequences=None, num_sequences: int = 50, seed: int = 0, **kwargs
+) -> dict:
     """Analyse one released ``{H}_heads_{task}.pt`` file (read by the restricted unpickler).
 
     ``sequences``: None (``num_sequences`` random sequences of the model's

@@ -19,15 +19,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-
 # --------------------------------------------------------------------------
 # NTK Gram
 # --------------------------------------------------------------------------
 
+
 def _flat_grad_fn(apply_fn: Callable, params):
     """x -> grad_theta apply_fn(params, x) flattened to (P,)."""
+
     def flat_grad(x):
         return ravel_pytree(jax.grad(apply_fn)(params, x))[0]
+
     return flat_grad
 
 
@@ -42,8 +44,9 @@ def _pad_to_chunks(X: jax.Array, chunk_size: int):
     return X.reshape((n_chunks, chunk_size) + X.shape[1:])
 
 
-def ntk_gram(apply_fn: Callable, params, X: jax.Array, chunk_size: int = 64,
-             materialize_jacobian: bool = True) -> jax.Array:
+def ntk_gram(
+    apply_fn: Callable, params, X: jax.Array, chunk_size: int = 64, materialize_jacobian: bool = True
+) -> jax.Array:
     """Empirical NTK Gram matrix, chunked over examples.
 
     Args:
@@ -67,30 +70,31 @@ def ntk_gram(apply_fn: Callable, params, X: jax.Array, chunk_size: int = 64,
     n = X.shape[0]
     c = max(1, min(int(chunk_size), n))
     flat_grad = _flat_grad_fn(apply_fn, params)
-    chunks = _pad_to_chunks(X, c)                          # (nc, c, ...)
-    chunk_jac = jax.vmap(flat_grad)                        # (c, ...) -> (c, P)
+    chunks = _pad_to_chunks(X, c)  # (nc, c, ...)
+    chunk_jac = jax.vmap(flat_grad)  # (c, ...) -> (c, P)
     if materialize_jacobian:
-        J = jax.lax.map(chunk_jac, chunks)                 # (nc, c, P)
+        J = jax.lax.map(chunk_jac, chunks)  # (nc, c, P)
         J = J.reshape(-1, J.shape[-1])[:n]
         return J @ J.T
 
-    def row_block(rows):                                   # -> (c, nc * c)
+    def row_block(rows):  # -> (c, nc * c)
         j_rows = chunk_jac(rows)
         blocks = jax.lax.map(lambda cols: j_rows @ chunk_jac(cols).T, chunks)
         return jnp.transpose(blocks, (1, 0, 2)).reshape(c, -1)
 
-    K = jax.lax.map(row_block, chunks)                     # (nc, c, nc * c)
+    K = jax.lax.map(row_block, chunks)  # (nc, c, nc * c)
     return K.reshape(-1, K.shape[-1])[:n, :n]
 
 
 def ntk_gram_bruteforce(apply_fn: Callable, params, X: jax.Array) -> jax.Array:
     """Reference: explicit Jacobian J (n, P) with jax.jacrev, K = J J^T."""
+
     def f_all(p):
         return jax.vmap(apply_fn, in_axes=(None, 0))(p, X)
-    jac = jax.jacrev(f_all)(params)                        # pytree of (n, ...)
+
+    jac = jax.jacrev(f_all)(params)  # pytree of (n, ...)
     n = X.shape[0]
-    J = jnp.concatenate(
-        [leaf.reshape(n, -1) for leaf in jax.tree_util.tree_leaves(jac)], axis=1)
+    J = jnp.concatenate([leaf.reshape(n, -1) for leaf in jax.tree_util.tree_leaves(jac)], axis=1)
     return J @ J.T
 
 
@@ -98,8 +102,10 @@ def ntk_gram_bruteforce(apply_fn: Callable, params, X: jax.Array) -> jax.Array:
 # Hard margin through the origin from a Gram matrix
 # --------------------------------------------------------------------------
 
-def simplex_margin(gram, y, num_iters: int = 100_000, tol: float = 1e-6,
-                   zero_tol: float = 1e-9, return_info: bool = False):
+
+def simplex_margin(
+    gram, y, num_iters: int = 100_000, tol: float = 1e-6, zero_tol: float = 1e-9, return_info: bool = False
+):
     """Hard-margin SVM (through the origin) margin from a Gram matrix.
 
     Primal:  gamma = max_{|v|=1} min_i y_i <g_i, v>.
@@ -152,7 +158,7 @@ def simplex_margin(gram, y, num_iters: int = 100_000, tol: float = 1e-6,
     G = K * np.outer(y, y)
     diag = np.diag(G).copy()
     radius = math.sqrt(max(float(diag.max()), 0.0))
-    if radius == 0.0:   # all features zero: nothing separates
+    if radius == 0.0:  # all features zero: nothing separates
         margin, gap, a, q, iters, converged = 0.0, 0.0, np.full(n, 1 / n), 0.0, 0, True
     else:
         a = np.full(n, 1.0 / n)
@@ -160,9 +166,9 @@ def simplex_margin(gram, y, num_iters: int = 100_000, tol: float = 1e-6,
         converged, iters = False, 0
         for iters in range(1, num_iters + 1):
             q = max(float(a @ Ga), 0.0)
-            s = int(np.argmin(Ga))                 # FW (toward) vertex
+            s = int(np.argmin(Ga))  # FW (toward) vertex
             upper = math.sqrt(q)
-            if upper <= zero_tol * radius:         # 0 in the hull: not separable
+            if upper <= zero_tol * radius:  # 0 in the hull: not separable
                 converged = True
                 break
             lower = Ga[s] / upper
@@ -175,7 +181,7 @@ def simplex_margin(gram, y, num_iters: int = 100_000, tol: float = 1e-6,
                 break
             # Exact line search for f(a + t (e_s - e_v)) = a^T G a + ...
             curv = G[s, s] + G[v, v] - 2.0 * G[s, v]
-            slope = Ga[v] - Ga[s]                  # > 0 unless converged
+            slope = Ga[v] - Ga[s]  # > 0 unless converged
             t = a[v] if curv <= 0 else min(slope / curv, a[v])
             a[s] += t
             a[v] -= t
@@ -196,8 +202,15 @@ def simplex_margin(gram, y, num_iters: int = 100_000, tol: float = 1e-6,
             margin = 0.0
         gap = upper - margin
     if return_info:
-        info = dict(weights=a, upper=math.sqrt(q), sq_norm=q, radius=radius,
-                    iters=iters, converged=converged, separable=margin > 0)
+        info = dict(
+            weights=a,
+            upper=math.sqrt(q),
+            sq_norm=q,
+            radius=radius,
+            iters=iters,
+            converged=converged,
+            separable=margin > 0,
+        )
         return margin, gap, info
     return margin, gap
 
@@ -225,9 +238,10 @@ def linear_margin(X, y, features: str = "flatten", **solver_kwargs):
 # Curvature and self-boundedness
 # --------------------------------------------------------------------------
 
-def hessian_extreme_eigs(loss_fn: Callable, params, num_iters: int = 64,
-                         key: jax.Array | None = None,
-                         breakdown_tol: float = 1e-6):
+
+def hessian_extreme_eigs(
+    loss_fn: Callable, params, num_iters: int = 64, key: jax.Array | None = None, breakdown_tol: float = 1e-6
+):
     """(lambda_min, lambda_max) of the Hessian of loss_fn at params, by Lanczos.
 
     Hessian-vector products are forward-over-reverse (jax.jvp of jax.grad) on
@@ -260,7 +274,7 @@ def hessian_extreme_eigs(loss_fn: Callable, params, num_iters: int = 64,
         return jax.jvp(grad_flat, (flat,), (v,))[1]
 
     def orthogonalize(w, V):
-        for _ in range(2):                     # twice is enough
+        for _ in range(2):  # twice is enough
             w = w - V.T @ (V @ w)
         return w
 
@@ -271,14 +285,14 @@ def hessian_extreme_eigs(loss_fn: Callable, params, num_iters: int = 64,
     V = jnp.zeros((m + 1, P), flat.dtype)
     V = V.at[0].set(random_unit(key, V))
     alphas = jnp.zeros((m,), flat.dtype)
-    betas = jnp.zeros((m,), flat.dtype)        # betas[j] couples j and j + 1
+    betas = jnp.zeros((m,), flat.dtype)  # betas[j] couples j and j + 1
 
     def body(j, carry):
         V, alphas, betas, scale = carry
         v = V[j]
         w = hvp(v)
         alpha = jnp.dot(w, v)
-        w = orthogonalize(w, V)                # removes alpha v and beta v_{j-1}
+        w = orthogonalize(w, V)  # removes alpha v and beta v_{j-1}
         beta = jnp.linalg.norm(w)
         scale = jnp.maximum(scale, jnp.abs(alpha) + beta)
         broke = beta <= breakdown_tol * scale
@@ -289,8 +303,7 @@ def hessian_extreme_eigs(loss_fn: Callable, params, num_iters: int = 64,
         betas = betas.at[j].set(jnp.where(broke, 0.0, beta))
         return V, alphas, betas, scale
 
-    V, alphas, betas, _ = jax.lax.fori_loop(
-        0, m, body, (V, alphas, betas, jnp.zeros((), flat.dtype)))
+    V, alphas, betas, _ = jax.lax.fori_loop(0, m, body, (V, alphas, betas, jnp.zeros((), flat.dtype)))
     T = jnp.diag(alphas) + jnp.diag(betas[:-1], 1) + jnp.diag(betas[:-1], -1)
     ritz = jnp.linalg.eigvalsh(T)
     return ritz[0], ritz[-1]

@@ -3,6 +3,7 @@
 The metrics themselves are in :mod:`mhjax.analysis.metrics`; this module finds the models
 (the safe torch reader, a workdir's latest checkpoint), writes analysis.json/.md/.png and logs
 to the members' TensorBoard runs."""
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,18 @@ from mhjax.train.engine import unstack
 from mhjax.train.loop import Sweep
 
 
-def analyze_torch_checkpoint(path, heads: int, task: str, out=None, sequences=None, num_sequences: int = 50,
-                             seed: int = 0, *, plot: bool = True, **kwargs) -> dict:
+def analyze_torch_checkpoint(
+    path,
+    heads: int,
+    task: str,
+    out=None,
+    sequences=None,
+    num_sequences: int = 50,
+    seed: int = 0,
+    *,
+    plot: bool = True,
+    **kwargs,
+) -> dict:
     """:func:`mhjax.analysis.metrics.analyze_checkpoint`, and ``out/analysis.{json,md,png}`` if ``out``."""
     result = analyze_checkpoint(path, heads, task, sequences, num_sequences, seed, **kwargs)
     if out is not None:
@@ -40,10 +51,14 @@ def _workdir_sweep(workdir: str):
     try:
         config = ml_collections.ConfigDict(meta["config"])
     except (KeyError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"--workdir: {os.path.join(workdir, METADATA)} is unreadable ({type(exc).__name__})") from None
+        raise ConfigError(
+            f"--workdir: {os.path.join(workdir, METADATA)} is unreadable ({type(exc).__name__})"
+        ) from None
     experiment = make_experiment(config)
     if not experiment.analyzable:
-        raise ConfigError(f"--workdir: analyze needs a sequence (copy/cycle/zero) sweep; {workdir} holds a {experiment.kind!r} sweep")
+        raise ConfigError(
+            f"--workdir: analyze needs a sequence (copy/cycle/zero) sweep; {workdir} holds a {experiment.kind!r} sweep"
+        )
     if not os.path.isdir(os.path.join(workdir, "checkpoints")):
         raise ConfigError(f"--workdir: {workdir} has no checkpoints/; train it first")
     checkpointer = SweepCheckpointer(workdir)
@@ -65,8 +80,18 @@ def member_params(sweep, states) -> dict[int, Any]:
     return unstack(sweep.programs, {name: state.params for name, state in states.items()})
 
 
-def analyze_workdir(workdir, out=None, sequences=None, num_sequences: int = 50, seed: int = 0, *,
-                    tensorboard: bool = True, plot: bool = True, log=None, **kwargs) -> dict:
+def analyze_workdir(
+    workdir,
+    out=None,
+    sequences=None,
+    num_sequences: int = 50,
+    seed: int = 0,
+    *,
+    tensorboard: bool = True,
+    plot: bool = True,
+    log=None,
+    **kwargs,
+) -> dict:
     """Analyse every member of a trained sequence sweep (latest checkpoint).
 
     Writes ``out/analysis.{json,md,png}`` (default ``out = W/analysis``) with one
@@ -79,17 +104,27 @@ def analyze_workdir(workdir, out=None, sequences=None, num_sequences: int = 50, 
     experiment, sweep, step, states = _workdir_sweep(workdir)
     m = experiment.config.model
     tokens, source = tokens_for(sequences, num_sequences, seed, m.seq_len, m.vocab_size)
-    sizes = {"vocab_size": m.vocab_size, "max_len": m.seq_len, "width": m.width,
-             "num_layers": m.num_layers, "mlp_dim": m.mlp_dim}
+    sizes = {
+        "vocab_size": m.vocab_size,
+        "max_len": m.seq_len,
+        "width": m.width,
+        "num_layers": m.num_layers,
+        "mlp_dim": m.mlp_dim,
+    }
     member_states = sweep.member_states(states)
     members = {}
     for member in experiment.members:
         state = member_states[member.name]
-        res = analyze_params(state.params, member["heads"], member["task"], tokens, sizes,
-                             keep_attention=tensorboard, **kwargs)
+        res = analyze_params(
+            state.params, member["heads"], member["task"], tokens, sizes, keep_attention=tensorboard, **kwargs
+        )
         attention, combined = res.pop("attention", None), res.pop("combined", None)
-        entry = {"name": member.name, **{k: v for k, v in member.hparams.items()},
-                 "status": "diverged" if bool(state.diverged) else "ok", **res}
+        entry = {
+            "name": member.name,
+            **{k: v for k, v in member.hparams.items()},
+            "status": "diverged" if bool(state.diverged) else "ok",
+            **res,
+        }
         members[member.name] = entry
         if log is not None:
             log(f"{member.name}: accuracy {res['accuracy']:.4f}")
@@ -109,17 +144,26 @@ def analyze_workdir(workdir, out=None, sequences=None, num_sequences: int = 50, 
 
 def _tensorboard_entry(entry: dict, attention, combined) -> tuple[dict, dict]:
     """(scalars ``analysis/accuracy``, ``analysis/layer{l}/...``; heatmaps ``analysis/attention/layer{l}``)."""
-    scalars = {"analysis/accuracy": entry["accuracy"], "analysis/accuracy_excluding_first": entry["accuracy_excluding_first"]}
+    scalars = {
+        "analysis/accuracy": entry["accuracy"],
+        "analysis/accuracy_excluding_first": entry["accuracy_excluding_first"],
+    }
     images = {}
     for layer in entry["layers"]:
         l = layer["layer"]
-        for key, tag in (("mixing_time_mean", "mixing_time"), ("mixing_time_std", "mixing_time_std"),
-                         ("fidelity_pct_mean", "fidelity_pct"), ("fidelity_pct_std", "fidelity_pct_std"),
-                         ("best_single_fidelity_pct_mean", "best_single_fidelity_pct"),
-                         ("combined_beats_best_share", "combined_beats_best_share")):
+        for key, tag in (
+            ("mixing_time_mean", "mixing_time"),
+            ("mixing_time_std", "mixing_time_std"),
+            ("fidelity_pct_mean", "fidelity_pct"),
+            ("fidelity_pct_std", "fidelity_pct_std"),
+            ("best_single_fidelity_pct_mean", "best_single_fidelity_pct"),
+            ("combined_beats_best_share", "combined_beats_best_share"),
+        ):
             scalars[f"analysis/layer{l}/{tag}"] = layer[key]
         if attention is not None:
-            images[f"analysis/attention/layer{l}"] = attention_grid(attention[l], None if combined is None else combined[l])
+            images[f"analysis/attention/layer{l}"] = attention_grid(
+                attention[l], None if combined is None else combined[l]
+            )
     return scalars, images
 
 
@@ -145,9 +189,17 @@ def _run(args) -> int:
         raise ConfigError("--torch-checkpoint/--workdir: give exactly one of them")
     if args.batch_size is None or args.batch_size < 1:
         raise ConfigError(f"--batch-size: must be a positive integer, got {args.batch_size!r}")
-    common = dict(sequences=args.sequences, num_sequences=args.num_sequences, seed=args.seed, plot=not args.no_plot,
-                  horizon=args.horizon, max_steps=args.max_steps, chain=args.chain,
-                  include_sink=not args.exclude_sink, batch_size=args.batch_size)
+    common = dict(
+        sequences=args.sequences,
+        num_sequences=args.num_sequences,
+        seed=args.seed,
+        plot=not args.no_plot,
+        horizon=args.horizon,
+        max_steps=args.max_steps,
+        chain=args.chain,
+        include_sink=not args.exclude_sink,
+        batch_size=args.batch_size,
+    )
     if args.torch_checkpoint is not None:
         if args.heads is None:
             raise ConfigError("--heads: required with --torch-checkpoint")
@@ -162,17 +214,26 @@ def _run(args) -> int:
             if value is not None:
                 raise ConfigError(f"{option}: not used with --workdir (each member's own value is used)")
         with WorkdirLock(args.workdir, "analyze"):
-            result = analyze_workdir(args.workdir, args.out, tensorboard=not args.no_tensorboard,
-                                     log=lambda m: print(m, file=sys.stderr), **common)
+            result = analyze_workdir(
+                args.workdir,
+                args.out,
+                tensorboard=not args.no_tensorboard,
+                log=lambda m: print(m, file=sys.stderr),
+                **common,
+            )
         entries = list(result["members"].items())
     for label, e in entries:
-        print(f"{label}: {e['heads']} heads, {e['task']}, accuracy {100 * e['accuracy']:.2f}% "
-              f"({e['num_sequences']} sequences of length {e['seq_len']})")
+        print(
+            f"{label}: {e['heads']} heads, {e['task']}, accuracy {100 * e['accuracy']:.2f}% "
+            f"({e['num_sequences']} sequences of length {e['seq_len']})"
+        )
         for layer in e["layers"]:
-            print(f"  layer {layer['layer']}: mixing time {layer['mixing_time_mean']:.4f} ± {layer['mixing_time_std']:.4f}"
-                  f"  fidelity {layer['fidelity_pct_mean']:.3f}% ± {layer['fidelity_pct_std']:.3f}"
-                  f"  best head {layer['best_single_fidelity_pct_mean']:.3f}%"
-                  f"  combined > best {100 * layer['combined_beats_best_share']:.0f}%")
+            print(
+                f"  layer {layer['layer']}: mixing time {layer['mixing_time_mean']:.4f} ± {layer['mixing_time_std']:.4f}"
+                f"  fidelity {layer['fidelity_pct_mean']:.3f}% ± {layer['fidelity_pct_std']:.3f}"
+                f"  best head {layer['best_single_fidelity_pct_mean']:.3f}%"
+                f"  combined > best {100 * layer['combined_beats_best_share']:.0f}%"
+            )
     print("wrote " + ", ".join(result["files"].values()))
     return 0
 

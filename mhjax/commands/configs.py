@@ -1,4 +1,5 @@
 """`mhjax configs`: the bundled configs, a line each (the first line of each file's docstring)."""
+
 from __future__ import annotations
 
 import glob

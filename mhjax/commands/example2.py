@@ -1,4 +1,5 @@
 """`mhjax example2 --out DIR`: Example 2's minimax fidelities, example2.json and its figure."""
+
 from __future__ import annotations
 
 import json

@@ -15,6 +15,7 @@ Reads ``W/results.json`` (required), the members' TensorBoard scalars ``W/tb/<me
 Any other experiment (e.g. the mixture sweep) gets the generic tables and the curves; the
 PNG figures an experiment writes at the top of ``W`` are embedded as they are.
 """
+
 from __future__ import annotations
 
 import glob
@@ -36,7 +37,9 @@ REPORT_DIR = "report"
 # Reading
 # ---------------------------------------------------------------------- #
 def load_results(workdir: str) -> dict:
-    results = read_workdir_json(workdir, "results.json", f"train it first (mhjax train --config ... --workdir {workdir})")
+    results = read_workdir_json(
+        workdir, "results.json", f"train it first (mhjax train --config ... --workdir {workdir})"
+    )
     if not isinstance(results.get("members"), list):
         raise ConfigError(f"--workdir: {os.path.join(workdir, 'results.json')} has no member list")
     return results
@@ -83,9 +86,13 @@ def write_report(workdir: str, log=None, reference: str | None = None) -> dict:
     lines = [f"# {title}", ""]
     resumed = results.get("resumed_from_step")
     backend = f", backend `{results['backend']}`" if results.get("backend") else ""
-    lines += [f"{len(members)} members, {results.get('steps')} steps each{backend}"
-              + (f", resumed from step {resumed}" if resumed else "") + ". "
-              f"TensorBoard: `tensorboard --logdir {os.path.join(workdir, 'tb')}`.", ""]
+    lines += [
+        f"{len(members)} members, {results.get('steps')} steps each{backend}"
+        + (f", resumed from step {resumed}" if resumed else "")
+        + ". "
+        f"TensorBoard: `tensorboard --logdir {os.path.join(workdir, 'tb')}`.",
+        "",
+    ]
     summary = summary_table(members, load_sweep_fields(workdir))
     if summary:
         lines += ["## Results", "", "Final metrics; mean ± std over seeds.", "", summary]
@@ -99,8 +106,11 @@ def write_report(workdir: str, log=None, reference: str | None = None) -> dict:
         lines += ["## Attention as a DAG: mixing time, fidelity and synergy", ""]
     if analysis is None:
         if analyzable:
-            lines += [f"No analysis yet: run `mhjax analyze --workdir {workdir}` and then `mhjax report --workdir {workdir}` "
-                      "again to add mixing time, minimax fidelity and synergy per layer and head count.", ""]
+            lines += [
+                f"No analysis yet: run `mhjax analyze --workdir {workdir}` and then `mhjax report --workdir {workdir}` "
+                "again to add mixing time, minimax fidelity and synergy per layer and head count.",
+                "",
+            ]
     else:
         lines += [analysis_tables(analysis), ""]
         for name, fn in (("mixing_fidelity.png", plot_mixing_fidelity), ("synergy.png", plot_synergy)):
@@ -125,8 +135,12 @@ def write_report(workdir: str, log=None, reference: str | None = None) -> dict:
     os.replace(tmp, path)
     if log is not None:
         log(f"wrote {path} and {len(figures)} figure(s) in {out_dir}")
-    return {"md": path, "figures": figures, "analysis": analysis is not None,
-            "needs_analysis": analysis is None and analyzable}
+    return {
+        "md": path,
+        "figures": figures,
+        "analysis": analysis is not None,
+        "needs_analysis": analysis is None and analyzable,
+    }
 
 
 def is_analyzable(results: dict) -> bool:
@@ -142,6 +156,8 @@ def command(args, overrides) -> int:
         result = write_report(args.workdir, reference=args.reference)
     print(f"wrote {result['md']} ({len(result['figures'])} figures)")
     if result["needs_analysis"]:
-        print(f"no analysis yet: `mhjax analyze --workdir {args.workdir}` adds mixing time, fidelity and synergy",
-              file=sys.stderr)
+        print(
+            f"no analysis yet: `mhjax analyze --workdir {args.workdir}` adds mixing time, fidelity and synergy",
+            file=sys.stderr,
+        )
     return 0

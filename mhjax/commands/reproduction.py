@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 
-
 from mhjax.analysis import claims
 from mhjax.analysis.reference import PAPER_STEPS, analyze_reference, evaluation_setup, find_checkpoints
 from mhjax.io.curves import read_curves

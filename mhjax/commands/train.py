@@ -1,4 +1,5 @@
 """`mhjax train`: validate, describe (--dry-run) or train a sweep in its workdir."""
+
 from __future__ import annotations
 
 import contextlib
@@ -62,8 +63,12 @@ def command(args, overrides) -> int:
     experiment = make_experiment(config)  # validates before anything compiles
     if args.coordinator and (args.num_processes is None or args.process_id is None):
         raise ConfigError("--coordinator: needs --num-processes and --process-id")
-    if args.num_processes is not None and not (args.num_processes >= 1 and 0 <= (args.process_id or 0) < args.num_processes):
-        raise ConfigError(f"--process-id: must be in [0, {args.num_processes}) with --num-processes {args.num_processes}")
+    if args.num_processes is not None and not (
+        args.num_processes >= 1 and 0 <= (args.process_id or 0) < args.num_processes
+    ):
+        raise ConfigError(
+            f"--process-id: must be in [0, {args.num_processes}) with --num-processes {args.num_processes}"
+        )
     if args.dry_run:
         print(describe(experiment, jax.default_backend()))
         return 0

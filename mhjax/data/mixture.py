@@ -45,13 +45,13 @@ def default_mixture_config() -> ml_collections.ConfigDict:
     after 10 steps (too easy), with S=2, sigma=1 test accuracy is ~87%.
     """
     cfg = ml_collections.ConfigDict()
-    cfg.dim = 16                      # d: token dimension
-    cfg.seq_len = 8                   # T: tokens per sample
-    cfg.num_relevant_per_label = 1    # R: relevant clusters per label
-    cfg.num_noise_clusters = 4        # M: irrelevant clusters
-    cfg.relevant_fraction = 0.25      # zeta: fraction of relevant tokens
-    cfg.signal_norm = 3.0             # S: norm of every cluster mean
-    cfg.noise_std = 1.0               # sigma: per-coordinate token noise
+    cfg.dim = 16  # d: token dimension
+    cfg.seq_len = 8  # T: tokens per sample
+    cfg.num_relevant_per_label = 1  # R: relevant clusters per label
+    cfg.num_noise_clusters = 4  # M: irrelevant clusters
+    cfg.relevant_fraction = 0.25  # zeta: fraction of relevant tokens
+    cfg.signal_norm = 3.0  # S: norm of every cluster mean
+    cfg.noise_std = 1.0  # sigma: per-coordinate token noise
     return cfg
 
 
@@ -97,25 +97,31 @@ def validate_mixture_config(cfg: Any) -> None:
     d, t = int(cfg.dim), int(cfg.seq_len)
     r, m = int(cfg.num_relevant_per_label), int(cfg.num_noise_clusters)
     if d < 2 * r + m:
-        raise MixtureConfigError("dim", f"must be >= 2*num_relevant_per_label + num_noise_clusters = {2 * r + m} "
-                                 f"(orthogonal cluster means); got {d}")
+        raise MixtureConfigError(
+            "dim",
+            f"must be >= 2*num_relevant_per_label + num_noise_clusters = {2 * r + m} "
+            f"(orthogonal cluster means); got {d}",
+        )
     if not 0.0 < float(cfg.relevant_fraction) <= 1.0:
         raise MixtureConfigError("relevant_fraction", f"must be in (0, 1]; got {cfg.relevant_fraction}")
     k = num_relevant_tokens(cfg)
     if k < 1:
-        raise MixtureConfigError("relevant_fraction", f"relevant_fraction * seq_len must round to >= 1 relevant token; "
-                                 f"got {cfg.relevant_fraction} * {t}")
+        raise MixtureConfigError(
+            "relevant_fraction",
+            f"relevant_fraction * seq_len must round to >= 1 relevant token; got {cfg.relevant_fraction} * {t}",
+        )
     if k < t and m < 1:
-        raise MixtureConfigError("num_noise_clusters", "must be >= 1 when some tokens are irrelevant "
-                                 "(relevant_fraction * seq_len < seq_len); got 0")
+        raise MixtureConfigError(
+            "num_noise_clusters",
+            "must be >= 1 when some tokens are irrelevant (relevant_fraction * seq_len < seq_len); got 0",
+        )
     if float(cfg.signal_norm) < 0:
         raise MixtureConfigError("signal_norm", f"must be >= 0; got {cfg.signal_norm}")
     if float(cfg.noise_std) < 0:
         raise MixtureConfigError("noise_std", f"must be >= 0; got {cfg.noise_std}")
 
 
-def sample_mixture(key: jax.Array, cfg: Any, n: int, *,
-                   return_relevant: bool = False):
+def sample_mixture(key: jax.Array, cfg: Any, n: int, *, return_relevant: bool = False):
     """Draw n i.i.d. samples.
 
     Args:
@@ -132,10 +138,16 @@ def sample_mixture(key: jax.Array, cfg: Any, n: int, *,
     """
     validate_mixture_config(cfg)
     x, y, relevant = _sample(
-        key, n=int(n), d=int(cfg.dim), t=int(cfg.seq_len),
-        r=int(cfg.num_relevant_per_label), m=int(cfg.num_noise_clusters),
-        k=num_relevant_tokens(cfg), signal_norm=float(cfg.signal_norm),
-        noise_std=float(cfg.noise_std))
+        key,
+        n=int(n),
+        d=int(cfg.dim),
+        t=int(cfg.seq_len),
+        r=int(cfg.num_relevant_per_label),
+        m=int(cfg.num_noise_clusters),
+        k=num_relevant_tokens(cfg),
+        signal_norm=float(cfg.signal_norm),
+        noise_std=float(cfg.noise_std),
+    )
     if return_relevant:
         return x, y, relevant
     return x, y
@@ -143,19 +155,16 @@ def sample_mixture(key: jax.Array, cfg: Any, n: int, *,
 
 # Jitted with the config as static arguments: one compiled program instead of
 # many eager op dispatches; inlined when called under an outer jit / vmap.
-@functools.partial(jax.jit, static_argnames=(
-    "n", "d", "t", "r", "m", "k", "signal_norm", "noise_std"))
+@functools.partial(jax.jit, static_argnames=("n", "d", "t", "r", "m", "k", "signal_norm", "noise_std"))
 def _sample(key, *, n, d, t, r, m, k, signal_norm, noise_std):
     k_y, k_pos, k_rel, k_noise_c, k_eps = jax.random.split(key, 5)
     y = jnp.where(jax.random.bernoulli(k_y, 0.5, (n,)), 1.0, -1.0)
     # Random positions: a token is relevant iff its rank under i.i.d. uniforms
     # is < k, i.e. a uniformly random k-subset of positions.
-    ranks = jnp.argsort(
-        jnp.argsort(jax.random.uniform(k_pos, (n, t)), axis=1), axis=1)
+    ranks = jnp.argsort(jnp.argsort(jax.random.uniform(k_pos, (n, t)), axis=1), axis=1)
     relevant = ranks < k
     # Relevant cluster index: label +1 -> [0, R), label -1 -> [R, 2R).
-    rel_idx = (jnp.where(y > 0, 0, r)[:, None]
-               + jax.random.randint(k_rel, (n, t), 0, r))
+    rel_idx = jnp.where(y > 0, 0, r)[:, None] + jax.random.randint(k_rel, (n, t), 0, r)
     noise_idx = 2 * r + jax.random.randint(k_noise_c, (n, t), 0, max(m, 1))
     idx = jnp.where(relevant, rel_idx, noise_idx)
     means = signal_norm * jax.nn.one_hot(idx, d, dtype=jnp.float32)
@@ -167,8 +176,15 @@ def _sample(key, *, n, d, t, r, m, k, signal_norm, noise_std):
 # Example streams: example i of a key is drawn from fold_in(key, i)
 # ---------------------------------------------------------------------- #
 SAMPLE_BLOCK = 64  # examples per call of the host sampler (one compiled program for any count)
-DATA_FIELDS = ("dim", "seq_len", "num_relevant_per_label", "num_noise_clusters", "relevant_fraction", "signal_norm",
-               "noise_std")
+DATA_FIELDS = (
+    "dim",
+    "seq_len",
+    "num_relevant_per_label",
+    "num_noise_clusters",
+    "relevant_fraction",
+    "signal_norm",
+    "noise_std",
+)
 
 
 def sample_examples(key, data_config, count: int, start=0):
@@ -194,8 +210,10 @@ class HostSampler:
         self.data = tuple((field, data_config[field]) for field in DATA_FIELDS)
 
     def __call__(self, key, count: int):
-        blocks = [jax.device_get(_sample_block(jnp.asarray(key), jnp.uint32(b * SAMPLE_BLOCK), self.data))
-                  for b in range(-(-count // SAMPLE_BLOCK))]
+        blocks = [
+            jax.device_get(_sample_block(jnp.asarray(key), jnp.uint32(b * SAMPLE_BLOCK), self.data))
+            for b in range(-(-count // SAMPLE_BLOCK))
+        ]
         X = np.concatenate([b[0] for b in blocks])[:count]
         y = np.concatenate([b[1] for b in blocks])[:count]
         return X, y

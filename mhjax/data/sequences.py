@@ -6,6 +6,7 @@ not depend on the program it runs in and a resumed run sees the same batches:
   generated from fold_in(dataset_key, i), so the dataset is never stored.
 - "fresh": new sequences every step.
 """
+
 from __future__ import annotations
 
 import jax
@@ -33,6 +34,7 @@ def random_sequences(key, num: int, length: int, vocab_size: int):
 
 def dataset_sequences(dataset_key, indices, length: int, vocab_size: int):
     """Sequences of a fixed dataset by index: row i is a function of (dataset_key, i) alone."""
+
     def one(i):
         return jax.random.randint(jax.random.fold_in(dataset_key, i), (length,), 0, vocab_size, dtype=jnp.int32)
 

@@ -1,4 +1,5 @@
 """Experiments: each turns a config into sweep members and per-program recipes."""
+
 from __future__ import annotations
 
 from mhjax.config import ConfigError

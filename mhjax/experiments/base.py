@@ -4,6 +4,7 @@ An experiment turns a config into sweep members and compiled programs. The train
 (``mhjax.train``) calls only the methods below; the optional hooks have no-op defaults,
 so the generic code never asks what kind of experiment it runs.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -42,6 +42,7 @@ param_distance, head_spread, loss_slope, margin_loss_product; ``evaluate`` adds 
 accuracy and the Hessian/gradient quantities at theta_K. ``finalize`` draws the figures and
 mixture_summary.md (``mhjax.plotting.mixture``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -70,13 +71,32 @@ MAX_HEADS = 4096
 
 # Every field a mixture config may have (a typo in a config file is an error, not ignored).
 FIELDS = {
-    "experiment": None, "seed": None, "strategy": None, "devices": None, "sweep": None,
-    "data": {"dim", "seq_len", "num_relevant_per_label", "num_noise_clusters", "relevant_fraction",
-             "signal_norm", "noise_std", "num_test"},
+    "experiment": None,
+    "seed": None,
+    "strategy": None,
+    "devices": None,
+    "sweep": None,
+    "data": {
+        "dim",
+        "seq_len",
+        "num_relevant_per_label",
+        "num_noise_clusters",
+        "relevant_fraction",
+        "signal_norm",
+        "noise_std",
+        "num_test",
+    },
     "model": {"query"},
     "init": {"scheme", "first_step", "tau"},
-    "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every", "loss_points", "eval_points",
-              "steps_per_example"},
+    "train": {
+        "steps",
+        "chunk_steps",
+        "eval_every",
+        "checkpoint_every",
+        "loss_points",
+        "eval_points",
+        "steps_per_example",
+    },
     "analysis": {"lanczos_iters", "margin_iters", "margin_tol"},
 }
 
@@ -116,8 +136,9 @@ def validate(config) -> None:
     sizes = cfg.require_nonempty_tuple(config, "sweep.num_train")
     _require_each(sizes, "sweep.num_train", lambda n: _is_int(n) and n >= 1, "an integer >= 1")
     steps = cfg.require_nonempty_tuple(config, "sweep.step_size")
-    _require_each(steps, "sweep.step_size", lambda e: _is_number(e) and e > 0 and math.isfinite(e),
-                  "a positive finite number")
+    _require_each(
+        steps, "sweep.step_size", lambda e: _is_number(e) and e > 0 and math.isfinite(e), "a positive finite number"
+    )
     try:  # the data fields have one validator, next to the sampler
         validate_mixture_config(config.data)
     except MixtureConfigError as exc:
@@ -142,11 +163,14 @@ def validate(config) -> None:
     if per_example is not None:
         if not (_is_number(per_example) and per_example >= 0 and math.isfinite(per_example)):
             raise cfg.ConfigError(
-                f"config.train.steps_per_example: must be a number >= 0 (0 = off); got {per_example!r}")
+                f"config.train.steps_per_example: must be a number >= 0 (0 = off); got {per_example!r}"
+            )
         need = max(1, round(per_example * max(sizes)))
         if per_example > 0 and need > config.train.steps:
-            raise cfg.ConfigError(f"config.train.steps_per_example: {per_example} * max n = {need} steps exceeds "
-                                  f"train.steps = {config.train.steps} (the program's length)")
+            raise cfg.ConfigError(
+                f"config.train.steps_per_example: {per_example} * max n = {need} steps exceeds "
+                f"train.steps = {config.train.steps} (the program's length)"
+            )
     for field in ("analysis.lanczos_iters", "analysis.margin_iters"):
         cfg.require_positive(config, field, int)
     cfg.require_range(config, "analysis.margin_tol", 0.0, 1.0, inclusive_low=False, inclusive_high=False)
@@ -193,18 +217,28 @@ class MixtureRecipe:
 
     def train_loss(self, params, consts):
         """Mean logistic loss over the member's own n examples (padding has weight 0)."""
-        return classifier.logistic_loss(params, consts["X"], consts["y"], consts["head_mask"], consts["heads"],
-                                        self.query, consts["weights"])
+        return classifier.logistic_loss(
+            params, consts["X"], consts["y"], consts["head_mask"], consts["heads"], self.query, consts["weights"]
+        )
 
     # -- engine protocol --------------------------------------------------
     def init_params(self, consts):
         base = "zero" if self.scheme == "zero_plus_step" else self.scheme
         key = jax.random.fold_in(consts["key"], 0)
-        params = classifier.init_params(key, self.shape, self.max_heads, base, self.tau, query=self.query,
-                                        head_mask=consts["head_mask"])
+        params = classifier.init_params(
+            key, self.shape, self.max_heads, base, self.tau, query=self.query, head_mask=consts["head_mask"]
+        )
         if self.takes_step:
-            params, _ = classifier.gd_step(params, consts["X"], consts["y"], consts["first_step"], consts["head_mask"],
-                                           consts["heads"], self.query, consts["weights"])
+            params, _ = classifier.gd_step(
+                params,
+                consts["X"],
+                consts["y"],
+                consts["first_step"],
+                consts["head_mask"],
+                consts["heads"],
+                self.query,
+                consts["weights"],
+            )
         return params
 
     def optimizer(self, consts):
@@ -221,8 +255,9 @@ class MixtureRecipe:
         loss_fn = functools.partial(self.train_loss, consts=consts)
         loss, grads = jax.value_and_grad(loss_fn)(params)
         grad_norm = jnp.linalg.norm(ravel_pytree(grads)[0])
-        lam_min, lam_max = ntk.hessian_extreme_eigs(loss_fn, params, num_iters=self.lanczos_iters,
-                                                    key=jax.random.fold_in(consts["key"], 1))
+        lam_min, lam_max = ntk.hessian_extreme_eigs(
+            loss_fn, params, num_iters=self.lanczos_iters, key=jax.random.fold_in(consts["key"], 1)
+        )
         heads = jnp.asarray(consts["heads"], jnp.float32)
         theta0 = self.init_params(consts)
         return {
@@ -317,11 +352,21 @@ class MixtureExperiment(Experiment):
         return mixture_results.extra_results(self, sweep, states)
 
     def metric_tags(self) -> list[str]:
-        return [f"eval/{k}" for k in ("test_loss", "test_accuracy", "train_accuracy", "grad_norm_over_loss",
-                                      "min_hessian_eig_over_loss_sqrtH", "step_times_hessian_max",
-                                      "distance_from_init")]
+        return [
+            f"eval/{k}"
+            for k in (
+                "test_loss",
+                "test_accuracy",
+                "train_accuracy",
+                "grad_norm_over_loss",
+                "min_hessian_eig_over_loss_sqrtH",
+                "step_times_hessian_max",
+                "distance_from_init",
+            )
+        ]
 
     def finalize(self, workdir: str, payload: dict) -> None:
         """Figures (PNG) and mixture_summary.md in the workdir."""
-        write_figures_and_summary(workdir, payload["members"], chunk_steps=int(self.config.train.chunk_steps),
-                                  init=self.config.init.scheme)
+        write_figures_and_summary(
+            workdir, payload["members"], chunk_steps=int(self.config.train.chunk_steps), init=self.config.init.scheme
+        )

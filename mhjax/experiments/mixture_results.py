@@ -12,6 +12,7 @@
 * margin_loss_product = ntk_margin^2 * eta * K * L(theta_K): the theory's training rate
   L ~ 1/(gamma^2 eta K) makes it of order one and flat in K.
 """
+
 from __future__ import annotations
 
 import math
@@ -70,8 +71,9 @@ def extra_results(experiment, sweep, states) -> dict:
     solver = dict(num_iters=int(a.margin_iters), tol=float(a.margin_tol))
     out, linear = {}, {}
     for name, idx, recipe in sweep.programs:
-        fn = jax.jit(lambda params, consts, recipe=recipe: jax.lax.map(lambda pc: _member_pieces(recipe, *pc),
-                                                                       (params, consts)))
+        fn = jax.jit(
+            lambda params, consts, recipe=recipe: jax.lax.map(lambda pc: _member_pieces(recipe, *pc), (params, consts))
+        )
         grams, distances, spreads, final = jax.device_get(fn(states[name].params, sweep.consts[name]))
         for j, i in enumerate(idx):
             member = experiment.members[i]

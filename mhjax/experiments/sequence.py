@@ -1,5 +1,6 @@
 """The copy/cycle/zero experiment with the causal Transformer of "Beyond Parallelism: Synergistic
 Computational Graph Effects in Multi-Head Attention" (arXiv 2507.02944, Section 4)."""
+
 from __future__ import annotations
 
 import math
@@ -51,7 +52,9 @@ def validate(config) -> None:
     for heads in cfg.require_nonempty_tuple(config, "sweep.heads"):
         if isinstance(heads, bool) or not isinstance(heads, int) or heads <= 0 or width % heads:
             allowed = ", ".join(str(h) for h in range(1, width + 1) if width % h == 0)
-            raise cfg.ConfigError(f"config.sweep.heads: each must divide model.width={width} (allowed: {allowed}); got {heads!r}")
+            raise cfg.ConfigError(
+                f"config.sweep.heads: each must divide model.width={width} (allowed: {allowed}); got {heads!r}"
+            )
     for seed in cfg.require_nonempty_tuple(config, "sweep.seed"):
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:  # folded into keys as uint32
             raise cfg.ConfigError(f"config.sweep.seed: each must be an integer in [0, 2**32); got {seed!r}")
@@ -69,7 +72,11 @@ def validate(config) -> None:
 
 # Every field a sequence config may have (a typo in a config file is an error, not ignored).
 FIELDS = {
-    "experiment": None, "seed": None, "strategy": None, "devices": None, "sweep": None,
+    "experiment": None,
+    "seed": None,
+    "strategy": None,
+    "devices": None,
+    "sweep": None,
     "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout"},
     "data": {"protocol", "num_train", "batch_size", "num_eval"},
     "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every"},
@@ -102,21 +109,35 @@ class SequenceRecipe:
 
     def _data_keys(self, consts):
         data = consts["data_key"]
-        return {"dataset": jax.random.fold_in(data, 0), "shuffle": jax.random.fold_in(data, 1), "fresh": jax.random.fold_in(data, 2)}
+        return {
+            "dataset": jax.random.fold_in(data, 0),
+            "shuffle": jax.random.fold_in(data, 1),
+            "fresh": jax.random.fold_in(data, 2),
+        }
 
     def loss(self, params, consts, step):
         tokens, targets = sequences.train_batch(
-            self._data_keys(consts), consts["task_id"], step, protocol=self.protocol,
-            num_train=self.num_train, batch_size=self.batch_size, length=self.length, vocab_size=self.vocab,
+            self._data_keys(consts),
+            consts["task_id"],
+            step,
+            protocol=self.protocol,
+            num_train=self.num_train,
+            batch_size=self.batch_size,
+            length=self.length,
+            vocab_size=self.vocab,
         )
         dropout_key = jax.random.fold_in(jax.random.fold_in(consts["key"], 1), step)
-        logits = self.model.apply({"params": params}, tokens, self._heads(consts), deterministic=False, rngs={"dropout": dropout_key})
+        logits = self.model.apply(
+            {"params": params}, tokens, self._heads(consts), deterministic=False, rngs={"dropout": dropout_key}
+        )
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
         return loss, {}
 
     def evaluate(self, params, consts):
         """Held-out loss and token accuracy in eval mode (no dropout), in batches."""
-        tokens, targets = sequences.eval_batch(consts["eval_key"], consts["task_id"], self.num_eval, self.length, self.vocab)
+        tokens, targets = sequences.eval_batch(
+            consts["eval_key"], consts["task_id"], self.num_eval, self.length, self.vocab
+        )
         usable = (self.num_eval // self.eval_batch) * self.eval_batch
         shape = (-1, self.eval_batch, self.length)
         tokens, targets = tokens[:usable].reshape(shape), targets[:usable].reshape(shape)
@@ -218,7 +239,9 @@ class SequenceExperiment(Experiment):
         out = []
         for program in programs:
             recipe = program.recipe
-            pairs = zip(recipe.sizes, recipe.recipes) if isinstance(recipe, Unrolled) else [(len(program.members), recipe)]
+            pairs = (
+                zip(recipe.sizes, recipe.recipes) if isinstance(recipe, Unrolled) else [(len(program.members), recipe)]
+            )
             out.append([(n, r.model.num_heads, not r.static_heads) for n, r in pairs])
         return out
 
@@ -259,16 +282,23 @@ class SequenceExperiment(Experiment):
         of the combined operator (``diffusion/sink_signal``)."""
         m = self.config.model
         tokens = np.random.default_rng(EXAMPLE_SEED).integers(0, m.vocab_size, size=(1, m.seq_len), dtype=np.int32)
-        sizes = {"vocab_size": m.vocab_size, "max_len": m.seq_len, "width": m.width, "num_layers": m.num_layers,
-                 "mlp_dim": m.mlp_dim}
+        sizes = {
+            "vocab_size": m.vocab_size,
+            "max_len": m.seq_len,
+            "width": m.width,
+            "num_layers": m.num_layers,
+            "mlp_dim": m.mlp_dim,
+        }
         out = {}
         for member in self.members:
             params = member_states[member.name].params
             _, attn = predict(params, member["heads"], tokens, sizes)
             attention = np.asarray(attn[:, 0], np.float64)  # (L, H, T, T)
             combined = np.einsum("lh,lhij->lij", learned_head_weights(params, member["heads"]), attention)
-            images = {f"attention/layer{layer}": attention_grid(attention[layer], combined[layer])
-                      for layer in range(attention.shape[0])}
+            images = {
+                f"attention/layer{layer}": attention_grid(attention[layer], combined[layer])
+                for layer in range(attention.shape[0])
+            }
             images["diffusion/sink_signal"] = diffusion_image(combined, member.name)
             out[member.name] = images
         return out
@@ -278,19 +308,27 @@ class SequenceExperiment(Experiment):
         config = self.config
         m, d = config.model, config.data
         programs = self.programs(config.strategy, backend)
-        strategy = config.strategy if config.strategy != "auto" else f"auto ({self.auto_strategy(backend)} on {backend})"
-        lines = [f"strategy: {strategy} -> {len(programs)} program(s): "
-                 + ", ".join(f"{p.name} ({len(p.members)} members)" for p in programs), self.strategy_line(backend)]
+        strategy = (
+            config.strategy if config.strategy != "auto" else f"auto ({self.auto_strategy(backend)} on {backend})"
+        )
+        lines = [
+            f"strategy: {strategy} -> {len(programs)} program(s): "
+            + ", ".join(f"{p.name} ({len(p.members)} members)" for p in programs),
+            self.strategy_line(backend),
+        ]
         step_flops = flops.train_step_flops(d.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, m.vocab_size)
         lines.append(f"{'member':<24} {'params':>9} {'GFLOP/step':>11} {'est. memory':>12}")
         total_mem = 0.0
         for member in self.members:
             params = self.member_info(member)["params"]
-            act = flops.activation_bytes(d.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, member["heads"],
-                                         m.vocab_size)
+            act = flops.activation_bytes(
+                d.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, member["heads"], m.vocab_size
+            )
             mem = 4 * params * 4 + act  # params, grads, Adam m and v in fp32, activations
             total_mem += mem
             lines.append(f"{member.name:<24} {params:>9,} {step_flops / 1e9:>11.3f} {mem / 2**20:>10.1f} MiB")
         total = step_flops * config.train.steps * len(self.members)
-        lines.append(f"total: {total / 1e12:.2f} TFLOP of training, ~{total_mem / 2**20:.0f} MiB if all members run at once")
+        lines.append(
+            f"total: {total / 1e12:.2f} TFLOP of training, ~{total_mem / 2**20:.0f} MiB if all members run at once"
+        )
         return lines

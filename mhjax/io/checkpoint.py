@@ -4,6 +4,7 @@ One checkpoint holds every program's stacked member states plus per-program
 training seconds. W/mhjax.json records the mhjax version and the resolved config;
 a workdir written with another version or config is refused rather than mixed.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,7 +48,9 @@ class SweepCheckpointer:
         except Exception as exc:
             _quiet_abandoned_reads()
             detail = " ".join(str(exc).split())[:300]
-            raise ConfigError(f"checkpoint {where}: unreadable, corrupt or truncated ({type(exc).__name__}: {detail})") from None
+            raise ConfigError(
+                f"checkpoint {where}: unreadable, corrupt or truncated ({type(exc).__name__}: {detail})"
+            ) from None
         mismatch = describe_mismatch(stored, target)
         if mismatch:
             raise ConfigError(f"checkpoint {where}: does not match this sweep: {mismatch}")
@@ -56,7 +59,9 @@ class SweepCheckpointer:
         except Exception as exc:  # orbax raises many types for corrupt/mismatched files
             _quiet_abandoned_reads()
             detail = " ".join(str(exc).split())[:300]
-            raise ConfigError(f"checkpoint {self.directory}/{step}: cannot restore into this sweep ({type(exc).__name__}: {detail})") from None
+            raise ConfigError(
+                f"checkpoint {self.directory}/{step}: cannot restore into this sweep ({type(exc).__name__}: {detail})"
+            ) from None
 
     def close(self) -> None:
         self.manager.close()
@@ -97,9 +102,11 @@ def describe_mismatch(stored, target) -> str | None:
         have, need = sorted(stored["members"]), sorted(target.get("members", {}))
         if have != need:
             extra, missing = sorted(set(have) - set(need)), sorted(set(need) - set(have))
-            return (f"it holds members {', '.join(have)} but this sweep has {', '.join(need)}"
-                    f" (missing {', '.join(missing) or 'none'}, extra {', '.join(extra) or 'none'}): another sweep"
-                    " (head counts, tasks, seeds or learning rates)")
+            return (
+                f"it holds members {', '.join(have)} but this sweep has {', '.join(need)}"
+                f" (missing {', '.join(missing) or 'none'}, extra {', '.join(extra) or 'none'}): another sweep"
+                " (head counts, tasks, seeds or learning rates)"
+            )
     have, need = _flat(stored), _flat(target)
     for name in need:
         if name not in have:
@@ -126,14 +133,18 @@ def check_or_write_metadata(workdir: str, config_dict: dict, kind: str) -> bool:
             if not isinstance(stored, dict):
                 raise ValueError("not a JSON object")
         except (OSError, ValueError) as exc:  # ValueError: JSON and UTF-8 decoding errors
-            raise ConfigError(f"--workdir: {path} is unreadable ({exc.__class__.__name__}); use a new workdir") from None
+            raise ConfigError(
+                f"--workdir: {path} is unreadable ({exc.__class__.__name__}); use a new workdir"
+            ) from None
         if stored.get("mhjax_version") != __version__:
             raise ConfigError(
                 f"--workdir: {workdir} was written by mhjax {stored.get('mhjax_version')}, this is {__version__}; use a new workdir"
             )
         if stored.get("config") != json.loads(json.dumps(config_dict)):
             diff = _first_difference(stored.get("config", {}), json.loads(json.dumps(config_dict)))
-            raise ConfigError(f"--workdir: {workdir} holds a run of another config ({diff}); use a new workdir or the same config")
+            raise ConfigError(
+                f"--workdir: {workdir} holds a run of another config ({diff}); use a new workdir or the same config"
+            )
         return True
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise ConfigError(f"--workdir: {workdir} exists and is not a folder")

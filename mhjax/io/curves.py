@@ -1,4 +1,5 @@
 """Scalar curves of a sweep's TensorBoard runs (W/tb/<member>), read without TensorFlow."""
+
 from __future__ import annotations
 
 import os
@@ -23,7 +24,9 @@ def read_curves(workdir: str, names: list[str], tags=None) -> dict:
         events = EventAccumulator(path, size_guidance={"scalars": 0, "images": 1, "tensors": 1, "histograms": 1})
         events.Reload()
         available = set(events.Tags().get("scalars", []))
-        wanted = tags if tags is not None else sorted(t for t in available if t == "train/loss" or t.startswith("eval/"))
+        wanted = (
+            tags if tags is not None else sorted(t for t in available if t == "train/loss" or t.startswith("eval/"))
+        )
         for tag in wanted:
             if tag in available:
                 by_step = {e.step: e.value for e in events.Scalars(tag)}

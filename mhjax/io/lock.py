@@ -7,6 +7,7 @@ dies, so a workdir left by a killed run (kill -9 included) is taken over by the 
 and the kernel reports the holder's pid, so the lock file stays empty and a refused command
 changes nothing in the workdir.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -34,14 +35,18 @@ class WorkdirLock:
             os.makedirs(self.workdir, exist_ok=True)
             self.file = open(os.path.join(self.workdir, LOCK), "a")
         except OSError as exc:
-            raise ConfigError(f"--workdir: cannot use {self.workdir} ({type(exc).__name__}: {exc.strerror or exc})") from None
+            raise ConfigError(
+                f"--workdir: cannot use {self.workdir} ({type(exc).__name__}: {exc.strerror or exc})"
+            ) from None
         try:
             fcntl.lockf(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = _holder(self.file)
             self.file.close()
-            raise ConfigError(f"--workdir: {self.workdir} is in use by another mhjax command (pid {holder}); "
-                              f"wait for it to finish or use another workdir (mhjax {self.command} not started)") from None
+            raise ConfigError(
+                f"--workdir: {self.workdir} is in use by another mhjax command (pid {holder}); "
+                f"wait for it to finish or use another workdir (mhjax {self.command} not started)"
+            ) from None
         return self
 
     def __exit__(self, *exc):

@@ -1,4 +1,5 @@
 """results.json and results.md of a sweep."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,19 @@ import numpy as np
 
 from mhjax.config import ConfigError
 
-CORE_COLUMNS = ("name", "task", "heads", "seed", "params", "steps", "train_loss", "eval_loss", "eval_accuracy", "wall_time_s", "status")
+CORE_COLUMNS = (
+    "name",
+    "task",
+    "heads",
+    "seed",
+    "params",
+    "steps",
+    "train_loss",
+    "eval_loss",
+    "eval_accuracy",
+    "wall_time_s",
+    "status",
+)
 
 
 def read_workdir_json(workdir: str, name: str, missing_hint: str) -> dict:

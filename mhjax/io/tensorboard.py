@@ -13,6 +13,7 @@ analysis). Each run holds, besides the training/evaluation scalars the host loop
   listed as metrics too, so head counts can be compared, sorted and filtered in one table;
 * images the experiment draws at the end of training (e.g. attention heatmaps).
 """
+
 from __future__ import annotations
 
 import json
@@ -65,8 +66,9 @@ class MemberWriters:
             _add_summary(writer, session_start_summary(values, group_name=name, start_time_secs=now), step)
         self.flush()
 
-    def finish(self, records: list[dict], hparams: dict[str, dict], later_tags: list[str], step: int,
-               description: str = "") -> None:
+    def finish(
+        self, records: list[dict], hparams: dict[str, dict], later_tags: list[str], step: int, description: str = ""
+    ) -> None:
         """Final metric scalars, the HParams experiment and every member's session end.
         ``records``: results.json members; ``later_tags``: metric tags logged after training."""
         by_name = {r["name"]: r for r in records}
@@ -80,7 +82,9 @@ class MemberWriters:
                 value = record.get(key)
                 writer.add_scalar(f"final/{key}", float("nan") if value is None else float(value), step)
             _add_summary(writer, experiment_pb, step)
-            _add_summary(writer, session_end_summary("failure" if record.get("status") == "diverged" else "success"), step)
+            _add_summary(
+                writer, session_end_summary("failure" if record.get("status") == "diverged" else "success"), step
+            )
         self.flush()
 
 
@@ -150,8 +154,9 @@ def session_start_summary(hparams: dict, group_name: str = "", start_time_secs: 
 def session_end_summary(status: str = "success", end_time_secs: float | None = None):
     from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
-    info = plugin_data_pb2.SessionEndInfo(status=api_pb2.Status.Value(f"STATUS_{status.upper()}"),
-                                          end_time_secs=end_time_secs or time.time())
+    info = plugin_data_pb2.SessionEndInfo(
+        status=api_pb2.Status.Value(f"STATUS_{status.upper()}"), end_time_secs=end_time_secs or time.time()
+    )
     return _summary(metadata.SESSION_END_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_end_info=info))
 
 
@@ -172,14 +177,28 @@ def experiment_summary(hparams: dict[str, dict], metric_tags: list[str], descrip
         domain = struct_pb2.ListValue()
         for value in sorted(values) if kind != "DATA_TYPE_STRING" else values:
             setter(domain.values.add(), value)
-        infos.append(api_pb2.HParamInfo(name=name, display_name=name, type=api_pb2.DataType.Value(kind),
-                                        domain_discrete=domain, differs=len(values) > 1))
-    metric_infos = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=tag), display_name=tag,
-                                       dataset_type=api_pb2.DATASET_VALIDATION if "eval" in tag or tag.startswith("analysis/")
-                                       else api_pb2.DATASET_TRAINING)
-                    for tag in dict.fromkeys(metric_tags)]
-    exp = api_pb2.Experiment(description=description, time_created_secs=time.time(),
-                             hparam_infos=infos, metric_infos=metric_infos)
+        infos.append(
+            api_pb2.HParamInfo(
+                name=name,
+                display_name=name,
+                type=api_pb2.DataType.Value(kind),
+                domain_discrete=domain,
+                differs=len(values) > 1,
+            )
+        )
+    metric_infos = [
+        api_pb2.MetricInfo(
+            name=api_pb2.MetricName(tag=tag),
+            display_name=tag,
+            dataset_type=api_pb2.DATASET_VALIDATION
+            if "eval" in tag or tag.startswith("analysis/")
+            else api_pb2.DATASET_TRAINING,
+        )
+        for tag in dict.fromkeys(metric_tags)
+    ]
+    exp = api_pb2.Experiment(
+        description=description, time_created_secs=time.time(), hparam_infos=infos, metric_infos=metric_infos
+    )
     return _summary(metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=exp))
 
 

@@ -79,8 +79,9 @@ def _check_int_tuple(x, what: str) -> tuple[int, ...]:
     return tuple(x)
 
 
-def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None,
-                       metadata=None) -> np.ndarray:
+def _rebuild_tensor_v2(
+    storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None, metadata=None
+) -> np.ndarray:
     """numpy equivalent of ``torch._utils._rebuild_tensor_v2`` (copy of a strided view)."""
     if not isinstance(storage, _Storage):
         raise CheckpointFormatError(f"tensor storage must come from the archive, got {type(storage).__name__}")
@@ -167,7 +168,9 @@ def _find_pickle(names: list[str], path: str) -> str:
     """The archive's ``<top>/data.pkl`` (the top-level folder name varies)."""
     hits = [n for n in names if n == "data.pkl" or (n.endswith("/data.pkl") and n.count("/") == 1)]
     if len(hits) != 1:
-        raise CheckpointFormatError(f"{path}: expected exactly one <folder>/data.pkl in the zip, found {hits or 'none'}")
+        raise CheckpointFormatError(
+            f"{path}: expected exactly one <folder>/data.pkl in the zip, found {hits or 'none'}"
+        )
     return hits[0]
 
 
@@ -201,8 +204,18 @@ def load_state_dict(path) -> dict[str, np.ndarray]:
             result = _SafeUnpickler(archive.read(pkl), archive, prefix, path, byteorder).load()
         except (UnsafeCheckpointError, CheckpointFormatError):
             raise
-        except (pickle.UnpicklingError, EOFError, zipfile.BadZipFile, OSError, ValueError, TypeError,
-                KeyError, IndexError, AttributeError, UnicodeDecodeError) as e:
+        except (
+            pickle.UnpicklingError,
+            EOFError,
+            zipfile.BadZipFile,
+            OSError,
+            ValueError,
+            TypeError,
+            KeyError,
+            IndexError,
+            AttributeError,
+            UnicodeDecodeError,
+        ) as e:
             raise CheckpointFormatError(f"{path}: corrupt checkpoint ({type(e).__name__}: {e})") from None
     if not isinstance(result, dict) or not all(
         isinstance(k, str) and isinstance(v, np.ndarray) for k, v in result.items()
@@ -214,8 +227,9 @@ def load_state_dict(path) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------- #
 # Mapping onto the mhjax Flax param tree
 # --------------------------------------------------------------------------- #
-def expected_reference_shapes(vocab: int, max_len: int, d_model: int, mlp_dim: int, num_layers: int
-                              ) -> dict[str, tuple[int, ...]]:
+def expected_reference_shapes(
+    vocab: int, max_len: int, d_model: int, mlp_dim: int, num_layers: int
+) -> dict[str, tuple[int, ...]]:
     """Torch key -> shape for the reference decoder (the released checkpoints of arXiv 2507.02944; Linear weights are (out, in))."""
     shapes = {"token_emb.weight": (vocab, d_model), "pos_emb.weight": (max_len, d_model)}
     for l in range(num_layers):
@@ -239,8 +253,7 @@ def _dense(sd: dict, name: str) -> dict[str, np.ndarray]:
     return {"kernel": np.ascontiguousarray(sd[f"{name}.weight"].T), "bias": sd[f"{name}.bias"]}
 
 
-def load_reference_params(path, num_heads: int | None = None, strict: bool = True
-                          ) -> tuple[dict, dict[str, Any]]:
+def load_reference_params(path, num_heads: int | None = None, strict: bool = True) -> tuple[dict, dict[str, Any]]:
     """Load a reference checkpoint into the mhjax Flax param tree.
 
     Args:
@@ -286,13 +299,16 @@ def load_reference_params(path, num_heads: int | None = None, strict: bool = Tru
     problems = [f"missing key '{k}'" for k in expected if k not in sd]
     problems += [
         f"'{k}' has shape {tuple(sd[k].shape)}, expected {shape}"
-        for k, shape in expected.items() if k in sd and tuple(sd[k].shape) != shape
+        for k, shape in expected.items()
+        if k in sd and tuple(sd[k].shape) != shape
     ]
     if strict:
         problems += [f"unexpected key '{k}'" for k in sd if k not in expected]
     if problems:
         raise CheckpointFormatError(f"{path}: " + "; ".join(problems))
-    bad_dtype = [k for k in expected if not np.issubdtype(sd[k].dtype, np.floating) and sd[k].dtype != ml_dtypes.bfloat16]
+    bad_dtype = [
+        k for k in expected if not np.issubdtype(sd[k].dtype, np.floating) and sd[k].dtype != ml_dtypes.bfloat16
+    ]
     if bad_dtype:
         raise CheckpointFormatError(f"{path}: non-float parameters {bad_dtype}")
     sd = {k: np.asarray(sd[k], dtype=np.float32) for k in expected}

@@ -19,6 +19,7 @@ Dropout on the attention probabilities is drawn per COARSE head c from seeds
 ``bits(fold_in(key, c))`` with a counter-based hash of (batch row, query, key), the same
 in both implementations and independent of how finely a program splits heads.
 """
+
 from __future__ import annotations
 
 import math

@@ -30,8 +30,16 @@ QUERIES = ("full", "first")
 INIT_SCHEMES = ("random_decoders", "antisymmetric", "zero", "random")
 
 
-def init_params(key: jax.Array, cfg: Any, max_heads: int, scheme: str = "random_decoders",
-                tau: float = 1.0, *, query: str = "full", head_mask=None) -> dict:
+def init_params(
+    key: jax.Array,
+    cfg: Any,
+    max_heads: int,
+    scheme: str = "random_decoders",
+    tau: float = 1.0,
+    *,
+    query: str = "full",
+    head_mask=None,
+) -> dict:
     """Parameters for ``max_heads`` heads (cfg provides ``dim`` and ``seq_len``).
 
     Head h's random values come from fold_in(key, h), so they do not depend on
@@ -91,14 +99,11 @@ def _infer_query(params: dict, query: Optional[str]) -> str:
     if query is None:
         return inferred
     if query != inferred:
-        raise ValueError(
-            f"query={query!r} but U has shape {params['U'].shape}"
-            f" (that is the {inferred!r} variant)")
+        raise ValueError(f"query={query!r} but U has shape {params['U'].shape} (that is the {inferred!r} variant)")
     return query
 
 
-def _phi_single(params: dict, x: jax.Array, head_mask: jax.Array,
-                num_heads, query: str) -> jax.Array:
+def _phi_single(params: dict, x: jax.Array, head_mask: jax.Array, num_heads, query: str) -> jax.Array:
     """Phi for one example x: (T, d) -> scalar."""
     mask = head_mask.astype(x.dtype)
     # Masking the parameters (not only the outputs) makes the gradient of a
@@ -106,22 +111,23 @@ def _phi_single(params: dict, x: jax.Array, head_mask: jax.Array,
     w = params["W"] * mask[:, None, None]
     if query == "full":
         u = params["U"] * mask[:, None, None]
-        scores = jnp.einsum("td,hde,se->hts", x, w, x)        # (H, T, T)
+        scores = jnp.einsum("td,hde,se->hts", x, w, x)  # (H, T, T)
         attn = jax.nn.softmax(scores, axis=-1)
-        heads = jnp.einsum("hts,sd->htd", attn, x)            # (H, T, d)
-        contrib = jnp.einsum("htd,htd->h", u, heads)          # (H,)
+        heads = jnp.einsum("hts,sd->htd", attn, x)  # (H, T, d)
+        contrib = jnp.einsum("htd,htd->h", u, heads)  # (H,)
     else:
         u = params["U"] * mask[:, None]
-        scores = jnp.einsum("td,hde,e->ht", x, w, x[0])       # (H, T)
+        scores = jnp.einsum("td,hde,e->ht", x, w, x[0])  # (H, T)
         attn = jax.nn.softmax(scores, axis=-1)
-        heads = jnp.einsum("ht,td->hd", attn, x)              # (H, d)
-        contrib = jnp.einsum("hd,hd->h", u, heads)            # (H,)
+        heads = jnp.einsum("ht,td->hd", attn, x)  # (H, d)
+        contrib = jnp.einsum("hd,hd->h", u, heads)  # (H,)
     scale = jax.lax.rsqrt(jnp.asarray(num_heads, x.dtype))
     return scale * jnp.sum(mask * contrib)
 
 
-def classifier_apply(params: dict, X: jax.Array, head_mask: jax.Array,
-                     num_heads=None, query: Optional[str] = None) -> jax.Array:
+def classifier_apply(
+    params: dict, X: jax.Array, head_mask: jax.Array, num_heads=None, query: Optional[str] = None
+) -> jax.Array:
     """Phi(theta; X).
 
     Args:
@@ -138,13 +144,18 @@ def classifier_apply(params: dict, X: jax.Array, head_mask: jax.Array,
         num_heads = jnp.sum(head_mask.astype(jnp.float32))
     if X.ndim == 2:
         return _phi_single(params, X, head_mask, num_heads, query)
-    return jax.vmap(_phi_single, in_axes=(None, 0, None, None, None))(
-        params, X, head_mask, num_heads, query)
+    return jax.vmap(_phi_single, in_axes=(None, 0, None, None, None))(params, X, head_mask, num_heads, query)
 
 
-def logistic_loss(params: dict, X: jax.Array, y: jax.Array,
-                  head_mask: jax.Array, num_heads=None,
-                  query: Optional[str] = None, weights=None) -> jax.Array:
+def logistic_loss(
+    params: dict,
+    X: jax.Array,
+    y: jax.Array,
+    head_mask: jax.Array,
+    num_heads=None,
+    query: Optional[str] = None,
+    weights=None,
+) -> jax.Array:
     """Empirical risk mean_i softplus(-y_i Phi(X_i)); X: (n, T, d), y: (n,).
 
     ``weights`` (n,) of 0/1 (optional): the mean over the examples of weight 1 only, so a
@@ -156,11 +167,17 @@ def logistic_loss(params: dict, X: jax.Array, y: jax.Array,
     return jnp.sum(weights * losses) / jnp.sum(weights)
 
 
-def gd_step(params: dict, X: jax.Array, y: jax.Array, eta,
-            head_mask: jax.Array, num_heads=None,
-            query: Optional[str] = None, weights=None):
+def gd_step(
+    params: dict,
+    X: jax.Array,
+    y: jax.Array,
+    eta,
+    head_mask: jax.Array,
+    num_heads=None,
+    query: Optional[str] = None,
+    weights=None,
+):
     """One full-batch plain GD step on ``logistic_loss``: (new_params, loss)."""
-    loss, grads = jax.value_and_grad(logistic_loss)(
-        params, X, y, head_mask, num_heads, query, weights)
+    loss, grads = jax.value_and_grad(logistic_loss)(params, X, y, head_mask, num_heads, query, weights)
     new = jax.tree_util.tree_map(lambda p, g: p - eta * g, params, grads)
     return new, loss

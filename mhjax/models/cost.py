@@ -16,6 +16,7 @@ Roofline: a step takes max(FLOPs / peak, bytes / bandwidth). At these shapes a s
 ~3 FLOPs per byte, far below either device's ridge point (H200: 14, v5e: 240), so the
 prediction is set by memory bandwidth and the FLOP/s figure hardly matters.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -33,9 +34,13 @@ DEVICES = {
     # fp32 on CUDA cores: the model trains in fp32 and most of its FLOPs are elementwise
     # (softmax, masks, Adam), which never reach the tensor cores (989 TFLOP/s dense bf16,
     # 495 TF32). Memory-bound either way (see above).
-    "h200": Device("NVIDIA H200 SXM", 67e12, 4.8e12, 141e9, "NVIDIA H200 datasheet: FP32 67 TFLOP/s, HBM3e 4.8 TB/s, 141 GB"),
+    "h200": Device(
+        "NVIDIA H200 SXM", 67e12, 4.8e12, 141e9, "NVIDIA H200 datasheet: FP32 67 TFLOP/s, HBM3e 4.8 TB/s, 141 GB"
+    ),
     # TPUs run fp32 matmuls as bf16 passes at JAX's default precision, so the bf16 MXU peak.
-    "tpu-v5e": Device("Google TPU v5e", 197e12, 819e9, 16e9, "Cloud TPU v5e docs: 197 TFLOP/s bf16, 819 GB/s HBM2, 16 GiB"),
+    "tpu-v5e": Device(
+        "Google TPU v5e", 197e12, 819e9, 16e9, "Cloud TPU v5e docs: 197 TFLOP/s bf16, 819 GB/s HBM2, 16 GiB"
+    ),
 }
 BACKEND_DEVICE = {"gpu": "h200", "cuda": "h200", "rocm": "h200", "tpu": "tpu-v5e"}  # the preset `auto` assumes
 

@@ -6,6 +6,7 @@ source, the jaxlib version and the CPU's instruction set, so `-march=native` is 
 Nothing is built at install time; without a compiler (or with MHJAX_CPU_KERNEL=0) the
 model falls back to the pure-JAX attention, which computes the same function (tested).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -48,8 +49,19 @@ def _cache_dir() -> Path:
 
 def _flags() -> list[str]:
     # -ffast-math without its crtfastmath.o (which would set flush-to-zero for the whole process)
-    return ["-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
-            "-fassociative-math", "-ffinite-math-only", "-std=c++17", "-shared", "-fPIC"]
+    return [
+        "-O3",
+        "-march=native",
+        "-ffp-contract=fast",
+        "-fno-math-errno",
+        "-fno-trapping-math",
+        "-fno-signed-zeros",
+        "-fassociative-math",
+        "-ffinite-math-only",
+        "-std=c++17",
+        "-shared",
+        "-fPIC",
+    ]
 
 
 def _compiler() -> str | None:

@@ -1,4 +1,5 @@
 """Analytic FLOPs and memory of the sequence Transformer (one multiply-add = 2 FLOPs)."""
+
 from __future__ import annotations
 
 

@@ -1,5 +1,6 @@
 """The model probe: an eval-mode forward of a plain H-head Transformer that also returns
 every layer's attention, for analysis and figures."""
+
 from __future__ import annotations
 
 import re
@@ -22,8 +23,13 @@ def model_sizes(params) -> dict[str, int]:
         mlp_dim = np.shape(params["block_0"]["mlp_in"]["kernel"])[1]
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise ConfigError(f"params: not a mhjax Transformer parameter tree ({type(exc).__name__}: {exc})") from None
-    return {"vocab_size": int(vocab), "max_len": int(max_len), "width": int(width),
-            "num_layers": int(num_layers), "mlp_dim": int(mlp_dim)}
+    return {
+        "vocab_size": int(vocab),
+        "max_len": int(max_len),
+        "width": int(width),
+        "num_layers": int(num_layers),
+        "mlp_dim": int(mlp_dim),
+    }
 
 
 @lru_cache(maxsize=32)
@@ -44,7 +50,8 @@ def predict(params, heads: int, tokens, sizes: dict | None = None):
     """Eval-mode forward of the plain H-head model: tokens (B, T) -> (argmax predictions (B, T),
     attention (L, B, H, T, T)) as numpy arrays."""
     sizes = sizes or model_sizes(params)
-    forward = forward_fn(sizes["vocab_size"], sizes["max_len"], sizes["width"], sizes["num_layers"], sizes["mlp_dim"],
-                         int(heads))
+    forward = forward_fn(
+        sizes["vocab_size"], sizes["max_len"], sizes["width"], sizes["num_layers"], sizes["mlp_dim"], int(heads)
+    )
     preds, attn = forward(jax.tree_util.tree_map(jnp.asarray, params), jnp.asarray(tokens, jnp.int32))
     return np.asarray(preds), np.asarray(attn)

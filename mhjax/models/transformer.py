@@ -7,6 +7,7 @@ learned token and absolute position embeddings, no final norm, linear read-out.
 Initialisation follows the reference framework: Linear weights and biases
 U(+-1/sqrt(fan_in)), embeddings N(0, 1).
 """
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -40,9 +41,9 @@ class Block(nn.Module):
     @nn.compact
     def __call__(self, x, heads=None, deterministic: bool = True):
         h = RMSNorm(name="ln1")(x)
-        attn_out, probs = CausalSelfAttention(
-            self.width, self.num_heads, self.dropout_rate, name="attn"
-        )(h, heads, deterministic)
+        attn_out, probs = CausalSelfAttention(self.width, self.num_heads, self.dropout_rate, name="attn")(
+            h, heads, deterministic
+        )
         x = x + attn_out
         h = RMSNorm(name="ln2")(x)
         h = nn.relu(dense(self.mlp_dim, self.width, "mlp_in")(h))
@@ -75,9 +76,9 @@ class Transformer(nn.Module):
         x = x + pos
         attention = []
         for layer in range(self.num_layers):
-            x, probs = Block(
-                self.width, self.num_heads, self.mlp_dim, self.dropout_rate, name=f"block_{layer}"
-            )(x, heads, deterministic)
+            x, probs = Block(self.width, self.num_heads, self.mlp_dim, self.dropout_rate, name=f"block_{layer}")(
+                x, heads, deterministic
+            )
             attention.append(probs)
         logits = dense(self.vocab_size, self.width, "readout")(x)
         if return_attention:

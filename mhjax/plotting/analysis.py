@@ -1,4 +1,5 @@
 """`mhjax analyze`'s Markdown and figure: per-layer mixing time and minimax fidelity of each model."""
+
 from __future__ import annotations
 
 import numpy as np

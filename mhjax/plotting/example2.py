@@ -1,4 +1,5 @@
 """The figure of Example 2 (Figure 3 of arXiv 2507.02944)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """Images of attention: heatmaps of every head and the combined operator, and diffusion to the sink."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,9 @@ from mhjax.analysis import dag
 HORIZON = 100  # the reference fidelity horizon
 
 
-def attention_grid(attention: np.ndarray, combined: np.ndarray | None = None, gamma: float = 0.5,
-                   min_panel: int = 64) -> np.ndarray:
+def attention_grid(
+    attention: np.ndarray, combined: np.ndarray | None = None, gamma: float = 0.5, min_panel: int = 64
+) -> np.ndarray:
     """One RGB uint8 image (HWC): a panel per head (H, T, T) plus the combined operator.
 
     Values in [0, 1] are shown as ``value ** gamma`` (gamma 0.5 makes small weights
@@ -34,7 +36,7 @@ def attention_grid(attention: np.ndarray, combined: np.ndarray | None = None, ga
         r, c = divmod(n, cols)
         rgb = cmap(np.clip(p, 0.0, 1.0) ** gamma)[..., :3]
         rgb = np.repeat(np.repeat(rgb, scale, axis=0), scale, axis=1)
-        canvas[r * (size + gap):r * (size + gap) + size, c * (size + gap):c * (size + gap) + size] = rgb
+        canvas[r * (size + gap) : r * (size + gap) + size, c * (size + gap) : c * (size + gap) + size] = rgb
     return (canvas * 255).round().astype(np.uint8)
 
 

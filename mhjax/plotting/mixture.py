@@ -16,6 +16,7 @@ What each figure measures:
 The init scheme is written in every title: numbers under "zero_plus_step" (identical heads)
 measure a learning-rate effect of H, not width.
 """
+
 from __future__ import annotations
 
 import math
@@ -80,8 +81,18 @@ def rate_rows(records) -> list[tuple]:
     """(n, eta, H, seeds, slope, product, L(theta_K), eta lambda_max), each 'mean ± std', per (n, eta, H)."""
     rows = []
     for (n, eta, h), group in group_by(records, ("num_train", "step_size", "heads")).items():
-        rows.append((n, eta, h, len(group), _mean_std(group, "loss_slope"), _mean_std(group, "margin_loss_product"),
-                     _mean_std(group, "train_loss_eval"), _mean_std(group, "step_times_hessian_max")))
+        rows.append(
+            (
+                n,
+                eta,
+                h,
+                len(group),
+                _mean_std(group, "loss_slope"),
+                _mean_std(group, "margin_loss_product"),
+                _mean_std(group, "train_loss_eval"),
+                _mean_std(group, "step_times_hessian_max"),
+            )
+        )
     return rows
 
 
@@ -135,33 +146,47 @@ def summary_markdown(records: list[dict], init: str = "?", crossings: dict | Non
         row += [_fmt(_mean(group, field)) for field, _ in SUMMARY_COLUMNS]
         lines.append("| " + " | ".join(row) + " |")
     if any("loss_slope" in r for r in records):
-        lines += ["", "## Training rate", "",
-                  "slope: least-squares slope of log L(theta_k) against log k over k in [K/10, K] (theory: -1).",
-                  "product: ntk_margin^2 * eta * K * L(theta_K) (theory: of order one and flat in K once H is past",
-                  "a threshold). Mean ± std over seeds. Where L(theta_K) is below ~1e-6 the GD updates are at",
-                  "float32 rounding level (a step changes the parameters by ~eta L |features|), so a flat tail",
-                  "there is a precision floor, not a rate. eta lambda_max at theta_K (> 2: above GD's stability edge).",
-                  "", "| n | eta | H | seeds | loss slope | margin^2 eta K L | L(theta_K) | eta lambda_max |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Training rate",
+            "",
+            "slope: least-squares slope of log L(theta_k) against log k over k in [K/10, K] (theory: -1).",
+            "product: ntk_margin^2 * eta * K * L(theta_K) (theory: of order one and flat in K once H is past",
+            "a threshold). Mean ± std over seeds. Where L(theta_K) is below ~1e-6 the GD updates are at",
+            "float32 rounding level (a step changes the parameters by ~eta L |features|), so a flat tail",
+            "there is a precision floor, not a rate. eta lambda_max at theta_K (> 2: above GD's stability edge).",
+            "",
+            "| n | eta | H | seeds | loss slope | margin^2 eta K L | L(theta_K) | eta lambda_max |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for n, eta, h, count, slope, product, loss, sharp in rate_rows(records):
             lines.append(f"| {n} | {_fmt(eta)} | {h} | {count} | {slope} | {product} | {loss} | {sharp} |")
         lines += [""]
         for (n, eta), h in flat_threshold(records).items():
             found = f"H >= {h}" if h is not None else "no H in the sweep"
             lines.append(f"- n={n}, eta={_fmt(eta)}: slope within 0.2 of -1 for {found}.")
-    unstable = sorted({(r.get("step_size"), r.get("heads")) for r in records
-                       if (r.get("step_times_hessian_max") or 0) > 2})
+    unstable = sorted(
+        {(r.get("step_size"), r.get("heads")) for r in records if (r.get("step_times_hessian_max") or 0) > 2}
+    )
     if unstable:
-        lines += ["", "Above the stability edge (eta lambda_max(theta_K) > 2): "
-                  + ", ".join(f"eta={_fmt(e)} H={h}" for e, h in unstable) + "."]
+        lines += [
+            "",
+            "Above the stability edge (eta lambda_max(theta_K) > 2): "
+            + ", ".join(f"eta={_fmt(e)} H={h}" for e, h in unstable)
+            + ".",
+        ]
     if crossings:
-        lines += ["", "Above the stability edge along the path (eta lambda_max(theta_k) > 2 at an evaluated k; the",
-                  "last such k): " + ", ".join(f"eta={_fmt(e)} H={h} (k={k})" for (e, h), k in crossings.items()) + "."]
+        lines += [
+            "",
+            "Above the stability edge along the path (eta lambda_max(theta_k) > 2 at an evaluated k; the",
+            "last such k): " + ", ".join(f"eta={_fmt(e)} H={h} (k={k})" for (e, h), k in crossings.items()) + ".",
+        ]
     return "\n".join(lines) + "\n"
 
 
-def write_figures_and_summary(workdir: str, records: list[dict], chunk_steps: int = 1, log=None,
-                              init: str = "?") -> list[str]:
+def write_figures_and_summary(
+    workdir: str, records: list[dict], chunk_steps: int = 1, log=None, init: str = "?"
+) -> list[str]:
     """loss_vs_K.png, test_loss_vs_n.png, ntk_margin_vs_H.png and mixture_summary.md; returns
     the paths written. A figure that fails is skipped with a message (results are already saved)."""
     log = log or (lambda m: print(m, file=sys.stderr))
@@ -170,10 +195,12 @@ def write_figures_and_summary(workdir: str, records: list[dict], chunk_steps: in
     with open(path, "w") as f:
         f.write(summary_markdown(records, init, edge_crossings(workdir, records)))
     written.append(path)
-    for filename, draw in (("loss_vs_K.png", lambda fig: _plot_loss_vs_K(fig, workdir, records, chunk_steps, init)),
-                           ("test_loss_vs_n.png", lambda fig: _plot_test_loss_vs_n(fig, records, init)),
-                           ("ntk_margin_vs_H.png", lambda fig: _plot_margin_vs_H(fig, records, init)),
-                           ("path.png", lambda fig: _plot_path(fig, workdir, records, init))):
+    for filename, draw in (
+        ("loss_vs_K.png", lambda fig: _plot_loss_vs_K(fig, workdir, records, chunk_steps, init)),
+        ("test_loss_vs_n.png", lambda fig: _plot_test_loss_vs_n(fig, records, init)),
+        ("ntk_margin_vs_H.png", lambda fig: _plot_margin_vs_H(fig, records, init)),
+        ("path.png", lambda fig: _plot_path(fig, workdir, records, init)),
+    ):
         try:
             from matplotlib.figure import Figure  # slow import: only when drawing
 
@@ -299,10 +326,16 @@ def _plot_margin_vs_H(fig, records, init):
         line = left.errorbar(hs, mean, yerr=std, marker="o", capsize=3, label=label)
         color = line[0].get_color()
         right.plot(hs, normed, marker="o", color=color, label=f"NTK, {label}")
-        right.axhline(_mean(group, "linear_margin_normalized"), ls="--", color=color, lw=1,
-                      label=f"linear (flat), n={n}")
-        right.axhline(_mean(group, "linear_margin_mean_normalized"), ls=":", color=color, lw=1,
-                      label=f"linear (mean token), n={n}")
+        right.axhline(
+            _mean(group, "linear_margin_normalized"), ls="--", color=color, lw=1, label=f"linear (flat), n={n}"
+        )
+        right.axhline(
+            _mean(group, "linear_margin_mean_normalized"),
+            ls=":",
+            color=color,
+            lw=1,
+            label=f"linear (mean token), n={n}",
+        )
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("heads H")
@@ -333,8 +366,9 @@ def _plot_path(fig, workdir, records, init):
         gamma = _mean(members, "ntk_margin")
         keep = steps > 0
         if gamma > 0:
-            axes[0].plot(np.log(steps[keep]) / gamma, mean[PATH_TAGS[0]][keep], marker=".", color=colors[h],
-                         label=f"H={h}")
+            axes[0].plot(
+                np.log(steps[keep]) / gamma, mean[PATH_TAGS[0]][keep], marker=".", color=colors[h], label=f"H={h}"
+            )
         axes[1].plot(np.maximum(steps, 0.5), mean[PATH_TAGS[1]], marker=".", color=colors[h], label=f"H={h}")
         axes[2].plot(np.maximum(steps, 0.5), mean[PATH_TAGS[2]], marker=".", color=colors[h], label=f"H={h}")
     axes[2].axhline(2.0, color="k", ls="--", lw=1, label="stability edge 2")

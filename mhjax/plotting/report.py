@@ -1,5 +1,6 @@
 """Tables and figures of `mhjax report`: results per group of swept fields, training curves, and
 mixing time, minimax fidelity and synergy per layer and head count."""
+
 from __future__ import annotations
 
 import math
@@ -33,19 +34,32 @@ def _group_members(members: list[dict], keys: tuple[str, ...]) -> dict:
     groups = defaultdict(list)
     for m in members:
         groups[tuple(m.get(k) for k in keys)].append(m)
-    return dict(sorted(groups.items(), key=lambda kv: tuple(str(x) if not isinstance(x, (int, float)) else f"{x:020.6f}"
-                                                           for x in kv[0])))
+    return dict(
+        sorted(
+            groups.items(),
+            key=lambda kv: tuple(str(x) if not isinstance(x, (int, float)) else f"{x:020.6f}" for x in kv[0]),
+        )
+    )
 
 
-_LABELS = {"eval_accuracy": "held-out accuracy %", "eval_loss": "held-out loss", "train_loss": "training loss",
-           "wall_time_s": "wall time s"}
+_LABELS = {
+    "eval_accuracy": "held-out accuracy %",
+    "eval_loss": "held-out loss",
+    "train_loss": "training loss",
+    "wall_time_s": "wall time s",
+}
 _SUMMARY_ENDINGS = ("_loss", "_accuracy", "margin", "fidelity", "mixing_time")  # the rest: in "Every member"
 
 
 def _group_keys(members: list[dict], sweep_fields: list[str] | None = None) -> tuple[str, ...]:
     """Fields that tell head counts (and tasks, sizes, ...) apart: the swept fields except the seed."""
-    fields = [f for f in (sweep_fields or ("task", "heads")) if f != "seed" and any(f in m for m in members)
-              and (f in ("task", "heads") or len({str(m.get(f)) for m in members}) > 1)]
+    fields = [
+        f
+        for f in (sweep_fields or ("task", "heads"))
+        if f != "seed"
+        and any(f in m for m in members)
+        and (f in ("task", "heads") or len({str(m.get(f)) for m in members}) > 1)
+    ]
     return tuple(sorted(fields, key=lambda f: (f != "task", f != "heads")))  # task, heads first; config order after
 
 
@@ -66,9 +80,14 @@ def summary_table(members: list[dict], sweep_fields: list[str] | None = None) ->
     keys = _group_keys(members, sweep_fields)
     if not keys:
         return ""
-    metrics = [(k, _LABELS.get(k, k.replace("_", " ") + (" %" if "accuracy" in k else ""))) for k in _summary_metrics(members, keys)]
-    lines = ["| " + " | ".join(list(keys) + ["members"] + [label for _, label in metrics]) + " |",
-             "|" + "---|" * len(keys) + "---:|" + "---:|" * len(metrics)]
+    metrics = [
+        (k, _LABELS.get(k, k.replace("_", " ") + (" %" if "accuracy" in k else "")))
+        for k in _summary_metrics(members, keys)
+    ]
+    lines = [
+        "| " + " | ".join(list(keys) + ["members"] + [label for _, label in metrics]) + " |",
+        "|" + "---|" * len(keys) + "---:|" + "---:|" * len(metrics),
+    ]
     for key, group in _group_members(members, keys).items():
         diverged = sum(1 for m in group if m.get("status") == "diverged")
         count = f"{len(group)}" + (f" ({diverged} diverged)" if diverged else "")
@@ -108,16 +127,24 @@ def analysis_tables(analysis: dict) -> str:
     ]
     for task, by_heads in _analysis_by_task_heads(analysis).items():
         num_layers = max(len(e["layers"]) for entries in by_heads.values() for e in entries)
-        for n, (title, key, fmt, scale) in enumerate( (("mixing time", "mixing_time_mean", "{:.3f}", 1.0),
-                                       ("minimax fidelity %", "fidelity_pct_mean", "{:.2f}", 1.0),
-                                       ("synergy: combined beats best head, % of sequences", "combined_beats_best_share",
-                                        "{:.0f}", 100.0))):
+        for n, (title, key, fmt, scale) in enumerate(
+            (
+                ("mixing time", "mixing_time_mean", "{:.3f}", 1.0),
+                ("minimax fidelity %", "fidelity_pct_mean", "{:.2f}", 1.0),
+                ("synergy: combined beats best head, % of sequences", "combined_beats_best_share", "{:.0f}", 100.0),
+            )
+        ):
             accuracy = ["accuracy %"] if n == 0 else []
-            lines += [f"**{task}: {title}**", "",
-                      "| " + " | ".join(["heads"] + accuracy + [f"layer {l}" for l in range(num_layers)]) + " |",
-                      "|---:|" + "---:|" * (len(accuracy) + num_layers)]
+            lines += [
+                f"**{task}: {title}**",
+                "",
+                "| " + " | ".join(["heads"] + accuracy + [f"layer {l}" for l in range(num_layers)]) + " |",
+                "|---:|" + "---:|" * (len(accuracy) + num_layers),
+            ]
             for heads, entries in by_heads.items():
-                cells = [str(heads)] + ([mean_sd([e.get("accuracy") for e in entries], "{:.2f}", 100.0)] if n == 0 else [])
+                cells = [str(heads)] + (
+                    [mean_sd([e.get("accuracy") for e in entries], "{:.2f}", 100.0)] if n == 0 else []
+                )
                 cells += [mean_sd(_layer_values(entries, key, l), fmt, scale) for l in range(num_layers)]
                 lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
@@ -144,7 +171,9 @@ def _plt():
 
 def _heads_colours(values) -> dict:
     plt = _plt()
-    values = sorted(set(values), key=lambda v: (not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else str(v)))
+    values = sorted(
+        set(values), key=lambda v: (not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else str(v))
+    )
     cmap = plt.get_cmap("viridis")
     return {v: cmap(0.85 * i / max(len(values) - 1, 1)) for i, v in enumerate(values)}
 
@@ -175,7 +204,7 @@ def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
     panels = [(task, tag, label) for task in tasks for tag, label in tags]
     nrows = math.ceil(len(panels) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows), squeeze=False)
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     seeds = sorted({m.get("seed") for m in members}, key=str)
     styles = ["-", "--", ":", "-."]
@@ -191,10 +220,20 @@ def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
             key = heads if colours else m["name"]
             label_text = (_heads_label(heads) if colours else m["name"]) if key not in labelled else None
             labelled.add(key)
-            ax.plot(steps, values * (100 if "accuracy" in tag else 1), marker="o", ms=3,
-                    color=colours.get(heads), ls=styles[seeds.index(m.get("seed")) % len(styles)], label=label_text)
-        ax.set(xlabel="step", ylabel=label + (" %" if "accuracy" in tag else ""),
-               title=f"{task}: {label}" if task else label)
+            ax.plot(
+                steps,
+                values * (100 if "accuracy" in tag else 1),
+                marker="o",
+                ms=3,
+                color=colours.get(heads),
+                ls=styles[seeds.index(m.get("seed")) % len(styles)],
+                label=label_text,
+            )
+        ax.set(
+            xlabel="step",
+            ylabel=label + (" %" if "accuracy" in tag else ""),
+            title=f"{task}: {label}" if task else label,
+        )
         ax.grid(alpha=0.3)
         if c == ncols - 1 or n == len(panels) - 1:
             ax.legend(fontsize="small")
@@ -214,7 +253,14 @@ def _per_layer(ax, by_heads: dict, key: str, scale: float, colours: dict, bars: 
         sd = np.nanstd(values, axis=0) if len(entries) > 1 else None
         if bars:
             width = 0.8 / n
-            ax.bar(layers + (k - (n - 1) / 2) * width, mean, width, yerr=sd, color=colours[heads], label=_heads_label(heads))
+            ax.bar(
+                layers + (k - (n - 1) / 2) * width,
+                mean,
+                width,
+                yerr=sd,
+                color=colours[heads],
+                label=_heads_label(heads),
+            )
         else:
             ax.errorbar(layers, mean, yerr=sd, marker="o", capsize=3, color=colours[heads], label=_heads_label(heads))
     ax.set_xticks(np.arange(max(len(e["layers"]) for entries in by_heads.values() for e in entries)))

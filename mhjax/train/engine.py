@@ -14,6 +14,7 @@ its own static head count, where one vmapped batch runs as a single chain of lar
 operations (benchmarks/RESULTS.md). States stay stacked on the member axis either way, so
 everything outside the engine is the same.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -82,6 +83,7 @@ def over_members(recipe, fn):
     """``fn(member_kernel, *member_args)`` lifted to stacked member axes: vmapped for one
     recipe, group by group for ``Unrolled``."""
     if isinstance(recipe, Unrolled):
+
         def unrolled(*args):
             groups = zip(recipe.recipes, *(recipe.split(a) for a in args))
             return _concat([jax.vmap(lambda *a, r=r: fn(r, *a))(*group_args) for r, *group_args in groups])
@@ -148,7 +150,10 @@ def make_train_chunk(recipe, length: int):
             group_consts = recipe.split(consts)
 
             def body(carry, _):
-                out = [jax.vmap(lambda s, c, r=r: train_step(r, s, c))(s, c) for r, s, c in zip(recipe.recipes, carry, group_consts)]
+                out = [
+                    jax.vmap(lambda s, c, r=r: train_step(r, s, c))(s, c)
+                    for r, s, c in zip(recipe.recipes, carry, group_consts)
+                ]
                 return tuple(o[0] for o in out), _concat([o[1] for o in out])
 
             final, metrics = jax.lax.scan(body, tuple(recipe.split(states)), None, length=length)

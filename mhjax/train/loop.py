@@ -1,5 +1,6 @@
 """The host loop: chunk after chunk of the jitted sweep, with logging, evaluation,
 checkpoints and a progress bar between chunks."""
+
 from __future__ import annotations
 
 import signal
@@ -60,7 +61,9 @@ class Sweep:
         self.programs = experiment.programs(experiment.config.strategy, backend)
         count = int(experiment.config.get("devices", 0) or 0)  # 0: every device
         self.placement = Placement(jax.devices()[:count] if count else None)
-        self.consts = {p.name: self.placement.put(stack_constants(experiment, p.members), len(p.members)) for p in self.programs}
+        self.consts = {
+            p.name: self.placement.put(stack_constants(experiment, p.members), len(p.members)) for p in self.programs
+        }
         self._chunks = {}
         # {member index: {"steps": [...], "values": [...]}}: the exact L(theta_k) at the
         # experiment's ``loss_steps()``, picked from the chunks' per-step losses on the host.
@@ -90,7 +93,10 @@ class Sweep:
     def stack_members(self, members: dict):
         return {
             name: self.placement.put(
-                jax.tree_util.tree_map(lambda *xs: np.stack(xs), *[members[self.experiment.members[i].name] for i in idx]), len(idx)
+                jax.tree_util.tree_map(
+                    lambda *xs: np.stack(xs), *[members[self.experiment.members[i].name] for i in idx]
+                ),
+                len(idx),
             )
             for name, idx, _ in self.programs
         }
@@ -169,7 +175,9 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
     evals = sorted(set(experiment.eval_steps()))
     if 0 in evals and step == 0:
         _log_eval(writers, members, sweep.evaluate(states), 0)
-    bar = tqdm(total=total, initial=step, unit="step", disable=not (progress and primary), dynamic_ncols=True, file=sys.stderr)
+    bar = tqdm(
+        total=total, initial=step, unit="step", disable=not (progress and primary), dynamic_ncols=True, file=sys.stderr
+    )
     try:
         with _StopFlag() as stop:
             while step < total:
@@ -207,8 +215,10 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
             log(f"training already complete at step {latest}; not retraining")
         elif primary and trained:
             wall = time.perf_counter() - started
-            log(f"trained {trained} steps x {len(members)} members in {wall:.1f} s: "
-                f"{trained * len(members) / max(wall, 1e-9):,.0f} member-steps/s (with logging and evaluation)")
+            log(
+                f"trained {trained} steps x {len(members)} members in {wall:.1f} s: "
+                f"{trained * len(members) / max(wall, 1e-9):,.0f} member-steps/s (with logging and evaluation)"
+            )
         if evaluation is None:  # else the loop's last evaluation is of this very state
             evaluation = sweep.evaluate(states)
         payload = _results(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
@@ -270,7 +280,9 @@ def _log_chunk(writers, members, idx, metrics, status, step, reported, log):
         writers.scalars(members[i].name, values, step)
         if diverged[j] and i not in reported:
             reported.add(i)
-            log(f"member {members[i].name} diverged at step {int(diverged_at[j])} (non-finite loss or parameters); frozen, others continue")
+            log(
+                f"member {members[i].name} diverged at step {int(diverged_at[j])} (non-finite loss or parameters); frozen, others continue"
+            )
             writers[members[i].name].add_text("status", f"diverged at step {int(diverged_at[j])}", step)
 
 
@@ -301,7 +313,13 @@ def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from)
             record = {"name": member.name, **member.hparams, **experiment.member_info(member)}
             if i in sweep.loss_curves:
                 record["loss_curve"] = sweep.loss_curves[i]
-            record.update(steps=int(steps[j]), train_loss=float(losses[j]), **evaluation[i], wall_time_s=seconds[member.name], program=name)
+            record.update(
+                steps=int(steps[j]),
+                train_loss=float(losses[j]),
+                **evaluation[i],
+                wall_time_s=seconds[member.name],
+                program=name,
+            )
             record["status"] = "diverged" if diverged[j] else "ok"
             if diverged[j]:
                 record["diverged_at_step"] = int(diverged_at[j])

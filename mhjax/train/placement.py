@@ -4,6 +4,7 @@ Members never talk to each other, so sharding the leading member axis over a 1-D
 needs no collectives. With several processes (jax.distributed), jax.devices() is the
 global device list and each process computes the members on its own devices.
 """
+
 from __future__ import annotations
 
 import jax
@@ -57,7 +58,9 @@ class Placement:
         return sorted(mine)
 
 
-def maybe_initialize_distributed(coordinator: str | None, num_processes: int | None, process_id: int | None, auto: bool) -> None:
+def maybe_initialize_distributed(
+    coordinator: str | None, num_processes: int | None, process_id: int | None, auto: bool
+) -> None:
     """jax.distributed.initialize: explicit (coordinator/num/id) or auto-detected (SLURM, TPU pods)."""
     if coordinator or auto:
         jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)

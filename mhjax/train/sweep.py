@@ -4,6 +4,7 @@ A member is one training run (task, heads, seed, learning rate, ...). Its PRNG k
 derive from (config.seed, member seed, member name) and never from its position in
 the sweep, so a member trained alone equals the same member inside any sweep.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,7 +37,11 @@ def member_name(hparams: dict[str, Any], swept_many: set[str], leading: str | No
         if field == leading:
             continue
         if field in ("heads", "seed") or field in swept_many:
-            parts.append(f"{SHORT.get(field, field)}{value:g}" if isinstance(value, float) else f"{SHORT.get(field, field)}{value}")
+            parts.append(
+                f"{SHORT.get(field, field)}{value:g}"
+                if isinstance(value, float)
+                else f"{SHORT.get(field, field)}{value}"
+            )
     return "-".join(parts)
 
 
@@ -54,7 +59,9 @@ def expand(sweep: dict[str, tuple], leading: str | None = None) -> list[Member]:
         members.append(Member(member_name(hparams, swept_many, leading), hparams))
     names = [m.name for m in members]
     if len(set(names)) != len(names):
-        raise ConfigError(f"config.sweep: member names collide ({', '.join(sorted({n for n in names if names.count(n) > 1}))})")
+        raise ConfigError(
+            f"config.sweep: member names collide ({', '.join(sorted({n for n in names if names.count(n) > 1}))})"
+        )
     return members
 
 
