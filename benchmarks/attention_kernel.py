@@ -53,7 +53,8 @@ def main(argv=None):
             jax.block_until_ready(fn(q, k, v))
             times[key_].append(time.perf_counter() - start)
     print(
-        f"attention core, B {batch}, T {length}, D {width}, dropout {args.dropout}: median ms over {args.reps} interleaved reps"
+        f"attention core, B {batch}, T {length}, D {width}, dropout {args.dropout}: "
+        f"median ms over {args.reps} interleaved reps"
     )
     print(f"{'heads':>5} {'kernel fwd':>11} {'xla fwd':>9} {'kernel f+b':>11} {'xla f+b':>9} {'speed-up f+b':>13}")
     for heads in (1, 4, 8, 16):

@@ -125,7 +125,10 @@ def main(argv=None) -> int:
         f"{device.hbm_bytes_per_s / 1e9:g} GB/s",
         flush=True,
     )
-    header = f"{'strategy':<18} {'GFLOP':>7} {'GB':>6} {'/analytic':>9} {'model GFLOP':>11} {'model GB':>8} {'temp GB':>8} {'compile s':>9} {'steps/s':>8}"
+    header = (
+        f"{'strategy':<18} {'GFLOP':>7} {'GB':>6} {'/analytic':>9} {'model GFLOP':>11} {'model GB':>8} "
+        f"{'temp GB':>8} {'compile s':>9} {'steps/s':>8}"
+    )
     print(header, flush=True)
     results = {}
     for spec in args.strategies.split(","):
@@ -135,7 +138,8 @@ def main(argv=None) -> int:
             for x in (r["cost_model_gflop_per_member_step"], r["cost_model_gb_per_member_step"])
         ]
         print(
-            f"{spec:<18} {r['gflop_per_member_step']:>7.2f} {r['gb_per_member_step']:>6.2f} {r['hlo_over_analytic_flops']:>9.2f} "
+            f"{spec:<18} {r['gflop_per_member_step']:>7.2f} {r['gb_per_member_step']:>6.2f} "
+            f"{r['hlo_over_analytic_flops']:>9.2f} "
             f"{model[0]:>11} {model[1]:>8} {r['peak_temp_bytes'] / 1e9:>8.2f} "
             f"{r['compile_s']:>9.1f} {r['roofline_member_steps_per_s']:>8.0f}",
             flush=True,

@@ -205,20 +205,25 @@ def main(argv=None):
 
     print()
     print(
-        f"Paper model, heads {'/'.join(map(str, HEADS))}, batch {config.data.batch_size}, length {config.model.seq_len}: "
+        f"Paper model, heads {'/'.join(map(str, HEADS))}, batch {config.data.batch_size}, "
+        f"length {config.model.seq_len}: "
         f"{flops / 1e9:.2f} GFLOP per member-step (analytic)"
     )
     print(
         "fp32 matmul peak (2048^2, best of run): " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peaks.items())
     )
-    header = f"{'strategy':14s} {'member-steps/s':>14s} {'tokens/s':>10s} {'GFLOP/s':>8s} {'MFU':>6s} {'memory MB':>10s}   ms per member-step by heads"
+    header = (
+        f"{'strategy':14s} {'member-steps/s':>14s} {'tokens/s':>10s} {'GFLOP/s':>8s} {'MFU':>6s} {'memory MB':>10s}"
+        "   ms per member-step by heads"
+    )
     print(header)
     print("-" * len(header))
     for label, r in results.items():
         mem = "-" if r["memory_bytes"] is None else f"{r['memory_bytes'] / 2**20:.0f}"
         by = ", ".join(f"{k}: {v:.0f}" for k, v in r["ms_per_step_by_heads"].items())
         print(
-            f"{label:14s} {r['member_steps_per_s']:14.2f} {r['tokens_per_s']:10.0f} {r['achieved_flops_per_s'] / 1e9:8.1f} "
+            f"{label:14s} {r['member_steps_per_s']:14.2f} {r['tokens_per_s']:10.0f} "
+            f"{r['achieved_flops_per_s'] / 1e9:8.1f} "
             f"{r['mfu']:6.2f} {mem:>10s}   {by}"
         )
     if ratio is not None:
@@ -259,7 +264,8 @@ def main(argv=None):
             scaling[r.label] = out
             mem = "-" if out["memory_bytes"] is None else f"{out['memory_bytes'] / 2**20:.0f}"
             print(
-                f"{r.label:12s} {out['member_steps_per_s']:14.2f} {out['tokens_per_s']:10.0f} {out['mfu']:6.2f} {mem:>10s}"
+                f"{r.label:12s} {out['member_steps_per_s']:14.2f} {out['tokens_per_s']:10.0f} "
+                f"{out['mfu']:6.2f} {mem:>10s}"
             )
 
     payload = {

@@ -1,6 +1,7 @@
-"""One-layer multi-head attention on the tokenized mixture under GD: H 1..64 x 3 seeds x 2 n, NTK margins (CPU, minutes).
+"""One-layer multi-head attention, tokenized mixture, GD: H 1..64 x 3 seeds x 2 n, NTK margins (CPU, minutes).
 
-Paper: "On the Optimization and Generalization of Multi-head Attention" (Deora, Ghaderi, Taheri, Thrampoulidis; arXiv 2310.12680).
+Paper: "On the Optimization and Generalization of Multi-head Attention" (Deora, Ghaderi, Taheri,
+Thrampoulidis; arXiv 2310.12680).
 All 42 members (7 head counts x 3 seeds x 2 training-set sizes) run in ONE compiled
 program: heads padded to 64 and masked, training sets padded to the largest n with zero
 weights. theta_0 = random decoders U_h ~ N(0, 1) per head, W = 0 (init.scheme "random_decoders", the

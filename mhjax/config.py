@@ -180,7 +180,8 @@ def require_device_count(config, field: str):
     available = jax.local_device_count()
     if _get(config, field) > available:
         raise ConfigError(
-            f"config.{field}: {_get(config, field)} devices requested, this process has {available} ({jax.default_backend()})"
+            f"config.{field}: {_get(config, field)} devices requested, "
+            f"this process has {available} ({jax.default_backend()})"
         )
 
 

@@ -1,4 +1,4 @@
-"""`mhjax analyze` (mhjax.analysis.metrics, mhjax.commands.analyze): released checkpoints, CLI, sweep workdirs, errors."""
+"""`mhjax analyze` (analysis/metrics, commands/analyze): released checkpoints, CLI, sweep workdirs, errors."""
 
 import json
 import sys

@@ -28,7 +28,9 @@ def get_config():
     c.sweep = ml_collections.ConfigDict(dict(task=("copy",), heads={heads}, seed=(0,), learning_rate=(3e-3,)))
     c.model = ml_collections.ConfigDict(dict(width=16, num_layers=1, mlp_dim=32, vocab_size=16, seq_len=8, dropout=0.1))
     c.data = ml_collections.ConfigDict(dict(protocol="fixed", num_train=16, batch_size=4, num_eval=8))
-    c.train = ml_collections.ConfigDict(dict(steps={steps}, chunk_steps={chunk}, eval_every={every}, checkpoint_every={every}))
+    c.train = ml_collections.ConfigDict(
+        dict(steps={steps}, chunk_steps={chunk}, eval_every={every}, checkpoint_every={every})
+    )
     return c
 '''
 

@@ -111,7 +111,7 @@ def test_two_processes_train_disjoint_members_matching_one_process(reference):
     ]
     procs = [_train(args + ["--process-id", str(i)]) for i in range(2)]
     outputs = [p.communicate(timeout=600) for p in procs]
-    for proc, (out, err) in zip(procs, outputs):
+    for proc, (_, err) in zip(procs, outputs):
         assert proc.returncode == 0, err
     owned = []
     for _, err in outputs:

@@ -8,17 +8,15 @@ import numpy as np
 import pytest
 
 from mhjax.experiments import make_experiment
+from mhjax.train.engine import unstack
 from mhjax.train.loop import Sweep, run
 from tests.conftest import tiny_sequence_config
 
 
 def member_params(sweep, states, name):
     """A member's params sliced from its program's stacked state."""
-    for program, idx, _ in sweep.programs:
-        for j, i in enumerate(idx):
-            if sweep.experiment.members[i].name == name:
-                return jax.tree_util.tree_map(lambda x: np.asarray(x[j]), states[program].params)
-    raise KeyError(name)
+    index = next(i for i, m in enumerate(sweep.experiment.members) if m.name == name)
+    return unstack(sweep.programs, {program: state.params for program, state in states.items()})[index]
 
 
 def train(config, steps=4, chunk=2):

@@ -229,7 +229,8 @@ def _run(args) -> int:
         )
         for layer in e["layers"]:
             print(
-                f"  layer {layer['layer']}: mixing time {layer['mixing_time_mean']:.4f} ± {layer['mixing_time_std']:.4f}"
+                f"  layer {layer['layer']}: "
+                f"mixing time {layer['mixing_time_mean']:.4f} ± {layer['mixing_time_std']:.4f}"
                 f"  fidelity {layer['fidelity_pct_mean']:.3f}% ± {layer['fidelity_pct_std']:.3f}"
                 f"  best head {layer['best_single_fidelity_pct_mean']:.3f}%"
                 f"  combined > best {100 * layer['combined_beats_best_share']:.0f}%"

@@ -1,5 +1,6 @@
 """Single-layer multi-head attention on the tokenized mixture under plain GD, after
-"On the Optimization and Generalization of Multi-head Attention" (Deora, Ghaderi, Taheri, Thrampoulidis; arXiv 2310.12680).
+"On the Optimization and Generalization of Multi-head Attention" (Deora, Ghaderi, Taheri,
+Thrampoulidis; arXiv 2310.12680).
 
 One compiled program holds every member: parameters are padded to the sweep's largest head
 count H_max and a member's own H enters only through its head mask and the 1/sqrt(H) output
@@ -286,6 +287,7 @@ class MixtureExperiment(Experiment):
         self.members: list[Member] = expand(dict(config.sweep))
         self.max_heads = max(m["heads"] for m in self.members)
         self.max_train = max(m["num_train"] for m in self.members)
+        self._train_data, self._test_data = {}, {}  # seed -> (X, y): sampled once per experiment
 
     # -- data --------------------------------------------------------------
     def data_key(self, seed: int):
@@ -298,15 +300,17 @@ class MixtureExperiment(Experiment):
     def _sampler(self):
         return HostSampler(self.config.data)
 
-    @functools.lru_cache(maxsize=None)
     def train_data(self, seed: int):
-        """The seed's first max_train training examples as numpy (X, y)."""
-        return self._sampler(self.data_key(seed), self.max_train)
+        """The seed's first max_train training examples as numpy (X, y), sampled once per seed."""
+        if seed not in self._train_data:
+            self._train_data[seed] = self._sampler(self.data_key(seed), self.max_train)
+        return self._train_data[seed]
 
-    @functools.lru_cache(maxsize=None)
     def test_data(self, seed: int):
         """The seed's data.num_test test examples (a separate key: fresh draws) as numpy (X, y)."""
-        return self._sampler(self.test_key(seed), int(self.config.data.num_test))
+        if seed not in self._test_data:
+            self._test_data[seed] = self._sampler(self.test_key(seed), int(self.config.data.num_test))
+        return self._test_data[seed]
 
     # -- engine protocol ---------------------------------------------------
     def member_constants(self, member: Member) -> dict:

@@ -43,7 +43,8 @@ def validate(config) -> None:
         raise cfg.ConfigError(f"config.seed: must be an integer in [0, 2**32), got {config.seed}")
     if config.data.protocol == "fixed" and config.data.num_train < config.data.batch_size:
         raise cfg.ConfigError(
-            f"config.data.num_train: must be >= data.batch_size ({config.data.batch_size}) under the fixed protocol, got {config.data.num_train}"
+            f"config.data.num_train: must be >= data.batch_size ({config.data.batch_size}) under the fixed protocol, "
+            f"got {config.data.num_train}"
         )
     for task in cfg.require_nonempty_tuple(config, "sweep.task"):
         if task not in sequences.TASKS:
@@ -260,7 +261,8 @@ class SequenceExperiment(Experiment):
         return (
             f"predicted for {strategy} on {self._devices()} x {p['device'].name} (roofline, models/cost.py): "
             f"{p['member_steps_per_s']:,.0f} member-steps/s, {p['bytes_per_member_step'] / 1e9:.2f} GB and "
-            f"{p['flops_per_member_step'] / 1e9:.2f} GFLOP per member-step, ~{p['memory_per_device_bytes'] / 2**30:.2f} GiB per device"
+            f"{p['flops_per_member_step'] / 1e9:.2f} GFLOP per member-step, "
+            f"~{p['memory_per_device_bytes'] / 2**30:.2f} GiB per device"
         )
 
     def member_info(self, member: Member) -> dict:

@@ -116,7 +116,10 @@ def describe_mismatch(stored, target) -> str | None:
             return f"the checkpoint has {name}, which this sweep does not (another model: e.g. num_layers)"
     for name, (shape, dtype) in need.items():
         if have[name][0] != shape:
-            return f"{name} has shape {have[name][0]} in the checkpoint, this config needs {shape} (another width, mlp_dim, vocab_size or seq_len)"
+            return (
+                f"{name} has shape {have[name][0]} in the checkpoint, this config needs {shape} "
+                "(another width, mlp_dim, vocab_size or seq_len)"
+            )
         if have[name][1] is not None and dtype is not None and have[name][1] != dtype:
             return f"{name} has dtype {have[name][1]} in the checkpoint, this config needs {dtype}"
     return None
@@ -138,7 +141,8 @@ def check_or_write_metadata(workdir: str, config_dict: dict, kind: str) -> bool:
             ) from None
         if stored.get("mhjax_version") != __version__:
             raise ConfigError(
-                f"--workdir: {workdir} was written by mhjax {stored.get('mhjax_version')}, this is {__version__}; use a new workdir"
+                f"--workdir: {workdir} was written by mhjax {stored.get('mhjax_version')}, this is {__version__}; "
+                "use a new workdir"
             )
         if stored.get("config") != json.loads(json.dumps(config_dict)):
             diff = _first_difference(stored.get("config", {}), json.loads(json.dumps(config_dict)))

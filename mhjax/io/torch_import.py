@@ -98,7 +98,8 @@ def _rebuild_tensor_v2(
     last = storage_offset + sum((n - 1) * s for n, s in zip(size, stride))
     if last >= flat.size:  # bounds check before as_strided, which would read past the buffer
         raise CheckpointFormatError(
-            f"tensor (offset {storage_offset}, size {size}, stride {stride}) exceeds its storage of {flat.size} elements"
+            f"tensor (offset {storage_offset}, size {size}, stride {stride}) "
+            f"exceeds its storage of {flat.size} elements"
         )
     item = flat.dtype.itemsize
     view = np.lib.stride_tricks.as_strided(
@@ -230,7 +231,8 @@ def load_state_dict(path) -> dict[str, np.ndarray]:
 def expected_reference_shapes(
     vocab: int, max_len: int, d_model: int, mlp_dim: int, num_layers: int
 ) -> dict[str, tuple[int, ...]]:
-    """Torch key -> shape for the reference decoder (the released checkpoints of arXiv 2507.02944; Linear weights are (out, in))."""
+    """Torch key -> shape for the reference decoder (the released checkpoints of arXiv 2507.02944;
+    Linear weights are (out, in))."""
     shapes = {"token_emb.weight": (vocab, d_model), "pos_emb.weight": (max_len, d_model)}
     for l in range(num_layers):
         p = f"layers.{l}."

@@ -33,7 +33,8 @@ def format_analysis(result: dict) -> str:
             f"## {label}",
             "",
             f"{e['heads']} heads, task {e['task']}, {e['num_sequences']} sequences of length {e['seq_len']}{status}. "
-            f"Token accuracy {100 * e['accuracy']:.2f}% ({100 * e['accuracy_excluding_first']:.2f}% excluding position 0).",
+            f"Token accuracy {100 * e['accuracy']:.2f}% "
+            f"({100 * e['accuracy_excluding_first']:.2f}% excluding position 0).",
             "",
             "| layer | mixing time | fidelity % | best single head % | combined > best | head weights |",
             "|---:|---:|---:|---:|---:|:---|",

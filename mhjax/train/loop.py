@@ -196,7 +196,7 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
                     _log_chunk(writers, members, idx, metrics, status, step + n, reported_divergence, log)
                     _record_losses(sweep.loss_curves, idx, metrics["loss"], step, wanted)
                 rate = n * len(members) / max(chunk_time, 1e-9)
-                for i, m in enumerate(members):
+                for m in members:
                     writers.scalars(m.name, {"perf/member_steps_per_s": rate}, step + n)
                 previous, step = step, step + n
                 trained += n
@@ -281,7 +281,8 @@ def _log_chunk(writers, members, idx, metrics, status, step, reported, log):
         if diverged[j] and i not in reported:
             reported.add(i)
             log(
-                f"member {members[i].name} diverged at step {int(diverged_at[j])} (non-finite loss or parameters); frozen, others continue"
+                f"member {members[i].name} diverged at step {int(diverged_at[j])} "
+                "(non-finite loss or parameters); frozen, others continue"
             )
             writers[members[i].name].add_text("status", f"diverged at step {int(diverged_at[j])}", step)
 
