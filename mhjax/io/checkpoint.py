@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 
 import jax
 import orbax.checkpoint as ocp
@@ -42,11 +43,11 @@ class SweepCheckpointer:
         """Restore into the structure/shapes of abstract_tree; a mismatch is a one-line ConfigError."""
         target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, abstract_tree)
         where = os.path.join(self.directory, str(step))
+        _quiet_abandoned_reads()
         try:  # the stored tree's paths, shapes and dtypes (JSON metadata; nothing is unpickled)
             stored = ocp.StandardCheckpointHandler().metadata(epath.Path(where) / "default")
             stored = getattr(stored, "tree", stored)
         except Exception as exc:
-            _quiet_abandoned_reads()
             detail = " ".join(str(exc).split())[:300]
             raise ConfigError(
                 f"checkpoint {where}: unreadable, corrupt or truncated ({type(exc).__name__}: {detail})"
@@ -57,7 +58,6 @@ class SweepCheckpointer:
         try:
             return self.manager.restore(step, args=ocp.args.StandardRestore(target))
         except Exception as exc:  # orbax raises many types for corrupt/mismatched files
-            _quiet_abandoned_reads()
             detail = " ".join(str(exc).split())[:300]
             raise ConfigError(
                 f"checkpoint {self.directory}/{step}: cannot restore into this sweep ({type(exc).__name__}: {detail})"
@@ -67,23 +67,35 @@ class SweepCheckpointer:
         self.manager.close()
 
 
+def _loop_closed(exc) -> bool:
+    return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+
+
 def _quiet_abandoned_reads() -> None:
     """After a failed read, tensorstore still completes the read's other in-flight requests
     and hands them to the asyncio loop orbax has already closed; each reports "Event loop is
-    closed" as an unraisable exception, i.e. a traceback on stderr after our one-line error.
-    They are harmless: drop exactly those and pass every other unraisable exception on."""
-    previous = sys.unraisablehook
-    if getattr(previous, "_mhjax_quiet", False):
+    closed" from a callback thread (as an unraisable exception, or through sys.excepthook or
+    threading.excepthook, depending on the thread), i.e. a traceback on stderr around our
+    one-line error. They are harmless: drop exactly those and pass everything else on.
+    Installed before a restore starts, since the callbacks may fire before the error surfaces."""
+    if getattr(sys.unraisablehook, "_mhjax_quiet", False):
         return
+    unraisable, excepthook, thread_hook = sys.unraisablehook, sys.excepthook, threading.excepthook
 
-    def hook(unraisable):
-        exc = unraisable.exc_value
-        if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
-            return
-        previous(unraisable)
+    def quiet_unraisable(info):
+        if not _loop_closed(info.exc_value):
+            unraisable(info)
 
-    hook._mhjax_quiet = True
-    sys.unraisablehook = hook
+    def quiet_excepthook(kind, exc, tb):
+        if not _loop_closed(exc):
+            excepthook(kind, exc, tb)
+
+    def quiet_thread_hook(args):
+        if not _loop_closed(args.exc_value):
+            thread_hook(args)
+
+    quiet_unraisable._mhjax_quiet = True
+    sys.unraisablehook, sys.excepthook, threading.excepthook = quiet_unraisable, quiet_excepthook, quiet_thread_hook
 
 
 def _flat(tree) -> dict:
