@@ -20,6 +20,7 @@ from mhjax.io.checkpoint import METADATA, SweepCheckpointer
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.results import read_workdir_json, write_json
 from mhjax.io.tensorboard import log_to_run
+from mhjax.models.probe import config_sizes
 from mhjax.plotting.analysis import format_analysis, plot_analysis
 from mhjax.plotting.images import attention_grid
 from mhjax.train.engine import unstack
@@ -104,13 +105,7 @@ def analyze_workdir(
     experiment, sweep, step, states = _workdir_sweep(workdir)
     m = experiment.config.model
     tokens, source = tokens_for(sequences, num_sequences, seed, m.seq_len, m.vocab_size)
-    sizes = {
-        "vocab_size": m.vocab_size,
-        "max_len": m.seq_len,
-        "width": m.width,
-        "num_layers": m.num_layers,
-        "mlp_dim": m.mlp_dim,
-    }
+    sizes = config_sizes(m)
     member_states = sweep.member_states(states)
     members = {}
     for member in experiment.members:

@@ -57,7 +57,7 @@ from jax.flatten_util import ravel_pytree
 
 from mhjax import config as cfg
 from mhjax.analysis import ntk
-from mhjax.data.mixture import HostSampler, MixtureConfigError, validate_mixture_config
+from mhjax.data.mixture import DATA_FIELDS, HostSampler, MixtureConfigError, validate_mixture_config
 from mhjax.experiments import mixture_results
 from mhjax.experiments.base import Experiment
 from mhjax.models import classifier
@@ -77,16 +77,7 @@ FIELDS = {
     "strategy": None,
     "devices": None,
     "sweep": None,
-    "data": {
-        "dim",
-        "seq_len",
-        "num_relevant_per_label",
-        "num_noise_clusters",
-        "relevant_fraction",
-        "signal_norm",
-        "noise_std",
-        "num_test",
-    },
+    "data": {*DATA_FIELDS, "num_test"},
     "model": {"query"},
     "init": {"scheme", "first_step", "tau"},
     "train": {

@@ -15,7 +15,7 @@ from mhjax.analysis.metrics import learned_head_weights
 from mhjax.data import sequences
 from mhjax.experiments.base import Experiment
 from mhjax.models import Transformer, cost, count_params, flops
-from mhjax.models.probe import predict
+from mhjax.models.probe import config_sizes, predict
 from mhjax.plotting.images import attention_grid, diffusion_image
 from mhjax.train.engine import Program, Unrolled
 from mhjax.train.sweep import Member, derive_key, expand
@@ -284,13 +284,7 @@ class SequenceExperiment(Experiment):
         of the combined operator (``diffusion/sink_signal``)."""
         m = self.config.model
         tokens = np.random.default_rng(EXAMPLE_SEED).integers(0, m.vocab_size, size=(1, m.seq_len), dtype=np.int32)
-        sizes = {
-            "vocab_size": m.vocab_size,
-            "max_len": m.seq_len,
-            "width": m.width,
-            "num_layers": m.num_layers,
-            "mlp_dim": m.mlp_dim,
-        }
+        sizes = config_sizes(m)
         out = {}
         for member in self.members:
             params = member_states[member.name].params

@@ -32,6 +32,17 @@ def model_sizes(params) -> dict[str, int]:
     }
 
 
+def config_sizes(model) -> dict[str, int]:
+    """The same sizes from a config's ``model`` section (a Transformer with ``max_len = seq_len``)."""
+    return {
+        "vocab_size": model.vocab_size,
+        "max_len": model.seq_len,
+        "width": model.width,
+        "num_layers": model.num_layers,
+        "mlp_dim": model.mlp_dim,
+    }
+
+
 @lru_cache(maxsize=32)
 def forward_fn(vocab_size: int, max_len: int, width: int, num_layers: int, mlp_dim: int, heads: int):
     """jit(params, tokens (B, T)) -> (predictions (B, T) int32, attention (L, B, H, T, T)),
