@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import functools
 import math
+import types
 
 import jax
 import jax.numpy as jnp
@@ -197,7 +198,7 @@ class MixtureRecipe:
         self.takes_step = self.scheme == "zero_plus_step" or (first is not None and first > 0)
         self.lanczos_iters = int(config.analysis.lanczos_iters)
         self.max_heads, self.max_train = int(max_heads), int(max_train)
-        self.shape = type("Shape", (), {"dim": int(config.data.dim), "seq_len": int(config.data.seq_len)})
+        self.shape = types.SimpleNamespace(dim=int(config.data.dim), seq_len=int(config.data.seq_len))
 
     # -- model pieces ---------------------------------------------------
     def phi(self, params, X, consts):

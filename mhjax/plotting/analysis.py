@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from mhjax.plotting.style import pyplot
+
 
 def _entries(result: dict) -> list[tuple[str, dict]]:
     if "members" in result:
@@ -53,10 +55,7 @@ def format_analysis(result: dict) -> str:
 
 def plot_analysis(result: dict, path: str) -> None:
     """Mixing time and minimax fidelity per layer (mean ± std over sequences), one series per model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     entries = _entries(result)

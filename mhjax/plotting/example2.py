@@ -5,15 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from mhjax.analysis.example2 import NODES
+from mhjax.plotting.style import pyplot
 
 
 def plot_example2(signals: dict[str, np.ndarray], path) -> None:
     """One panel per operator: the signals s_u, s_v, s_w at the sink (percent) against t and the
     running minimax fidelity (dashed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     titles = {"head1": "Head 1", "head2": "Head 2", "multi_head": "Multi-head (0.5/0.5)"}

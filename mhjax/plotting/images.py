@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from mhjax.analysis import dag
+from mhjax.plotting.style import pyplot
 
 HORIZON = 100  # the reference fidelity horizon
 
@@ -43,10 +44,7 @@ def attention_grid(
 def diffusion_image(combined: np.ndarray, title: str = "", horizon: int = HORIZON) -> np.ndarray:
     """RGB uint8 (HWC): per layer, the signal at the sink after t steps from a few source nodes,
     and the minimax fidelity min_j max_t (sink included, as the reference)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     L, T = combined.shape[0], combined.shape[-1]
     sources = sorted({0, T // 4, T // 2, (3 * T) // 4, max(T - 2, 0)})

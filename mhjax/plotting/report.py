@@ -8,6 +8,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from mhjax.plotting.style import heads_colours, heads_label, pyplot
+
 CURVE_TAGS = (("train/loss", "training loss"), ("eval/loss", "held-out loss"), ("eval/accuracy", "held-out accuracy"))
 
 
@@ -160,28 +162,6 @@ def _first(analysis: dict, key: str):
 # ---------------------------------------------------------------------- #
 # Figures
 # ---------------------------------------------------------------------- #
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _heads_colours(values) -> dict:
-    plt = _plt()
-    values = sorted(
-        set(values), key=lambda v: (not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else str(v))
-    )
-    cmap = plt.get_cmap("viridis")
-    return {v: cmap(0.85 * i / max(len(values) - 1, 1)) for i, v in enumerate(values)}
-
-
-def _heads_label(heads) -> str:
-    return f"{heads} head" if heads == 1 else f"{heads} heads"
-
-
 def _curve_tags(curves: dict, limit: int = 6) -> list[tuple[str, str]]:
     found = {t for c in curves.values() for t in c}
     tags = [(t, label) for t, label in CURVE_TAGS if t in found]
@@ -196,9 +176,9 @@ def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
     tags = _curve_tags(curves)
     if not tags:
         return False
-    plt = _plt()
+    plt = pyplot()
     tasks = sorted({str(m.get("task", "")) for m in members})
-    colours = _heads_colours([m.get("heads") for m in members]) if all("heads" in m for m in members) else {}
+    colours = heads_colours([m.get("heads") for m in members]) if all("heads" in m for m in members) else {}
     # one row per task; a single task wraps its panels three to a row
     ncols = len(tags) if len(tasks) > 1 else min(3, len(tags))
     panels = [(task, tag, label) for task in tasks for tag, label in tags]
@@ -218,7 +198,7 @@ def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
             steps, values = curves[m["name"]][tag]
             heads = m.get("heads")
             key = heads if colours else m["name"]
-            label_text = (_heads_label(heads) if colours else m["name"]) if key not in labelled else None
+            label_text = (heads_label(heads) if colours else m["name"]) if key not in labelled else None
             labelled.add(key)
             ax.plot(
                 steps,
@@ -259,10 +239,10 @@ def _per_layer(ax, by_heads: dict, key: str, scale: float, colours: dict, bars: 
                 width,
                 yerr=sd,
                 color=colours[heads],
-                label=_heads_label(heads),
+                label=heads_label(heads),
             )
         else:
-            ax.errorbar(layers, mean, yerr=sd, marker="o", capsize=3, color=colours[heads], label=_heads_label(heads))
+            ax.errorbar(layers, mean, yerr=sd, marker="o", capsize=3, color=colours[heads], label=heads_label(heads))
     ax.set_xticks(np.arange(max(len(e["layers"]) for entries in by_heads.values() for e in entries)))
     ax.set_xlabel("layer")
     ax.grid(alpha=0.3)
@@ -272,8 +252,8 @@ def plot_mixing_fidelity(analysis: dict, path: str) -> bool:
     by_task = _analysis_by_task_heads(analysis)
     if not by_task:
         return False
-    plt = _plt()
-    colours = _heads_colours([h for by_heads in by_task.values() for h in by_heads])
+    plt = pyplot()
+    colours = heads_colours([h for by_heads in by_task.values() for h in by_heads])
     fig, axes = plt.subplots(len(by_task), 2, figsize=(10, 3.4 * len(by_task)), squeeze=False)
     for r, (task, by_heads) in enumerate(by_task.items()):
         _per_layer(axes[r][0], by_heads, "mixing_time_mean", 1.0, colours)
@@ -291,8 +271,8 @@ def plot_synergy(analysis: dict, path: str) -> bool:
     by_task = _analysis_by_task_heads(analysis)
     if not by_task:
         return False
-    plt = _plt()
-    colours = _heads_colours([h for by_heads in by_task.values() for h in by_heads])
+    plt = pyplot()
+    colours = heads_colours([h for by_heads in by_task.values() for h in by_heads])
     fig, axes = plt.subplots(1, len(by_task), figsize=(5 * len(by_task), 3.4), squeeze=False)
     for c, (task, by_heads) in enumerate(by_task.items()):
         ax = axes[0][c]

@@ -11,6 +11,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from mhjax.plotting.style import heads_colours, heads_label, pyplot
+
 CURVE_PANELS = (
     ("train/loss", "training loss", 1.0),
     ("eval/loss", "held-out loss", 1.0),
@@ -21,25 +23,6 @@ LAYER_PANELS = (
     ("fidelity_pct_mean", "minimax fidelity %", 1.0),
     ("combined_beats_best_share", "combined beats best head, % of sequences", 100.0),
 )
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _colours(heads) -> dict:
-    cmap = _plt().get_cmap("viridis")
-    heads = sorted(set(heads))
-    return {h: cmap(0.85 * i / max(len(heads) - 1, 1)) for i, h in enumerate(heads)}
-
-
-def _label(heads: int) -> str:
-    return f"{heads} head" if heads == 1 else f"{heads} heads"
 
 
 def _band(runs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -62,8 +45,8 @@ def plot_curve_bands(members: list[dict], curves: dict, path: str) -> bool:
     if not runs:
         return False
     tasks = sorted({t for t, _, _ in runs})
-    colours = _colours(h for _, h, _ in runs)
-    plt = _plt()
+    colours = heads_colours(h for _, h, _ in runs)
+    plt = pyplot()
     fig, axes = plt.subplots(
         len(tasks), len(CURVE_PANELS), figsize=(4.4 * len(CURVE_PANELS), 3.3 * len(tasks)), squeeze=False
     )
@@ -75,7 +58,7 @@ def plot_curve_bands(members: list[dict], curves: dict, path: str) -> bool:
                     continue
                 seeds = runs[(task, heads, tag)]
                 steps, mean, std = _band(seeds)
-                ax.plot(steps, scale * mean, color=colour, label=f"{_label(heads)} ({len(seeds)} seeds)")
+                ax.plot(steps, scale * mean, color=colour, label=f"{heads_label(heads)} ({len(seeds)} seeds)")
                 low = np.maximum(mean - std, 0.1 * mean) if "loss" in tag else mean - std  # log axis: stay positive
                 ax.fill_between(steps, scale * low, scale * (mean + std), color=colour, alpha=0.25, lw=0)
             ax.set(xlabel="step", ylabel=label, title=f"{task}: {label}")
@@ -101,8 +84,8 @@ def plot_beside_released(entries: list[dict], released: list[dict], path: str) -
     tasks = sorted({e["task"] for e in entries} | {e["task"] for e in released})
     if not tasks:
         return False
-    colours = _colours([e["heads"] for e in entries + released])
-    plt = _plt()
+    colours = heads_colours([e["heads"] for e in entries + released])
+    plt = pyplot()
     fig, axes = plt.subplots(
         len(tasks), len(LAYER_PANELS), figsize=(4.6 * len(LAYER_PANELS), 3.5 * len(tasks)), squeeze=False
     )
@@ -121,7 +104,7 @@ def plot_beside_released(entries: list[dict], released: list[dict], path: str) -
                         color=colour,
                         marker="o",
                         capsize=3,
-                        label=f"mhjax, {_label(heads)}",
+                        label=f"mhjax, {heads_label(heads)}",
                     )
                 if theirs:
                     x, mean, _ = _per_layer(theirs, key, scale)
@@ -132,7 +115,7 @@ def plot_beside_released(entries: list[dict], released: list[dict], path: str) -
                         ls="--",
                         marker="s",
                         mfc="none",
-                        label=f"released, {_label(heads)}",
+                        label=f"released, {heads_label(heads)}",
                     )
             if key == "combined_beats_best_share":
                 ax.axhline(50, color="grey", lw=0.8, ls=":")
