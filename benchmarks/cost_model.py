@@ -10,8 +10,10 @@ roofline predicts on ``--device`` from the HLO figures.
     python benchmarks/cost_model.py [--json OUT] [--config configs/paper.py] [--device h200|tpu-v5e]
         [--peak-tflops X --hbm-gbs Y] [--strategies fused,grouped,one_program,...] [--seeds 0,1,...]
 
-A strategy ``S:V`` is strategy S with attention variant V (btft, bf16). The compile times
-are this machine's (a CPU) and include XLA's CPU code generation.
+A strategy ``S:V`` is strategy S with attention variant V (btft, bf16). ``groups_unrolled``
+is one_program as it was first built: grouped's vmapped programs written side by side in
+one program (engine.Unrolled), grouped's cost but the whole step compiled once per head
+count. The compile times are this machine's (a CPU) and include XLA's CPU code generation.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import hlo_cost  # noqa: E402
 from mhjax.experiments.sequence import SequenceExperiment  # noqa: E402
 from mhjax.models import cost  # noqa: E402
 from mhjax.models.flops import train_step_flops  # noqa: E402
+from mhjax.train.engine import Program, Unrolled  # noqa: E402
 
 DEFAULT_STRATEGIES = "fused,grouped,one_program,fused:btft,fused:bf16,grouped:bf16"
 
@@ -65,9 +68,18 @@ def device_from(args) -> cost.Device:
     return device
 
 
+def programs_of(experiment, strategy: str) -> list[Program]:
+    """The program structure an accelerator gets under ``strategy``."""
+    if strategy != "groups_unrolled":
+        return experiment.programs(strategy, "gpu")
+    grouped = experiment.programs("grouped", "gpu")
+    recipe = Unrolled([p.recipe for p in grouped], [len(p.members) for p in grouped])
+    return [Program("all", [i for p in grouped for i in p.members], recipe)]
+
+
 def run_strategy(experiment, spec: str, device: cost.Device) -> dict:
     strategy, _, variant = spec.partition(":")
-    programs = experiment.programs(strategy, "gpu")  # the program structure an accelerator gets
+    programs = programs_of(experiment, strategy)
     with hlo_cost.variant(variant or None):
         measured = hlo_cost.measure(experiment, programs)
     m, d = experiment.config.model, experiment.config.data

@@ -35,7 +35,7 @@ def test_cost_model_matches_xlas_count_on_unseen_shapes(monkeypatch):
     experiment = make_experiment(config)
     shape = cost.Shape.of(config)
     measured = {}
-    for strategy in ("fused", "grouped"):
+    for strategy in ("fused", "grouped", "one_program"):
         flops, nbytes = measured[strategy] = hlo_cost(experiment, strategy)
         predicted = cost.sweep_cost(
             shape, experiment.program_groups(experiment.programs(strategy, "gpu")), cost.DEVICES["h200"]
@@ -43,6 +43,9 @@ def test_cost_model_matches_xlas_count_on_unseen_shapes(monkeypatch):
         assert predicted["flops_per_member_step"] == pytest.approx(flops, rel=TOLERANCE), strategy
         assert predicted["bytes_per_member_step"] == pytest.approx(nbytes, rel=TOLERANCE), strategy
     assert measured["fused"][1] > measured["grouped"][1]  # the padded fine heads cost traffic
+    # one program for every member, at grouped's cost: attention at each group's own head count
+    for one, apart in zip(measured["one_program"], measured["grouped"]):
+        assert one <= 1.25 * apart
 
 
 def test_member_cost_counts_fine_heads_and_mixing():

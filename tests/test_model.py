@@ -130,3 +130,48 @@ def test_grouped_heads_equal_plain_heads(heads, deterministic):
     group = 8 // heads
     for la, lb in zip(pa, pb):  # fine head f carries its coarse head f // group
         np.testing.assert_allclose(la, lb[:, ::group], atol=1e-6)
+
+
+@pytest.fixture
+def jax_attention_path(monkeypatch):
+    """The accelerator path (plain JAX attention) on this CPU."""
+    from mhjax.models import attention
+
+    monkeypatch.setattr(attention, "IMPLEMENTATION", "jax")
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_member_layout_equals_plain_heads_per_member(jax_attention_path, deterministic):
+    """One model vmapped over members of 1, 2, 4 and 8 heads with their layout (attention run
+    group by group at static head counts), gradients taken of the summed losses as the engine
+    does == each member's plain model at its own head count, alone: losses and gradients."""
+    heads = [1, 1, 2, 4, 4, 8]
+    layout = ((2, 1), (1, 2), (2, 4), (1, 8))
+    packed = Transformer(16, 8, 16, 2, 32, 8, 0.1, layout)
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 8), 0, 16)
+    keys = jax.random.split(jax.random.PRNGKey(0), len(heads))
+    params = jax.vmap(lambda k: packed.init(k, tokens)["params"])(keys)
+    drops = jax.random.split(jax.random.PRNGKey(5), len(heads))
+
+    def loss(p, model, h, drop):
+        logits = model.apply({"params": p}, tokens, h, deterministic=deterministic, rngs={"dropout": drop})
+        return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
+    def total(p):
+        losses = jax.vmap(lambda p, h, d: loss(p, packed, h, d))(p, jnp.array(heads), drops)
+        return jnp.sum(losses), losses
+
+    (_, losses), grads = jax.jit(jax.value_and_grad(total, has_aux=True))(params)
+    for i, h in enumerate(heads):
+        own = jax.tree_util.tree_map(lambda x, i=i: x[i], params)
+        a, ga = jax.value_and_grad(loss)(own, Transformer(16, 8, 16, 2, 32, h, 0.1), None, drops[i])
+        np.testing.assert_allclose(losses[i], a, rtol=1e-5, atol=1e-6)
+        for x, y in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ga)):
+            np.testing.assert_allclose(x[i], y, rtol=1e-4, atol=1e-6)
+
+
+def test_member_layout_must_cover_the_vmapped_axis(jax_attention_path):
+    model = Transformer(16, 8, 16, 1, 32, 4, 0.0, ((2, 1), (1, 4)))
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    with pytest.raises(ValueError, match="vmapped over 2 members, the layout has 3"):
+        jax.vmap(lambda k: model.init(k, tokens))(jax.random.split(jax.random.PRNGKey(0), 2))

@@ -68,10 +68,14 @@ def test_one_program_and_grouped_programs_train_identically(strategy):
         assert eval_grouped[i] == pytest.approx(eval_single[i], rel=1e-4), i
 
 
-def test_one_program_groups_members_by_head_count_and_trains_like_grouped(tmp_path):
+@pytest.mark.parametrize("implementation", ["auto", "jax"])
+def test_one_program_groups_members_by_head_count_and_trains_like_grouped(tmp_path, monkeypatch, implementation):
+    """On both attention paths: the CPU kernel (traced head counts) and the accelerators' plain
+    JAX path, where the layout runs each group's attention at its static head count."""
     from mhjax.io.checkpoint import SweepCheckpointer
-    from mhjax.train.engine import Unrolled
+    from mhjax.models import attention
 
+    monkeypatch.setattr(attention, "IMPLEMENTATION", implementation)
     grouped = tiny_sequence_config(task=("copy", "cycle"), heads=(2, 1))
     one = tiny_sequence_config(task=("copy", "cycle"), heads=(2, 1))
     one.strategy = "one_program"
@@ -80,9 +84,9 @@ def test_one_program_groups_members_by_head_count_and_trains_like_grouped(tmp_pa
     [(name, idx, recipe)] = so.programs
     members = so.experiment.members
     # members listed head count by head count; each group's static head count is its members'
-    assert name == "all" and isinstance(recipe, Unrolled) and recipe.sizes == (2, 2)
+    assert name == "all" and recipe.model.layout == ((2, 1), (2, 2)) and recipe.vmap_inside_grad
     assert [members[i].name for i in idx] == ["copy-h1-s0", "cycle-h1-s0", "copy-h2-s0", "cycle-h2-s0"]
-    assert [(r.model.num_heads, r.static_heads) for r in recipe.recipes] == [(1, True), (2, True)]
+    assert so.experiment.program_groups(so.programs) == [[(2, 1, False), (2, 2, False)]]
     for m in members:
         assert_trees_close(member_params(sg, tg, m.name), member_params(so, to, m.name))
     eval_grouped, eval_one = sg.evaluate(tg), so.evaluate(to)

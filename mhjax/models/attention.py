@@ -8,6 +8,11 @@ Two ways to run H heads at width D:
   each fine head then reads its own values with its coarse head's attention. This
   equals plain H-head attention exactly (tested), so members with different head
   counts share one compiled program.
+- a member layout (the ``one_program`` strategy): fine heads as above for a member on its
+  own, but when the model is vmapped over a program's members, ``layout`` = ((members,
+  heads), ...) along the member axis and a custom_vmap rule runs each group's attention
+  core at its own STATIC head count: a 1-head member pays for one (B, T, T) map, not F,
+  while everything else in the model stays one vmapped copy (layout_attention).
 
 Two implementations of the same function (tested equal, values and gradients):
 - on the CPU, a fused C++ kernel (cpu_attention.py): each (row, head) is done in L1 with
@@ -28,6 +33,9 @@ import os
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.custom_batching import custom_vmap
+
+Layout = tuple[tuple[int, int], ...]  # (members, heads) per group, in member-axis order
 
 
 def torch_uniform(fan_in: int):
@@ -134,6 +142,7 @@ class CausalSelfAttention(nn.Module):
     width: int
     num_heads: int  # fine heads F in this program (static)
     dropout_rate: float = 0.0
+    layout: Layout | None = None  # the program's member groups (the one_program strategy)
 
     @nn.compact
     def __call__(self, x, heads=None, deterministic: bool = True):
@@ -157,9 +166,41 @@ class CausalSelfAttention(nn.Module):
             count = jnp.full((1,), fine if heads is None else heads, jnp.int32)
             out = cpu_attention.attention(q, k, v, count, seeds, threshold, inv_keep)
             probs = attention_probs(q, k, fine, heads)
+        elif self.layout is not None:
+            out = layout_attention(self.layout, q, k, v, fine, heads, seeds, threshold, inv_keep)
+            probs = attention_probs(q, k, fine, heads)
         else:
             out, probs = jax_attention(q, k, v, fine, heads, seeds, threshold, inv_keep)
         return dense(width, width, "out")(out), probs
+
+
+def layout_attention(layout: Layout, q, k, v, fine: int, heads, seeds, threshold: int, inv_keep: float):
+    """jax_attention's output for one member, which under vmap over a program's members runs
+    group by group at static head counts: group g's members (consecutive on the member axis)
+    at ``layout[g][1]`` heads with the dropout seeds of those coarse heads, so every member
+    computes what plain attention at its own head count does (tested). Reverse mode
+    differentiates a custom_vmap rule only from outside the vmap: such a model's gradient
+    is taken of the summed member losses (engine.members_step)."""
+
+    @custom_vmap
+    def core(q, k, v, heads, seeds):
+        return jax_attention(q, k, v, fine, heads, seeds, threshold, inv_keep)[0]
+
+    @core.def_vmap
+    def by_group(axis_size, in_batched, *args):
+        members = sum(n for n, _ in layout)
+        if axis_size != members:
+            raise ValueError(f"layout_attention: vmapped over {axis_size} members, the layout has {members}")
+        q, k, v, _, seeds = (x if b else jnp.broadcast_to(x, (axis_size, *x.shape)) for x, b in zip(args, in_batched))
+        outs, start = [], 0
+        for n, h in layout:
+            group = slice(start, start + n)
+            run = lambda q, k, v, s, h=h: jax_attention(q, k, v, h, None, s[:h], threshold, inv_keep)[0]
+            outs.append(jax.vmap(run)(q[group], k[group], v[group], seeds[group]))
+            start += n
+        return jnp.concatenate(outs), True
+
+    return core(q, k, v, jnp.asarray(fine if heads is None else heads, jnp.int32), seeds)
 
 
 def jax_attention(q, k, v, fine: int, heads, seeds, threshold: int, inv_keep: float):

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mhjax.models.attention import CausalSelfAttention, HashDropout, dense
+from mhjax.models.attention import CausalSelfAttention, HashDropout, Layout, dense
 
 RMS_EPS = float(np.finfo(np.float32).eps)
 
@@ -37,11 +37,12 @@ class Block(nn.Module):
     num_heads: int
     mlp_dim: int
     dropout_rate: float
+    layout: Layout | None = None
 
     @nn.compact
     def __call__(self, x, heads=None, deterministic: bool = True):
         h = RMSNorm(name="ln1")(x)
-        attn_out, probs = CausalSelfAttention(self.width, self.num_heads, self.dropout_rate, name="attn")(
+        attn_out, probs = CausalSelfAttention(self.width, self.num_heads, self.dropout_rate, self.layout, name="attn")(
             h, heads, deterministic
         )
         x = x + attn_out
@@ -56,7 +57,8 @@ class Transformer(nn.Module):
     """tokens (B, T) int -> logits (B, T, V) [, per-layer attention probs].
 
     ``num_heads`` is static; pass ``heads`` (traced int dividing num_heads) to run a member
-    with fewer, coarser heads in the same program (see attention.py).
+    with fewer, coarser heads in the same program (see attention.py); ``layout`` names the
+    program's member groups when the model is vmapped over them (the one_program strategy).
     """
 
     vocab_size: int = 256
@@ -66,6 +68,7 @@ class Transformer(nn.Module):
     mlp_dim: int = 128
     num_heads: int = 1
     dropout_rate: float = 0.1
+    layout: Layout | None = None
 
     @nn.compact
     def __call__(self, tokens, heads=None, deterministic: bool = True, return_attention: bool = False):
@@ -76,9 +79,9 @@ class Transformer(nn.Module):
         x = x + pos
         attention = []
         for layer in range(self.num_layers):
-            x, probs = Block(self.width, self.num_heads, self.mlp_dim, self.dropout_rate, name=f"block_{layer}")(
-                x, heads, deterministic
-            )
+            x, probs = Block(
+                self.width, self.num_heads, self.mlp_dim, self.dropout_rate, self.layout, name=f"block_{layer}"
+            )(x, heads, deterministic)
             attention.append(probs)
         logits = dense(self.vocab_size, self.width, "readout")(x)
         if return_attention:

@@ -107,6 +107,11 @@ def train_step(recipe, state: MemberState, consts):
     """One member's step. A non-finite loss or update freezes the member (state unchanged
     from then on) and records the step; other members are unaffected."""
     (loss, aux), grads = jax.value_and_grad(recipe.loss, has_aux=True)(state.params, consts, state.step)
+    return apply_gradients(recipe, state, consts, loss, aux, grads)
+
+
+def apply_gradients(recipe, state: MemberState, consts, loss, aux, grads):
+    """The rest of one member's step once its loss and gradient are known."""
     updates, opt_state = recipe.optimizer(consts).update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     live = ~state.diverged
@@ -126,6 +131,22 @@ def train_step(recipe, state: MemberState, consts):
     )
     metrics = {"loss": jnp.where(live, loss, jnp.nan), **aux}
     return new_state, metrics
+
+
+def members_step(recipe, states: MemberState, consts):
+    """One step of stacked members. A recipe with ``vmap_inside_grad`` (a model that batches
+    over the whole member axis itself, attention.layout_attention) has every member's
+    gradient taken as ONE gradient of the summed member losses, the vmap inside it; members
+    are independent, so the gradient of the sum is each member's own gradient (tested)."""
+    if not getattr(recipe, "vmap_inside_grad", False):
+        return jax.vmap(lambda s, c: train_step(recipe, s, c))(states, consts)
+
+    def total(params):
+        losses, aux = jax.vmap(recipe.loss)(params, consts, states.step)
+        return jnp.sum(losses), (losses, aux)
+
+    (_, (losses, aux)), grads = jax.value_and_grad(total, has_aux=True)(states.params)
+    return jax.vmap(lambda *a: apply_gradients(recipe, *a))(states, consts, losses, aux, grads)
 
 
 def member_status(state: MemberState) -> dict:
@@ -150,17 +171,14 @@ def make_train_chunk(recipe, length: int):
             group_consts = recipe.split(consts)
 
             def body(carry, _):
-                out = [
-                    jax.vmap(lambda s, c, r=r: train_step(r, s, c))(s, c)
-                    for r, s, c in zip(recipe.recipes, carry, group_consts)
-                ]
+                out = [members_step(r, s, c) for r, s, c in zip(recipe.recipes, carry, group_consts)]
                 return tuple(o[0] for o in out), _concat([o[1] for o in out])
 
             final, metrics = jax.lax.scan(body, tuple(recipe.split(states)), None, length=length)
             return _concat(final), metrics
 
         def body(carry, _):
-            return jax.vmap(lambda s, c: train_step(recipe, s, c))(carry, consts)
+            return members_step(recipe, carry, consts)
 
         return jax.lax.scan(body, states, None, length=length)
 
