@@ -43,7 +43,7 @@ from mhjax.models import cost  # noqa: E402
 from mhjax.models.flops import train_step_flops  # noqa: E402
 from mhjax.train.engine import Program, Unrolled  # noqa: E402
 
-DEFAULT_STRATEGIES = "fused,grouped,one_program,fused:btft,fused:bf16,grouped:bf16"
+DEFAULT_STRATEGIES = "fused,grouped,one_program,groups_unrolled,fused:btft,fused:bf16,grouped:bf16,one_program:bf16"
 
 
 def load_config(path):

@@ -18,6 +18,7 @@ the CPU kernel is an opaque custom call whose cost XLA cannot see.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import time
 
@@ -130,6 +131,11 @@ def accuracy(experiment, programs, name: str) -> dict:
     Relative: |loss' - loss| / |loss| and ||grad' - grad|| / ||grad|| (all leaves)."""
     program = programs[0]
     recipe = program.recipe.recipes[-1] if isinstance(program.recipe, engine.Unrolled) else program.recipe
+    if getattr(recipe.model, "layout", None) is not None:
+        # A layout model differentiates only as a vmapped whole; its last member's attention
+        # runs at the last group's static head count: that recipe, alone.
+        recipe = copy.copy(recipe)
+        recipe.model, recipe.static_heads = recipe.model.clone(num_heads=recipe.model.layout[-1][1], layout=None), True
     consts = jax.tree_util.tree_map(jnp.asarray, experiment.member_constants(experiment.members[program.members[-1]]))
     params = recipe.init_params(consts)
 

@@ -77,3 +77,34 @@ def test_roofline_and_sharding_arithmetic():
     apart = cost.sweep_cost(shape, [[(2, 1, False)], [(2, 2, False)]], device)
     assert together["member_steps_per_s"] == pytest.approx(apart["member_steps_per_s"])
     assert together["flops_per_member_step"] == pytest.approx(apart["flops_per_member_step"])
+
+
+def test_cost_model_script_reports_every_strategy_and_variant(tmp_path):
+    """benchmarks/cost_model.py end to end on the tiny config: the JSON keys scripts read, the
+    one_program / grouped ratio, and a variant's accuracy check on the layout model."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import config_source
+
+    config = tmp_path / "tiny.py"
+    config.write_text(config_source(tiny_sequence_config(heads=(1, 2))))
+    out = tmp_path / "cost.json"
+    specs = "fused,grouped,one_program,one_program:bf16"
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "cost_model.py")
+    command = [sys.executable, script, "--config", str(config), "--strategies", specs]
+    subprocess.run([*command, "--json", str(out)], check=True, capture_output=True, timeout=600)
+    payload = json.loads(out.read_text())
+    strategies = payload["strategies"]
+    assert list(strategies) == specs.split(",")
+    keys = ("gflop_per_member_step", "gb_per_member_step", "analytic_gflop_per_member_step")
+    for spec, row in strategies.items():
+        assert all(row[k] > 0 for k in (*keys, "roofline_member_steps_per_s", "compile_s")), spec
+    ratio = payload["one_program_over_grouped"]
+    one, grouped = strategies["one_program"], strategies["grouped"]
+    assert ratio["bytes"] == pytest.approx(one["gb_per_member_step"] / grouped["gb_per_member_step"])
+    assert ratio["flops"] <= 1.25 and ratio["bytes"] <= 1.25
+    # bf16 scores move the step a little, but not nothing and not wildly
+    assert 0 < strategies["one_program:bf16"]["accuracy"]["grad_rel_l2"] < 0.05

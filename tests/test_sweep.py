@@ -261,3 +261,22 @@ def test_other_config_in_workdir_is_refused(tmp_path):
     run(make_experiment(tiny_sequence_config(heads=(1,))), workdir, progress=False, log=lambda m: None)
     with pytest.raises(ConfigError, match="another config"):
         run(make_experiment(tiny_sequence_config(heads=(2,))), workdir, progress=False, log=lambda m: None)
+
+
+def test_one_program_diverging_member_leaves_the_others_exact(monkeypatch):
+    """one_program takes one gradient of the summed member losses: a member whose loss turns
+    non-finite must still be frozen alone, its neighbours training exactly as in grouped."""
+    from mhjax.models import attention
+
+    monkeypatch.setattr(attention, "IMPLEMENTATION", "jax")  # the layout runs on this path only
+    grouped = tiny_sequence_config(heads=(1, 2), learning_rate=(3e-3, 1e30))
+    one = tiny_sequence_config(heads=(1, 2), learning_rate=(3e-3, 1e30))
+    one.strategy = "one_program"
+    sg, tg = train(grouped, steps=6)
+    so, to = train(one, steps=6)
+    [(_, idx, _)] = so.programs
+    diverged = dict(zip(idx, np.asarray(to["all"].diverged).tolist()))
+    for i, m in enumerate(so.experiment.members):
+        assert diverged[i] == (m["learning_rate"] == 1e30), m.name
+        if not diverged[i]:
+            assert_trees_close(member_params(sg, tg, m.name), member_params(so, to, m.name))

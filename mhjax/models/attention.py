@@ -179,8 +179,9 @@ def layout_attention(layout: Layout, q, k, v, fine: int, heads, seeds, threshold
     group by group at static head counts: group g's members (consecutive on the member axis)
     at ``layout[g][1]`` heads with the dropout seeds of those coarse heads, so every member
     computes what plain attention at its own head count does (tested). Reverse mode
-    differentiates a custom_vmap rule only from outside the vmap: such a model's gradient
-    is taken of the summed member losses (engine.members_step)."""
+    differentiates a custom_vmap function only from outside the vmap (neither inside it nor
+    unbatched): such a model's gradient is taken of the summed member losses
+    (engine.members_step); for one member alone, use the plain model at its head count."""
 
     @custom_vmap
     def core(q, k, v, heads, seeds):

@@ -4,7 +4,10 @@ A *recipe* says how ONE member trains (see experiments/): it supplies
 ``init_params(consts)``, ``optimizer(consts)``, ``loss(params, consts, step)`` and
 ``evaluate(params, consts)``, all for ONE member; ``consts`` holds that member's numeric
 settings (keys, head count, learning rate, ...). The engine vmaps them over the member
-axis and jits once per program and chunk length, donating the state buffers.
+axis and jits once per program and chunk length, donating the state buffers. A recipe
+whose model batches over the member axis itself (``vmap_inside_grad``: the one_program
+strategy's attention layout) has the vmap moved inside one gradient of the summed member
+losses (members_step): the same gradients, members being independent.
 
 A program may instead be ``Unrolled(recipes, sizes)``: groups of members written out one
 after another in the same program, each group with its own recipe (vmapped inside the
