@@ -46,6 +46,6 @@ def format_example2(result: dict) -> str:
     return "\n".join(lines)
 
 
-def command(args) -> int:
+def command(args, overrides) -> int:
     print(format_example2(run_example2(args.out)))
     return 0
