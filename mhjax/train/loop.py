@@ -334,6 +334,7 @@ def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from)
         "steps": step,
         "resumed_from_step": resumed_from,
         "backend": jax.default_backend(),
+        **experiment.results_fields(jax.default_backend()),
         "programs": {name: [experiment.members[i].name for i in idx] for name, idx, _ in sweep.programs},
         "members": records,
     }
