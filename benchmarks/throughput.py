@@ -57,7 +57,7 @@ from runners import (  # noqa: E402
     pick_torch_threads,
 )
 
-from mhjax.models import attention as attention_module  # noqa: E402
+from mhjax.experiments.sequence import SequenceExperiment  # noqa: E402
 
 # ---------------------------------------------------------------- measurement
 
@@ -140,10 +140,10 @@ def main(argv=None):
         print(f"[{time.perf_counter() - t0:6.0f}s] {msg}", flush=True)
 
     backend = jax.default_backend()
-    kernel = attention_module.use_cpu_kernel()
+    attention = SequenceExperiment(make_config(HEADS)).attention(backend)
     log(
         f"jax {jax.__version__} on {backend} ({len(jax.devices())} device(s)), {os.cpu_count()} cores; "
-        f"CPU attention kernel: {'on' if kernel else 'off'}"
+        f"attention (config.attention=auto): {attention}"
     )
     config = make_config(HEADS)
     flops = model_flops(config)
@@ -162,22 +162,15 @@ def main(argv=None):
 
     runners = []
     for label in args.strategies.split(","):
-        # "name:impl" times strategy `name` with attention implementation `impl` (auto | kernel
-        # | jax, see mhjax/models/attention.py); programs are traced at warm-up, so the
-        # setting sticks to this runner's compiled programs.
+        # "name:impl" times strategy `name` with config.attention = `impl` (auto | jax |
+        # cpu_kernel | pallas, see mhjax/models/attention.py).
         name, _, impl = label.partition(":")
         log(f"compiling {label} ...")
-        saved = attention_module.IMPLEMENTATION
-        attention_module.IMPLEMENTATION = impl or saved
-        try:
-            if name == "sequential":
-                runner = SequentialRunner(config, label)
-            else:
-                runner = SweepRunner(make_config(HEADS, strategy=name), label)
-            start = time.perf_counter()
-            runner.warm(steps)
-        finally:
-            attention_module.IMPLEMENTATION = saved
+        run_config = make_config(HEADS, strategy="grouped" if name == "sequential" else name)
+        run_config.attention = impl or "auto"
+        runner = SequentialRunner(run_config, label) if name == "sequential" else SweepRunner(run_config, label)
+        start = time.perf_counter()
+        runner.warm(steps)
         runner.compile_s = time.perf_counter() - start
         runners.append(runner)
         log(f"  {name}: first chunk (compile + run) {runner.compile_s:.1f} s")
@@ -288,7 +281,8 @@ def main(argv=None):
             "heads": list(HEADS),
             "dropout": config.model.dropout,
         },
-        "cpu_attention_kernel": kernel,
+        "cpu_attention_kernel": attention == "cpu_kernel",
+        "attention": attention,
         "reps": reps,
         "steps_per_rep": steps,
         "flops_per_member_step": flops,

@@ -137,8 +137,18 @@ def describe_mismatch(stored, target) -> str | None:
     return None
 
 
+# Config fields that choose how a sweep is computed, not what: a run may resume under another
+# (checkpoints hold one entry per member whatever the strategy, devices or attention path).
+HOW_NOT_WHAT = ("attention", "strategy", "devices")
+
+
+def _what(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in HOW_NOT_WHAT} if isinstance(config, dict) else config
+
+
 def check_or_write_metadata(workdir: str, config_dict: dict, kind: str) -> bool:
-    """True if the workdir already belongs to this exact config (resume); writes it if new."""
+    """True if the workdir already belongs to this exact config (resume), up to HOW_NOT_WHAT
+    fields; writes it if new."""
     path = os.path.join(workdir, METADATA)
     current = {"mhjax_version": __version__, "experiment": kind, "config": config_dict}
     if os.path.exists(path):
@@ -156,8 +166,9 @@ def check_or_write_metadata(workdir: str, config_dict: dict, kind: str) -> bool:
                 f"--workdir: {workdir} was written by mhjax {stored.get('mhjax_version')}, this is {__version__}; "
                 "use a new workdir"
             )
-        if stored.get("config") != json.loads(json.dumps(config_dict)):
-            diff = _first_difference(stored.get("config", {}), json.loads(json.dumps(config_dict)))
+        stored_config, config_now = _what(stored.get("config", {})), _what(json.loads(json.dumps(config_dict)))
+        if stored_config != config_now:
+            diff = _first_difference(stored_config, config_now)
             raise ConfigError(
                 f"--workdir: {workdir} holds a run of another config ({diff}); use a new workdir or the same config"
             )

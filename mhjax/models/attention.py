@@ -97,7 +97,8 @@ def resolve_implementation(choice: str, backend: str, length: int) -> str:
         raise ConfigError(f"config.attention: must be one of {', '.join(IMPLEMENTATIONS)}; got {choice!r}")
     if choice == "cpu_kernel" and not (backend == "cpu" and cpu_attention.available()):
         raise ConfigError(
-            f"config.attention: cpu_kernel runs on a CPU with a C++ compiler (backend {backend}); use auto, jax or pallas"
+            f"config.attention: cpu_kernel runs on a CPU with a C++ compiler (here: backend {backend}); "
+            "use auto, jax or pallas"
         )
     if choice == "pallas" and (backend not in ("cpu", "gpu") or not fits):
         raise ConfigError(
