@@ -112,6 +112,7 @@ def run_strategy(config, spec: str, device: cost.Device) -> dict:
         "cost_model_member_steps_per_s": scale("member_steps_per_s", 1),
         "kernel_gb_per_member_step": measured["kernel_bytes_per_member_step"] / 1e9 if kernel else None,
         "kernel_gflop_per_member_step": measured["kernel_flops_per_member_step"] / 1e9 if kernel else None,
+        "gb_by_part_per_member_step": {k: v / 1e9 for k, v in measured["bytes_by_part_per_member_step"].items()},
         "peak_temp_bytes": measured["peak_temp_bytes"],
         "compile_s": measured["compile_s"],
         "programs": measured["programs"],
@@ -168,6 +169,9 @@ def main(argv=None) -> int:
             f"{r['compile_s']:>9.1f} {r['roofline_member_steps_per_s']:>8.0f}",
             flush=True,
         )
+        if r["kernel_gb_per_member_step"] is not None:
+            parts = ", ".join(f"{k} {v:.3f}" for k, v in r["gb_by_part_per_member_step"].items())
+            print(f"{'':<18} GB: kernel {r['kernel_gb_per_member_step']:.3f}; the rest by part (approx.): {parts}")
         if r["accuracy"]:
             print(
                 f"{'':<18} one step against fp32 {strategy_of(spec)}: loss {r['accuracy']['loss_rel_diff']:.1e}, "

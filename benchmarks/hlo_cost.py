@@ -29,6 +29,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+from hlo_parts import bytes_by_part
 
 from mhjax.models import attention, pallas_attention
 from mhjax.train import engine
@@ -149,7 +150,7 @@ def measure(experiment, programs, kernel: bool = False) -> dict:
         raise RuntimeError(f"programs with attention {used} (config.attention): XLA cannot count a kernel")
     members = sum(len(p.members) for p in programs)
     flops = nbytes = compile_s = 0.0
-    peak_temp, each = 0, {}
+    peak_temp, each, parts = 0, {}, {}
     for program in programs:
         consts = stack_constants(experiment, program.members)
         states = jax.eval_shape(engine.make_init(program.recipe), consts)
@@ -158,7 +159,10 @@ def measure(experiment, programs, kernel: bool = False) -> dict:
         compile_s += time.perf_counter() - start
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # older jax: one dict per device
-        unknown = compiled.as_text().count("custom-call(") if kernel else 0  # each counted as -1
+        text = compiled.as_text()
+        unknown = text.count("custom-call(") if kernel else 0  # each counted as -1
+        for part, part_bytes in bytes_by_part(text).items():
+            parts[part] = parts.get(part, 0.0) + part_bytes
         flops += float(cost["flops"]) + unknown
         nbytes += float(cost["bytes accessed"]) + unknown
         each[program.name] = {
@@ -178,6 +182,9 @@ def measure(experiment, programs, kernel: bool = False) -> dict:
         "bytes_per_member_step": nbytes / members,
         "peak_temp_bytes": peak_temp,
         "compile_s": compile_s,
+        # hlo_parts.py's attribution of XLA's bytes to model parts (approximate; the kernel's own
+        # traffic is in kernel_bytes_per_member_step)
+        "bytes_by_part_per_member_step": {k: v / members for k, v in sorted(parts.items(), key=lambda kv: -kv[1])},
         "per_program": each,
     }
 
