@@ -171,11 +171,13 @@ def test_random_init_of_a_head_does_not_depend_on_the_padding():
     config.sweep.heads = (2,)
     narrow = make_experiment(config)
     p_wide = [
-        wide.programs("auto", "cpu")[0][2].init_params(jax.tree_util.tree_map(jnp.asarray, wide.member_constants(m)))
+        wide.programs("auto", "cpu")[0].recipe.init_params(
+            jax.tree_util.tree_map(jnp.asarray, wide.member_constants(m))
+        )
         for m in wide.members
         if m["heads"] == 2
     ][0]
-    p_narrow = narrow.programs("auto", "cpu")[0][2].init_params(
+    p_narrow = narrow.programs("auto", "cpu")[0].recipe.init_params(
         jax.tree_util.tree_map(jnp.asarray, narrow.member_constants(narrow.members[0]))
     )
     for key in ("W", "U"):

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from mhjax.train.engine import Program
+from mhjax.train.engine import Program, TrainedProgram
 from mhjax.train.sweep import Member
 
 
@@ -42,8 +42,10 @@ class Experiment:
         return [f"{m.name:<28} {self.member_info(m)}" for m in self.members]
 
     # -- optional hooks (no-op defaults) ------------------------------------------
-    def extra_results(self, sweep, states) -> dict[int, dict]:
-        """{member index: extra results.json fields} computed from the final states."""
+    def extra_results(self, trained: list[TrainedProgram], loss_curves: dict[int, dict]) -> dict[int, dict]:
+        """{member index: extra results.json fields} computed from the final states: ``trained``
+        holds every program with its stacked constants and states, ``loss_curves`` the exact
+        losses the trainer recorded at ``loss_steps()`` ({member index: {"steps", "values"}})."""
         return {}
 
     def metric_tags(self) -> list[str]:
@@ -57,7 +59,7 @@ class Experiment:
 
     def loss_steps(self) -> list[int]:
         """Steps k at which the trainer records the exact train loss L(theta_k) of every member
-        (results field ``loss_curve``; ``Sweep.loss_curves`` during ``extra_results``)."""
+        (results field ``loss_curve``; handed to ``extra_results``)."""
         return []
 
     def images(self, member_states: dict, step: int) -> dict[str, dict[str, np.ndarray]]:

@@ -32,13 +32,13 @@ class MemberWriters:
         self.root = os.path.join(workdir, "tb")
         self.writers = {name: SummaryWriter(os.path.join(self.root, name), flush_secs=30) for name in names}
 
-    def __getitem__(self, name: str) -> SummaryWriter:
-        return self.writers[name]
-
     def scalars(self, name: str, values: dict, step: int) -> None:
         writer = self.writers[name]
         for tag, value in values.items():
             writer.add_scalar(tag, float(value), step)
+
+    def text(self, name: str, tag: str, text: str, step: int) -> None:
+        self.writers[name].add_text(tag, text, step)
 
     def images(self, name: str, images: dict, step: int) -> None:
         """``images``: {tag: RGB uint8 array (H, W, 3)}."""
@@ -86,6 +86,34 @@ class MemberWriters:
                 writer, session_end_summary("failure" if record.get("status") == "diverged" else "success"), step
             )
         self.flush()
+
+
+class NoWriters:
+    """MemberWriters' stand-in where nothing is written (the non-primary processes of a
+    distributed run): the same methods, each doing nothing."""
+
+    def scalars(self, name: str, values: dict, step: int) -> None:
+        pass
+
+    def text(self, name: str, tag: str, text: str, step: int) -> None:
+        pass
+
+    def images(self, name: str, images: dict, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def start(self, config: dict, hparams: dict[str, dict], step: int = 0) -> None:
+        pass
+
+    def finish(
+        self, records: list[dict], hparams: dict[str, dict], later_tags: list[str], step: int, description: str = ""
+    ) -> None:
+        pass
 
 
 def log_to_run(workdir: str, name: str, scalars: dict, images: dict, step: int) -> None:

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from mhjax.io.checkpoint import SweepCheckpointer, check_or_write_metadata
 from mhjax.io.results import write_results
-from mhjax.io.tensorboard import MemberWriters
+from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.train import engine
 from mhjax.train.placement import Placement
 
@@ -91,14 +91,13 @@ class Sweep:
         return {self.experiment.members[i].name: state for i, state in members.items()}
 
     def stack_members(self, members: dict):
+        names = [m.name for m in self.experiment.members]
         return {
-            name: self.placement.put(
-                jax.tree_util.tree_map(
-                    lambda *xs: np.stack(xs), *[members[self.experiment.members[i].name] for i in idx]
-                ),
-                len(idx),
+            p.name: self.placement.put(
+                jax.tree_util.tree_map(lambda *xs: np.stack(xs), *[members[names[i]] for i in p.members]),
+                len(p.members),
             )
-            for name, idx, _ in self.programs
+            for p in self.programs
         }
 
     def save(self, checkpointer, step: int, states, seconds: dict) -> None:
@@ -110,9 +109,9 @@ class Sweep:
         names = [m.name for m in self.experiment.members]
         unstacked = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), self.abstract_states())
         abstract = {}
-        for name, idx, _ in self.programs:
-            for i in idx:
-                abstract[_key(self.experiment.members[i].name)] = unstacked[name]
+        for p in self.programs:
+            for i in p.members:
+                abstract[_key(self.experiment.members[i].name)] = unstacked[p.name]
         template = {"members": abstract, "seconds": {_key(n): jax.ShapeDtypeStruct((), jnp.float32) for n in names}}
         tree = checkpointer.restore(step, template)
         members = {n: tree["members"][_key(n)] for n in names}
@@ -136,9 +135,9 @@ class Sweep:
 
     def evaluate(self, states):
         out = {}
-        for name, idx, _ in self.programs:
-            metrics = self.host(self._evaluate[name](states[name], self.consts[name]))
-            for j, i in enumerate(idx):
+        for p in self.programs:
+            metrics = self.host(self._evaluate[p.name](states[p.name], self.consts[p.name]))
+            for j, i in enumerate(p.members):
                 out[i] = {k: float(v[j]) for k, v in metrics.items()}
         return out
 
@@ -152,9 +151,9 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
     resuming = check_or_write_metadata(workdir, config.to_dict(), experiment.kind) if primary else True
     sweep = Sweep(experiment)
     if jax.process_count() > 1:
-        for name, idx, _ in sweep.programs:
-            mine = [experiment.members[idx[j]].name for j in sweep.placement.local_members(len(idx))]
-            log(f"process {jax.process_index()}/{jax.process_count()} computes program {name}: {', '.join(mine)}")
+        for p in sweep.programs:
+            mine = [experiment.members[p.members[j]].name for j in sweep.placement.local_members(len(p.members))]
+            log(f"process {jax.process_index()}/{jax.process_count()} computes program {p.name}: {', '.join(mine)}")
     members = experiment.members
     total, chunk = config.train.steps, config.train.chunk_steps
     checkpointer = SweepCheckpointer(workdir)
@@ -165,7 +164,7 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
     else:
         states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
     step = int(latest or 0)
-    writers = MemberWriters(workdir, [m.name for m in members]) if primary else _NoWriters()
+    writers = MemberWriters(workdir, [m.name for m in members]) if primary else NoWriters()
     hparams = {m.name: m.hparams for m in members}
     writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
     reported_divergence, evaluation = set(), None
@@ -249,16 +248,6 @@ def _images(experiment, writers, member_states: dict, step: int, log) -> None:
         log(f"tensorboard: end-of-training images skipped ({type(exc).__name__}: {exc})")
 
 
-class _NoWriters:
-    """TensorBoard stand-in for non-primary processes."""
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
-
-    def __getitem__(self, name):
-        return self
-
-
 def _key(member_name: str) -> str:
     """Checkpoint key of a member: orbax joins nested keys with '.', so none may contain one."""
     return member_name.replace(".", "_")
@@ -284,7 +273,7 @@ def _log_chunk(writers, members, idx, metrics, status, step, reported, log):
                 f"member {members[i].name} diverged at step {int(diverged_at[j])} "
                 "(non-finite loss or parameters); frozen, others continue"
             )
-            writers[members[i].name].add_text("status", f"diverged at step {int(diverged_at[j])}", step)
+            writers.text(members[i].name, "status", f"diverged at step {int(diverged_at[j])}", step)
 
 
 def _record_losses(curves, idx, losses, start, wanted):
@@ -306,10 +295,10 @@ def _log_eval(writers, members, evaluation, step):
 
 def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from):
     records = [None] * len(experiment.members)
-    for name, idx, _ in sweep.programs:
-        s = states[name]
+    for p in sweep.programs:
+        s = states[p.name]
         diverged, diverged_at, steps, losses = sweep.host((s.diverged, s.diverged_at, s.step, s.last_loss))
-        for j, i in enumerate(idx):
+        for j, i in enumerate(p.members):
             member = experiment.members[i]
             record = {"name": member.name, **member.hparams, **experiment.member_info(member)}
             if i in sweep.loss_curves:
@@ -319,13 +308,14 @@ def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from)
                 train_loss=float(losses[j]),
                 **evaluation[i],
                 wall_time_s=seconds[member.name],
-                program=name,
+                program=p.name,
             )
             record["status"] = "diverged" if diverged[j] else "ok"
             if diverged[j]:
                 record["diverged_at_step"] = int(diverged_at[j])
             records[i] = record
-    for i, extra in experiment.extra_results(sweep, states).items():
+    trained = [engine.TrainedProgram(p, sweep.consts[p.name], states[p.name]) for p in sweep.programs]
+    for i, extra in experiment.extra_results(trained, sweep.loss_curves).items():
         records[i].update(extra)
     return {
         "experiment": experiment.kind,
@@ -334,6 +324,6 @@ def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from)
         "steps": step,
         "resumed_from_step": resumed_from,
         "backend": jax.default_backend(),
-        "programs": {name: [experiment.members[i].name for i in idx] for name, idx, _ in sweep.programs},
+        "programs": {p.name: [experiment.members[i].name for i in p.members] for p in sweep.programs},
         "members": records,
     }
