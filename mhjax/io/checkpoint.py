@@ -20,6 +20,12 @@ from mhjax import __version__
 from mhjax.config import ConfigError
 
 METADATA = "mhjax.json"
+RECORDS = "records"  # the host records' item in a step directory, beside the states ("default")
+
+
+def member_key(member_name: str) -> str:
+    """Checkpoint key of a member: orbax joins nested keys with '.', so none may contain one."""
+    return member_name.replace(".", "_")
 
 
 class SweepCheckpointer:
@@ -30,14 +36,49 @@ class SweepCheckpointer:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, enable_async_checkpointing=False, create=True, cleanup_tmp_directories=True
         )
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        # Named items (the states, "default", and the host records) also read a checkpoint saved
+        # before the records existed: its states are the same "default" item.
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("default", RECORDS))
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, step: int, tree) -> None:
-        self.manager.save(step, args=ocp.args.StandardSave(tree), force=True)
+    def save(self, step: int, tree, records: dict | None = None) -> None:
+        """Checkpoint ``step``: ``tree`` (the states) and ``records`` (a JSON object: what the host
+        accumulated) in one step directory, renamed into place only once both are written."""
+        items = {"default": ocp.args.StandardSave(tree)}
+        if records is not None:
+            items[RECORDS] = ocp.args.JsonSave(records)
+        self.manager.save(step, args=ocp.args.Composite(**items), force=True)
         self.manager.wait_until_finished()
+
+    def has_records(self, step: int) -> bool:
+        """Whether checkpoint ``step`` holds host records (checkpoints of mhjax before them do not)."""
+        return os.path.isdir(os.path.join(self.directory, str(step), RECORDS))
+
+    def restore_records(self, step: int) -> dict | None:
+        """The host records saved with checkpoint ``step``, or None when it has none."""
+        if not self.has_records(step):
+            return None
+        where = os.path.join(self.directory, str(step), RECORDS)
+        try:
+            records = self.manager.restore(step, args=ocp.args.Composite(**{RECORDS: ocp.args.JsonRestore()}))[RECORDS]
+        except Exception as exc:
+            detail = " ".join(str(exc).split())[:300]
+            raise ConfigError(f"checkpoint {where}: unreadable ({type(exc).__name__}: {detail})") from None
+        if not isinstance(records, dict):
+            raise ConfigError(f"checkpoint {where}: not a JSON object")
+        return records
+
+    def restore_raw(self, step: int):
+        """Checkpoint ``step``'s tree as saved (numpy leaves), read without a template."""
+        where = os.path.join(self.directory, str(step))
+        _quiet_abandoned_reads()
+        try:
+            return self.manager.restore(step, args=ocp.args.Composite(default=ocp.args.StandardRestore()))["default"]
+        except Exception as exc:
+            detail = " ".join(str(exc).split())[:300]
+            raise ConfigError(f"checkpoint {where}: unreadable ({type(exc).__name__}: {detail})") from None
 
     def restore(self, step: int, abstract_tree):
         """Restore into the structure/shapes of abstract_tree; a mismatch is a one-line ConfigError."""
@@ -56,7 +97,9 @@ class SweepCheckpointer:
         if mismatch:
             raise ConfigError(f"checkpoint {where}: does not match this sweep: {mismatch}")
         try:
-            return self.manager.restore(step, args=ocp.args.StandardRestore(target))
+            return self.manager.restore(step, args=ocp.args.Composite(default=ocp.args.StandardRestore(target)))[
+                "default"
+            ]
         except Exception as exc:  # orbax raises many types for corrupt/mismatched files
             detail = " ".join(str(exc).split())[:300]
             raise ConfigError(

@@ -13,11 +13,12 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from mhjax.io.checkpoint import SweepCheckpointer, check_or_write_metadata
+from mhjax.io.checkpoint import SweepCheckpointer, check_or_write_metadata, member_key
 from mhjax.io.results import write_results
 from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.train import engine
 from mhjax.train.placement import Placement
+from mhjax.train.records import HostRecords
 
 
 class Interrupted(Exception):
@@ -65,9 +66,9 @@ class Sweep:
             p.name: self.placement.put(stack_constants(experiment, p.members), len(p.members)) for p in self.programs
         }
         self._chunks = {}
-        # {member index: {"steps": [...], "values": [...]}}: the exact L(theta_k) at the
-        # experiment's ``loss_steps()``, picked from the chunks' per-step losses on the host.
-        self.loss_curves = {}
+        # What the host accumulates for results.json (the exact losses at the experiment's
+        # loss_steps()), saved with every checkpoint.
+        self.records = HostRecords([m.name for m in experiment.members], experiment.loss_steps())
         self._evaluate = {p.name: engine.make_evaluate(p.recipe) for p in self.programs}
 
     def init_states(self):
@@ -101,21 +102,24 @@ class Sweep:
         }
 
     def save(self, checkpointer, step: int, states, seconds: dict) -> None:
-        members = {_key(k): v for k, v in self.member_states(states).items()}
-        checkpointer.save(step, {"members": members, "seconds": {_key(k): np.float32(v) for k, v in seconds.items()}})
+        members = {member_key(k): v for k, v in self.member_states(states).items()}
+        tree = {"members": members, "seconds": {member_key(k): np.float32(v) for k, v in seconds.items()}}
+        checkpointer.save(step, tree, records=self.records.to_json())
 
     def restore(self, checkpointer, step: int):
-        """(stacked states, {member name: training seconds}) from checkpoint ``step``."""
+        """(stacked states, {member name: training seconds}) from checkpoint ``step``; the host
+        records saved with it replace ``records``."""
         names = [m.name for m in self.experiment.members]
         unstacked = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), self.abstract_states())
         abstract = {}
         for p in self.programs:
             for i in p.members:
-                abstract[_key(self.experiment.members[i].name)] = unstacked[p.name]
-        template = {"members": abstract, "seconds": {_key(n): jax.ShapeDtypeStruct((), jnp.float32) for n in names}}
-        tree = checkpointer.restore(step, template)
-        members = {n: tree["members"][_key(n)] for n in names}
-        return self.stack_members(members), {n: float(tree["seconds"][_key(n)]) for n in names}
+                abstract[member_key(self.experiment.members[i].name)] = unstacked[p.name]
+        seconds = {member_key(n): jax.ShapeDtypeStruct((), jnp.float32) for n in names}
+        tree = checkpointer.restore(step, {"members": abstract, "seconds": seconds})
+        self.records.load_json(checkpointer.restore_records(step), step)
+        members = {n: tree["members"][member_key(n)] for n in names}
+        return self.stack_members(members), {n: float(tree["seconds"][member_key(n)]) for n in names}
 
     def run_chunk(self, program, states, length: int):
         fn = self._chunks.get((program.name, length))
@@ -123,13 +127,22 @@ class Sweep:
             fn = self._chunks[(program.name, length)] = engine.make_train_chunk(program.recipe, length)
         return fn(states, self.consts[program.name])
 
+    def record(self, program, losses, start: int) -> None:
+        """Keep the wanted exact losses of a chunk that started at step ``start`` (host ``losses``:
+        (chunk, members))."""
+        self.records.record_losses(program.members, losses, start)
+
     def train(self, states, steps: int, chunk: int):
-        """Plain training without I/O: advance every program by ``steps``."""
+        """Plain training without I/O: advance every program by ``steps``, recording the losses
+        at the experiment's loss steps like the host loop does."""
+        start = int(np.max(self.host(states[self.programs[0].name].step))) if self.records.wanted.size else 0
         done = 0
         while done < steps:
             n = min(chunk, steps - done)
             for p in self.programs:
-                states[p.name], _ = self.run_chunk(p, states[p.name], n)
+                states[p.name], metrics = self.run_chunk(p, states[p.name], n)
+                if self.records.wanted.size:
+                    self.record(p, self.host(metrics["loss"]), start + done)
             done += n
         return states
 
@@ -161,6 +174,8 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
     if latest is not None:
         states, seconds = sweep.restore(checkpointer, latest)
         log(f"resuming from checkpoint at step {latest}")
+        if sweep.records.starts_at and sweep.records.wanted.size:
+            log(f"checkpoint {latest} predates recorded loss points: loss_curve starts at step {latest}")
     else:
         states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
     step = int(latest or 0)
@@ -168,8 +183,6 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
     hparams = {m.name: m.hparams for m in members}
     writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
     reported_divergence, evaluation = set(), None
-    # A resumed run records only the steps after its checkpoint.
-    wanted = np.array(sorted(set(experiment.loss_steps())), dtype=np.int64)
     started, trained = time.perf_counter(), 0
     evals = sorted(set(experiment.eval_steps()))
     if 0 in evals and step == 0:
@@ -193,7 +206,7 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
                         seconds[members[i].name] += elapsed
                     chunk_time += elapsed
                     _log_chunk(writers, members, idx, metrics, status, step + n, reported_divergence, log)
-                    _record_losses(sweep.loss_curves, idx, metrics["loss"], step, wanted)
+                    sweep.record(program, metrics["loss"], step)
                 rate = n * len(members) / max(chunk_time, 1e-9)
                 for m in members:
                     writers.scalars(m.name, {"perf/member_steps_per_s": rate}, step + n)
@@ -248,11 +261,6 @@ def _images(experiment, writers, member_states: dict, step: int, log) -> None:
         log(f"tensorboard: end-of-training images skipped ({type(exc).__name__}: {exc})")
 
 
-def _key(member_name: str) -> str:
-    """Checkpoint key of a member: orbax joins nested keys with '.', so none may contain one."""
-    return member_name.replace(".", "_")
-
-
 def _crossed(previous: int, step: int, every: int) -> bool:
     return every > 0 and previous // every != step // every
 
@@ -276,18 +284,6 @@ def _log_chunk(writers, members, idx, metrics, status, step, reported, log):
             writers.text(members[i].name, "status", f"diverged at step {int(diverged_at[j])}", step)
 
 
-def _record_losses(curves, idx, losses, start, wanted):
-    """Append L(theta_k) for the wanted k in [start, start + chunk): the scan's row t holds the
-    loss of the step's input, theta_{start+t}."""
-    if not wanted.size:
-        return
-    inside = wanted[(wanted >= start) & (wanted < start + losses.shape[0])]
-    for j, i in enumerate(idx):
-        curve = curves.setdefault(i, {"steps": [], "values": []})
-        curve["steps"] += [int(k) for k in inside]
-        curve["values"] += [float(losses[k - start, j]) for k in inside]
-
-
 def _log_eval(writers, members, evaluation, step):
     for i, m in enumerate(members):
         writers.scalars(m.name, {f"eval/{k.removeprefix('eval_')}": v for k, v in evaluation[i].items()}, step)
@@ -301,8 +297,8 @@ def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from)
         for j, i in enumerate(p.members):
             member = experiment.members[i]
             record = {"name": member.name, **member.hparams, **experiment.member_info(member)}
-            if i in sweep.loss_curves:
-                record["loss_curve"] = sweep.loss_curves[i]
+            if i in sweep.records.loss_curves:
+                record["loss_curve"] = sweep.records.loss_curves[i]
             record.update(
                 steps=int(steps[j]),
                 train_loss=float(losses[j]),
@@ -315,7 +311,7 @@ def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from)
                 record["diverged_at_step"] = int(diverged_at[j])
             records[i] = record
     trained = [engine.TrainedProgram(p, sweep.consts[p.name], states[p.name]) for p in sweep.programs]
-    for i, extra in experiment.extra_results(trained, sweep.loss_curves).items():
+    for i, extra in experiment.extra_results(trained, sweep.records.loss_curves).items():
         records[i].update(extra)
     return {
         "experiment": experiment.kind,
