@@ -15,8 +15,7 @@ from mhjax.analysis.ntk import simplex_margin
 from mhjax.config import ConfigError, load_config_file
 from mhjax.data.mixture import default_mixture_config
 from mhjax.experiments import make_experiment
-from mhjax.io.checkpoint import SweepCheckpointer
-from mhjax.io.curves import read_curves
+from mhjax.io.workdir import Workdir
 from mhjax.models.classifier import classifier_apply, gd_step
 from mhjax.train.loop import Sweep, run
 from tests.conftest import set_field
@@ -88,7 +87,7 @@ def test_results_have_the_mixture_fields_and_figures(swept):
     with open(os.path.join(workdir, "mixture_summary.md")) as f:
         summary = f.read().split("## Training rate")[0]  # the main table; the rate table follows
     assert summary.count("\n| 8 | 1 | ") == 2 and summary.count("\n| 16 | 1 | ") == 2  # a row per (n, H)
-    steps, losses = read_curves(workdir, ["h2-n8-s0"], ["train/loss"])["h2-n8-s0"]["train/loss"]
+    steps, losses = Workdir(workdir).curves("h2-n8-s0")["train/loss"]
     assert list(steps) == [10, 20] and np.all(np.isfinite(losses)) and losses[1] < losses[0]
 
 
@@ -131,7 +130,7 @@ def test_padded_member_equals_the_plain_model(swept):
     experiment, workdir, payload = swept
     member, X, y, theta0, theta = plain_member(experiment, "h2-n8-s0")
     sweep = Sweep(experiment)
-    checkpointer = SweepCheckpointer(workdir)
+    checkpointer = Workdir(workdir).checkpointer()
     try:
         states, _ = sweep.restore(checkpointer, STEPS)
     finally:

@@ -195,9 +195,9 @@ def test_diverging_member_is_frozen_and_reported(tmp_path):
     assert good["status"] == "ok" and np.isfinite(good["train_loss"])
     # Frozen: the diverged member's checkpointed params are finite (the bad update was rejected).
     sweep = Sweep(make_experiment(config), backend="cpu")
-    from mhjax.io.checkpoint import SweepCheckpointer
+    from mhjax.io.workdir import Workdir
 
-    ckpt = SweepCheckpointer(str(tmp_path / "w"))
+    ckpt = Workdir(tmp_path / "w").checkpointer()
     states, _ = sweep.restore(ckpt, ckpt.latest_step())
     params = member_params(sweep, states, bad["name"])
     assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(params))

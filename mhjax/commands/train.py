@@ -14,6 +14,7 @@ import jax
 from mhjax.config import ConfigError, apply_overrides, load_config_file
 from mhjax.experiments import make_experiment
 from mhjax.io.lock import WorkdirLock
+from mhjax.io.workdir import Workdir
 from mhjax.train.loop import Interrupted, run
 from mhjax.train.placement import maybe_initialize_distributed
 
@@ -72,19 +73,22 @@ def command(args, overrides) -> int:
     if args.dry_run:
         print(describe(experiment, jax.default_backend()))
         return 0
-    workdir = args.workdir or os.path.join(
-        "runs", f"{os.path.splitext(os.path.basename(args.config))[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
+    workdir = Workdir(
+        args.workdir
+        or os.path.join(
+            "runs", f"{os.path.splitext(os.path.basename(args.config))[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
+        )
     )
     maybe_initialize_distributed(args.coordinator, args.num_processes, args.process_id, args.distributed)
     # Several processes of one distributed run share the workdir: process 0 holds the lock and the log.
     primary = jax.process_index() == 0
     lock = WorkdirLock(workdir, "train", create=True) if primary else contextlib.nullcontext()
-    logs = library_logs(os.path.join(workdir, "mhjax.log")) if primary else contextlib.nullcontext()
+    logs = library_logs(workdir.log_path) if primary else contextlib.nullcontext()
     with lock, logs:
         try:
             payload = run(experiment, workdir, progress=not args.no_progress, log=lambda m: print(m, file=sys.stderr))
         except Interrupted as exc:
             print(f"mhjax: {exc}", file=sys.stderr)
             return 130
-    print(f"results: {os.path.join(workdir, 'results.json')} ({len(payload['members'])} members)")
+    print(f"results: {workdir.results_path} ({len(payload['members'])} members)")
     return 0

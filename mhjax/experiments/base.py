@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from mhjax.io.workdir import Workdir
 from mhjax.train.engine import Program, TrainedProgram
 from mhjax.train.sweep import Member
 
@@ -67,5 +68,6 @@ class Experiment:
         ``member_states`` maps member names to their own host MemberState."""
         return {}
 
-    def finalize(self, workdir: str, payload: dict) -> None:
-        """Experiment-specific files (figures, summaries) once results.json is written."""
+    def finalize(self, workdir: Workdir, payload: dict) -> None:
+        """Experiment-specific files (figures, summaries: ``workdir.file(name)``) once the results
+        are written (``payload``: what results.json holds)."""

@@ -61,6 +61,7 @@ from mhjax.analysis import ntk
 from mhjax.data.mixture import DATA_FIELDS, HostSampler, MixtureConfigError, validate_mixture_config
 from mhjax.experiments import mixture_results
 from mhjax.experiments.base import Experiment
+from mhjax.io.workdir import Workdir
 from mhjax.models import classifier
 from mhjax.plotting.mixture import write_figures_and_summary
 from mhjax.train.engine import Program, Recipe, TrainedProgram
@@ -361,7 +362,7 @@ class MixtureExperiment(Experiment):
             )
         ]
 
-    def finalize(self, workdir: str, payload: dict) -> None:
+    def finalize(self, workdir: Workdir, payload: dict) -> None:
         """Figures (PNG) and mixture_summary.md in the workdir."""
         write_figures_and_summary(
             workdir, payload["members"], chunk_steps=int(self.config.train.chunk_steps), init=self.config.init.scheme

@@ -1,13 +1,11 @@
-"""Sweep checkpoints with orbax: atomic step directories under W/checkpoints.
+"""Sweep checkpoints with orbax: atomic step directories (a workdir's checkpoints folder, io/workdir.py).
 
-One checkpoint holds every program's stacked member states plus per-program
-training seconds. W/mhjax.json records the mhjax version and the resolved config;
-a workdir written with another version or config is refused rather than mixed.
+One checkpoint holds every member's own state and training seconds, and beside them, in the
+same step directory, the host records (train/records.py).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -16,10 +14,8 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from mhjax import __version__
 from mhjax.config import ConfigError
 
-METADATA = "mhjax.json"
 RECORDS = "records"  # the host records' item in a step directory, beside the states ("default")
 
 
@@ -29,8 +25,8 @@ def member_key(member_name: str) -> str:
 
 
 class SweepCheckpointer:
-    def __init__(self, workdir: str, keep: int = 2):
-        self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    def __init__(self, directory: str, keep: int = 2):
+        self.directory = os.path.abspath(directory)
         # A save killed before its final rename leaves only a *.orbax-checkpoint-tmp dir, never a
         # step: latest_step() ignores it, and it is removed here and when that step is saved again.
         options = ocp.CheckpointManagerOptions(
@@ -178,51 +174,3 @@ def describe_mismatch(stored, target) -> str | None:
         if have[name][1] is not None and dtype is not None and have[name][1] != dtype:
             return f"{name} has dtype {have[name][1]} in the checkpoint, this config needs {dtype}"
     return None
-
-
-def check_or_write_metadata(workdir: str, config_dict: dict, kind: str) -> bool:
-    """True if the workdir already belongs to this exact config (resume); writes it if new."""
-    path = os.path.join(workdir, METADATA)
-    current = {"mhjax_version": __version__, "experiment": kind, "config": config_dict}
-    if os.path.exists(path):
-        try:
-            with open(path) as f:
-                stored = json.load(f)
-            if not isinstance(stored, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, ValueError) as exc:  # ValueError: JSON and UTF-8 decoding errors
-            raise ConfigError(
-                f"--workdir: {path} is unreadable ({exc.__class__.__name__}); use a new workdir"
-            ) from None
-        if stored.get("mhjax_version") != __version__:
-            raise ConfigError(
-                f"--workdir: {workdir} was written by mhjax {stored.get('mhjax_version')}, this is {__version__}; "
-                "use a new workdir"
-            )
-        if stored.get("config") != json.loads(json.dumps(config_dict)):
-            diff = _first_difference(stored.get("config", {}), json.loads(json.dumps(config_dict)))
-            raise ConfigError(
-                f"--workdir: {workdir} holds a run of another config ({diff}); use a new workdir or the same config"
-            )
-        return True
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise ConfigError(f"--workdir: {workdir} exists and is not a folder")
-    tmp = path + ".tmp"
-    try:
-        os.makedirs(workdir, exist_ok=True)
-        with open(tmp, "w") as f:  # atomic: a kill leaves at most the .tmp, never a half mhjax.json
-            json.dump(current, f, indent=2, sort_keys=True)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise ConfigError(f"--workdir: cannot write {path} ({type(exc).__name__}: {exc.strerror or exc})") from None
-    return False
-
-
-def _first_difference(a, b, prefix="config") -> str:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            if key not in a or key not in b:
-                return f"{prefix}.{key} present in only one"
-            if a[key] != b[key]:
-                return _first_difference(a[key], b[key], f"{prefix}.{key}")
-    return f"{prefix}: stored {a!r}, now {b!r}"

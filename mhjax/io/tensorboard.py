@@ -1,4 +1,4 @@
-"""One TensorBoard run per sweep member at W/tb/<member-name>, written without TensorFlow.
+"""One TensorBoard run per sweep member (W/tb/<member-name>: io/workdir.py), written without TensorFlow.
 
 The writer takes names, numbers, text and images only (it knows nothing of models or
 analysis). Each run holds, besides the training/evaluation scalars the host loop logs:
@@ -28,8 +28,9 @@ _NOT_METRICS = {"name", "program", "status", "steps", "params", "diverged_at_ste
 
 
 class MemberWriters:
-    def __init__(self, workdir: str, names: list[str]):
-        self.root = os.path.join(workdir, "tb")
+    def __init__(self, root: str, names: list[str]):
+        """``root``: the folder of the runs (``Workdir.tensorboard_dir``)."""
+        self.root = root
         self.writers = {name: SummaryWriter(os.path.join(self.root, name), flush_secs=30) for name in names}
 
     def scalars(self, name: str, values: dict, step: int) -> None:
@@ -116,9 +117,9 @@ class NoWriters:
         pass
 
 
-def log_to_run(workdir: str, name: str, scalars: dict, images: dict, step: int) -> None:
-    """Append scalars and images ({tag: RGB uint8 (H, W, 3)}) to member ``name``'s run of ``workdir``."""
-    writer = SummaryWriter(os.path.join(workdir, "tb", name), flush_secs=30)
+def log_to_run(run_dir: str, scalars: dict, images: dict, step: int) -> None:
+    """Append scalars and images ({tag: RGB uint8 (H, W, 3)}) to the run at ``run_dir`` (``Workdir.run_dir``)."""
+    writer = SummaryWriter(run_dir, flush_secs=30)
     try:
         for tag, value in scalars.items():
             writer.add_scalar(tag, float(value), step)

@@ -13,9 +13,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from mhjax.io.checkpoint import SweepCheckpointer, check_or_write_metadata, member_key
-from mhjax.io.results import write_results
+from mhjax.io.checkpoint import member_key
 from mhjax.io.tensorboard import MemberWriters, NoWriters
+from mhjax.io.workdir import Workdir
 from mhjax.train import engine
 from mhjax.train.placement import Placement
 from mhjax.train.records import HostRecords
@@ -155,13 +155,14 @@ class Sweep:
         return out
 
 
-def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
-    """Train (or resume) the sweep in ``workdir``; returns the results payload."""
+def run(experiment, workdir, progress: bool = True, log=print) -> dict:
+    """Train (or resume) the sweep in ``workdir`` (a Workdir or its path); returns the results payload."""
+    workdir = Workdir.of(workdir)
     config = experiment.config
     # With several processes (jax.distributed) only process 0 writes metadata, logs and results;
     # every process takes part in checkpoints (orbax coordinates them).
     primary = jax.process_index() == 0
-    resuming = check_or_write_metadata(workdir, config.to_dict(), experiment.kind) if primary else True
+    resuming = workdir.check_or_write_metadata(config.to_dict(), experiment.kind) if primary else True
     sweep = Sweep(experiment)
     if jax.process_count() > 1:
         for p in sweep.programs:
@@ -169,7 +170,7 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
             log(f"process {jax.process_index()}/{jax.process_count()} computes program {p.name}: {', '.join(mine)}")
     members = experiment.members
     total, chunk = config.train.steps, config.train.chunk_steps
-    checkpointer = SweepCheckpointer(workdir)
+    checkpointer = workdir.checkpointer()
     latest = checkpointer.latest_step() if resuming else None
     if latest is not None:
         states, seconds = sweep.restore(checkpointer, latest)
@@ -179,7 +180,7 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
     else:
         states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
     step = int(latest or 0)
-    writers = MemberWriters(workdir, [m.name for m in members]) if primary else NoWriters()
+    writers = MemberWriters(workdir.tensorboard_dir, [m.name for m in members]) if primary else NoWriters()
     hparams = {m.name: m.hparams for m in members}
     writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
     reported_divergence, evaluation = set(), None
@@ -235,7 +236,7 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
             evaluation = sweep.evaluate(states)
         payload = _results(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
         if primary:
-            write_results(workdir, payload)
+            workdir.write_results(payload)
         description = f"{payload['title']}: {len(members)} members, {step} steps"
         writers.finish(payload["members"], hparams, experiment.metric_tags(), step, description)
         # Host copies are gathered by EVERY process (a collective); then only process 0 draws.
