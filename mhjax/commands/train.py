@@ -14,6 +14,7 @@ import jax
 from mhjax.config import ConfigError, apply_overrides, load_config_file
 from mhjax.experiments import make_experiment
 from mhjax.io.lock import WorkdirLock
+from mhjax.io.results import WriteFailed
 from mhjax.io.workdir import Workdir
 from mhjax.train.loop import Interrupted, run
 from mhjax.train.placement import maybe_initialize_distributed
@@ -31,6 +32,11 @@ def describe(experiment, backend: str) -> str:
     return "\n".join([header] + experiment.describe(backend))
 
 
+class _QuietFileHandler(logging.FileHandler):
+    def handleError(self, record):  # a full disk loses these logs, not the command's one-line error
+        pass
+
+
 @contextlib.contextmanager
 def library_logs(path: str):
     """Python logging (absl, orbax) off the console: its warnings mean nothing to a user. Records
@@ -40,7 +46,7 @@ def library_logs(path: str):
     saved = root.handlers[:], root.level
     for handler in saved[0]:
         root.removeHandler(handler)
-    file = logging.FileHandler(path, delay=True)  # the file appears with its first record
+    file = _QuietFileHandler(path, delay=True)  # the file appears with its first record
     file.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     memory = logging.handlers.MemoryHandler(capacity=1000, flushLevel=logging.CRITICAL + 1, target=file)
     root.addHandler(memory)
@@ -90,5 +96,8 @@ def command(args, overrides) -> int:
         except Interrupted as exc:
             print(f"mhjax: {exc}", file=sys.stderr)
             return 130
+        except WriteFailed as exc:  # a full disk: one line naming the file; the last checkpoint holds
+            print(f"mhjax: error: {exc}", file=sys.stderr)
+            return 1
     print(f"results: {workdir.results_path} ({len(payload['members'])} members)")
     return 0

@@ -15,6 +15,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from mhjax.config import ConfigError
+from mhjax.io.results import WriteFailed, os_error_in
 
 RECORDS = "records"  # the host records' item in a step directory, beside the states ("default")
 
@@ -45,8 +46,19 @@ class SweepCheckpointer:
         items = {"default": ocp.args.StandardSave(tree)}
         if records is not None:
             items[RECORDS] = ocp.args.JsonSave(records)
-        self.manager.save(step, args=ocp.args.Composite(**items), force=True)
-        self.manager.wait_until_finished()
+        previous = self.latest_step()
+        try:
+            self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+            self.manager.wait_until_finished()
+        except Exception as exc:
+            cause = os_error_in(exc)
+            if cause is None:
+                raise
+            # orbax writes into a temporary folder renamed into place only when complete: the
+            # previous checkpoint is still the latest, and the next run removes the leftovers.
+            kept = f"checkpoint {previous} stays the latest" if previous is not None else "no checkpoint yet"
+            hint = f"; {kept}: free some space and run the same command to resume"
+            raise WriteFailed(os.path.join(self.directory, str(step)), cause, hint) from None
 
     def has_records(self, step: int) -> bool:
         """Whether checkpoint ``step`` holds host records (checkpoints of mhjax before them do not)."""

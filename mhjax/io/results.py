@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -42,11 +43,48 @@ def write_json(path: str, payload, sort_keys: bool = False) -> None:
 
 
 def write_text(path: str, text: str) -> None:
-    """Write ``text`` atomically (a temporary file renamed into place)."""
+    """Write ``text`` atomically (a temporary file renamed into place): a kill or a full disk
+    leaves the old file (the temporary one is removed); failing raises WriteFailed naming ``path``."""
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise WriteFailed(path, exc) from None
+
+
+class WriteFailed(OSError):
+    """A file could not be written (a full disk, a quota, permissions): one line naming it and
+    what still holds (``hint``). ``errno`` is the cause's (ENOSPC for a full disk)."""
+
+    def __init__(self, path: str, cause: BaseException, hint: str = ""):
+        code = getattr(cause, "errno", None) or (errno.ENOSPC if _disk_full(cause) else errno.EIO)
+        super().__init__(code, os.strerror(code), str(path))
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename} ({self.strerror}){self.hint}"
+
+
+def _disk_full(exc: BaseException) -> bool:
+    return "No space left on device" in str(exc)
+
+
+def os_error_in(exc: BaseException) -> BaseException | None:
+    """The OSError behind ``exc`` (itself, its cause or context), or an error that reports a full
+    disk in words (tensorstore's); None when ``exc`` is not about the file system."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) or _disk_full(exc):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _fmt(value) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -28,10 +29,32 @@ _NOT_METRICS = {"name", "program", "status", "steps", "params", "diverged_at_ste
 
 
 class MemberWriters:
-    def __init__(self, root: str, names: list[str]):
-        """``root``: the folder of the runs (``Workdir.tensorboard_dir``)."""
+    def __init__(self, root: str, names: list[str], log=None):
+        """``root``: the folder of the runs (``Workdir.tensorboard_dir``). A run that cannot be
+        written (a full disk) loses its events from then on, says so once through ``log`` and
+        never stops the training: TensorBoard is a view of it, not its record."""
         self.root = root
-        self.writers = {name: SummaryWriter(os.path.join(self.root, name), flush_secs=30) for name in names}
+        self.log = log or (lambda message: print(message, file=sys.stderr))
+        self.lost: dict[str, str] = {}  # member -> why its events are no longer written
+        self.writers = {name: self._open(name) for name in names}
+
+    def _open(self, name: str) -> SummaryWriter:
+        path = os.path.join(self.root, name)
+        try:
+            writer = SummaryWriter(path, flush_secs=30)
+        except OSError as exc:
+            self._lose(name, exc)
+            return SummaryWriter(path, write_to_disk=False)  # the same methods, writing nothing
+        _guard(writer, lambda exc: self._lose(name, exc))
+        return writer
+
+    def _lose(self, name: str, exc: BaseException) -> None:
+        if name not in self.lost:
+            self.lost[name] = f"{type(exc).__name__}: {exc}"
+            self.log(
+                f"tensorboard: events of {name} are lost from here on ({self.lost[name]}); "
+                "training goes on, checkpoints and results are not affected"
+            )
 
     def scalars(self, name: str, values: dict, step: int) -> None:
         writer = self.writers[name]
@@ -87,6 +110,43 @@ class MemberWriters:
                 writer, session_end_summary("failure" if record.get("status") == "diverged" else "success"), step
             )
         self.flush()
+
+
+class _GuardedEvents:
+    """A run's event file whose failing write (a full disk) reports once and drops the run's
+    later events. Unguarded, tensorboardX's writer thread dies with a traceback, and its queue,
+    no longer emptied, blocks the training loop once full; a failed flush raises in the loop."""
+
+    def __init__(self, events, on_error):
+        self.events, self.on_error, self.failed = events, on_error, False
+
+    def _guarded(self, write) -> None:
+        if self.failed:
+            return
+        try:
+            write()
+        except OSError as exc:
+            self.failed = True
+            self.on_error(exc)
+
+    def write_event(self, event) -> None:
+        self._guarded(lambda: self.events.write_event(event))
+
+    def flush(self) -> None:
+        self._guarded(self.events.flush)
+
+    def close(self) -> None:
+        self._guarded(self.events.close)
+
+
+def _guard(writer: SummaryWriter, on_error) -> None:
+    """Route every write of ``writer``'s event file, from its thread and from ours, through
+    _GuardedEvents (tensorboardX 2.x: FileWriter.event_writer is the EventFileWriter whose
+    ``_ev_writer`` the caller and whose ``_worker._record_writer`` the thread write to)."""
+    events = writer._get_file_writer().event_writer
+    guarded = _GuardedEvents(events._ev_writer, on_error)
+    events._ev_writer = guarded
+    events._worker._record_writer = guarded
 
 
 class NoWriters:

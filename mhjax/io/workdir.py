@@ -23,7 +23,7 @@ import os
 
 from mhjax import __version__
 from mhjax.config import ConfigError
-from mhjax.io.results import json_ready, markdown_table, write_json, write_text
+from mhjax.io.results import WriteFailed, json_ready, markdown_table, write_json, write_text
 
 ANALYSIS_FILES = {"json": "analysis.json", "md": "analysis.md", "png": "analysis.png"}
 
@@ -254,8 +254,12 @@ class Workdir:
     def write_results(self, payload: dict) -> None:
         """results.json (atomically) and its Markdown table results.md."""
         members = [{k: json_ready(v) for k, v in m.items()} for m in payload["members"]]
-        write_json(self.results_path, {**payload, "members": members})
-        write_text(self.file(self.RESULTS_TABLE), markdown_table(members, payload.get("title", "Results")))
+        try:
+            write_json(self.results_path, {**payload, "members": members})
+            write_text(self.file(self.RESULTS_TABLE), markdown_table(members, payload.get("title", "Results")))
+        except WriteFailed as exc:
+            exc.hint = "; training is done and checkpointed: free some space and run the same command to write it"
+            raise
         self._read.pop(self.results_path, None)
 
     def check_or_write_metadata(self, config_dict: dict, kind: str) -> bool:

@@ -180,7 +180,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     else:
         states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
     step = int(latest or 0)
-    writers = MemberWriters(workdir.tensorboard_dir, [m.name for m in members]) if primary else NoWriters()
+    names = [m.name for m in members]
+    writers = MemberWriters(workdir.tensorboard_dir, names, log=log) if primary else NoWriters()
     hparams = {m.name: m.hparams for m in members}
     writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
     reported_divergence, evaluation = set(), None
