@@ -15,8 +15,9 @@ Mixing time and minimax fidelity of every layer's combined attention operator
 mixing capped at 100 steps on the reference chain), and token accuracy, in eval
 mode. Either one released PyTorch checkpoint (--torch-checkpoint, --heads,
 --task, --out) or every member of a trained sweep (--workdir; also logs scalars
-and attention heatmaps to the members' TensorBoard runs). Writes
-analysis.json, analysis.md and analysis.png."""
+and attention heatmaps to the members' TensorBoard runs). Also head ablation
+(loss and accuracy with each head removed / kept alone) and attention rollout.
+Writes analysis.json, analysis.md and analysis.png."""
 
 
 class _Parser(argparse.ArgumentParser):
