@@ -99,7 +99,7 @@ def _fmt(value, fmt: str, scale: float = 1.0) -> str:
 
 def member_lines(entry: dict) -> list[str]:
     """analysis.md lines of one model: loss, rollout and, when ablated, per layer the best head
-    kept alone and the head whose removal costs the most accuracy."""
+    kept alone and the head whose removal raises the loss most."""
     if "rollout_min" not in entry:
         return []
     lines = [
@@ -108,7 +108,7 @@ def member_lines(entry: dict) -> list[str]:
         f"{_fmt(entry.get('rollout_min_mean_heads'), '{:.3f}', 100.0)}% (mean of heads).",
         "",
         "| layer | rollout min % | ρ(rollout, fidelity) | accuracy synergy, points | best head alone: accuracy % "
-        "| most needed head: accuracy without it % | ρ(β, loss increase without the head) |",
+        "| most needed head (largest loss without it): accuracy without it % | ρ(β, loss increase without the head) |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for layer in entry["layers"]:
@@ -118,7 +118,8 @@ def member_lines(entry: dict) -> list[str]:
             only, without = ablation["accuracy_only"], ablation["accuracy_without"]
             h = max(range(len(only)), key=only.__getitem__)
             best = f"head {h}: {100 * only[h]:.2f}"
-            h = min(range(len(without)), key=without.__getitem__)
+            losses = ablation["loss_without"]
+            h = max(range(len(losses)), key=losses.__getitem__)  # the costliest removal, by loss
             needed = f"head {h}: {100 * without[h]:.2f}"
         lines.append(
             f"| {layer['layer']} | {_fmt(layer.get('rollout_min'), '{:.3f}', 100.0)} "
