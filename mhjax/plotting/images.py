@@ -44,13 +44,13 @@ def attention_grid(
 def sink_row_image(rows: np.ndarray, strip_height: int = 24, max_width: int = 800) -> np.ndarray:
     """One RGB uint8 image (HWC) of the attention rollout's sink row: one strip per layer (top:
     through layer 0), one cell per input position (left: position 0). Each strip is scaled by
-    its own maximum (the sink's own entry, at least 2^-(l+1), would otherwise hide the rest)
-    through the viridis colour map; strips are separated by white lines."""
+    its largest entry other than the sink's own (which, at least 2^-(l+1), would hide the rest;
+    it shows saturated) through the viridis colour map; strips are separated by white lines."""
     from matplotlib import colormaps
 
     rows = np.atleast_2d(np.asarray(rows, np.float64))
     L, T = rows.shape
-    peak = np.max(rows, axis=1, keepdims=True)
+    peak = np.max(rows[:, :-1] if T > 1 else rows, axis=1, keepdims=True)
     scaled = np.clip(rows / np.where(peak > 0, peak, 1.0), 0.0, 1.0)
     cell, height, gap = max(1, min(32, max_width // T)), strip_height, 2
     canvas = np.ones((L * height + (L - 1) * gap, T * cell, 3))
