@@ -110,6 +110,8 @@ def head_ablation(
     """
     tokens, targets = np.asarray(tokens, np.int32), np.asarray(targets, np.int32)
     weights = np.ones(tokens.shape, np.float32) if weights is None else np.asarray(weights, np.float32)
+    if weights.shape != tokens.shape or not weights.sum() > 0 or (weights < 0).any():
+        raise ValueError(f"weights: need nonnegative (N, T) = {tokens.shape} with a positive sum, got {weights.shape}")
     N, T = tokens.shape
     L = sizes["num_layers"]
     bs = max(1, min(int(batch_size), N))
