@@ -219,6 +219,7 @@ def test_help_lists_every_option(capsys):
         "--chain",
         "--exclude-sink",
         "--no-tensorboard",
+        "--no-ablation",
     ):
         assert opt in text
     assert "(default: 50)" in text
