@@ -203,7 +203,7 @@ def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
             ax.plot(
                 steps,
                 values * (100 if "accuracy" in tag else 1),
-                marker="o",
+                marker="o" if len(steps) <= 30 else None,  # per-step training losses: a line
                 ms=3,
                 color=colours.get(heads),
                 ls=styles[seeds.index(m.get("seed")) % len(styles)],
@@ -214,6 +214,8 @@ def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
             ylabel=label + (" %" if "accuracy" in tag else ""),
             title=f"{task}: {label}" if task else label,
         )
+        if "accuracy" in tag:
+            ax.set_ylim(top=100)
         ax.grid(alpha=0.3)
         if c == ncols - 1 or n == len(panels) - 1:
             ax.legend(fontsize="small")
@@ -233,14 +235,9 @@ def _per_layer(ax, by_heads: dict, key: str, scale: float, colours: dict, bars: 
         sd = np.nanstd(values, axis=0) if len(entries) > 1 else None
         if bars:
             width = 0.8 / n
-            ax.bar(
-                layers + (k - (n - 1) / 2) * width,
-                mean,
-                width,
-                yerr=sd,
-                color=colours[heads],
-                label=heads_label(heads),
-            )
+            x = layers + (k - (n - 1) / 2) * width
+            ax.bar(x, mean, width, yerr=sd, color=colours[heads], label=heads_label(heads))
+            ax.plot(x, mean, ls="none", marker="o", ms=3, color=colours[heads], clip_on=False)  # a 0% bar shows too
         else:
             ax.errorbar(layers, mean, yerr=sd, marker="o", capsize=3, color=colours[heads], label=heads_label(heads))
     ax.set_xticks(np.arange(max(len(e["layers"]) for entries in by_heads.values() for e in entries)))
@@ -268,16 +265,20 @@ def plot_mixing_fidelity(analysis: dict, path: str) -> bool:
 
 
 def plot_synergy(analysis: dict, path: str) -> bool:
-    by_task = _analysis_by_task_heads(analysis)
+    """Bars per layer and head count of more than one head (with one, the combined operator is that
+    head: it never beats it, and a bar of 0 would stand for nothing)."""
+    every = _analysis_by_task_heads(analysis)
+    colours = heads_colours([h for by_heads in every.values() for h in by_heads])  # as in the other figures
+    by_task = {task: {h: entries for h, entries in by_heads.items() if h != 1} for task, by_heads in every.items()}
+    by_task = {task: by_heads for task, by_heads in by_task.items() if by_heads}
     if not by_task:
         return False
     plt = pyplot()
-    colours = heads_colours([h for by_heads in by_task.values() for h in by_heads])
     fig, axes = plt.subplots(1, len(by_task), figsize=(5 * len(by_task), 3.4), squeeze=False)
     for c, (task, by_heads) in enumerate(by_task.items()):
         ax = axes[0][c]
         _per_layer(ax, by_heads, "combined_beats_best_share", 100.0, colours, bars=True)
-        ax.set(ylabel="% of sequences", ylim=(0, 105), title=f"{task}: combined operator beats best single head")
+        ax.set(ylabel="% of sequences", ylim=(0, 100), title=f"{task}: combined operator beats best single head")
         ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
