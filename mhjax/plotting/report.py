@@ -190,7 +190,6 @@ def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
     styles = ["-", "--", ":", "-."]
     for n, (task, tag, label) in enumerate(panels):
         ax = axes.flat[n]
-        c = n % ncols
         labelled = set()
         for m in members:
             if str(m.get("task", "")) != task or tag not in curves.get(m["name"], {}):
@@ -217,10 +216,20 @@ def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
         if "accuracy" in tag:
             ax.set_ylim(top=100)
         ax.grid(alpha=0.3)
-        if c == ncols - 1 or n == len(panels) - 1:
-            ax.legend(fontsize="small")
+    # one legend for every panel, right of them: inside, it covers the curves' ends
+    legend = {}
+    for ax in axes.flat[: len(panels)]:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(text, handle)
+    if len(seeds) > 1:
+        from matplotlib.lines import Line2D
+
+        for k, seed in enumerate(seeds):
+            legend[f"seed {seed}"] = Line2D([], [], color="0.3", ls=styles[k % len(styles)])
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    if legend:
+        fig.legend(legend.values(), legend.keys(), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -257,9 +266,13 @@ def plot_mixing_fidelity(analysis: dict, path: str) -> bool:
         axes[r][0].set(ylabel="mixing time (steps to sink)", title=f"{task}: mixing time")
         _per_layer(axes[r][1], by_heads, "fidelity_pct_mean", 1.0, colours)
         axes[r][1].set(ylabel="minimax fidelity %", title=f"{task}: minimax fidelity")
-        axes[r][1].legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    legend = {}  # every head count once, right of the panels
+    for ax in axes[:, 1]:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(text, handle)
+    fig.legend(legend.values(), legend.keys(), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -281,6 +294,8 @@ def plot_synergy(analysis: dict, path: str) -> bool:
         ax.set(ylabel="% of sequences", ylim=(0, 100), title=f"{task}: combined operator beats best single head")
         ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    if any(1 in by_heads for by_heads in every.values()):
+        fig.text(0.01, -0.01, "1 head not shown: its combined operator is that head.", fontsize="small", va="top")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
