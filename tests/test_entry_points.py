@@ -72,7 +72,7 @@ def test_analyze_workdir(trained):
     for member in MEMBERS:  # each member's accuracy once, on sequences the output names
         assert (out + err).count(member) == 1, out + err
     assert "on 4 random sequences of length 8 (--seed 3)" in out
-    assert "its 8 held-out sequences" in out  # train's eval_accuracy: data.num_eval = 8
+    assert "held-out set, 8 sequences per task and seed" in out  # train's eval_accuracy: data.num_eval = 8
 
 
 @runs("analyze")

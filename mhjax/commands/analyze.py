@@ -244,10 +244,10 @@ def sequences_text(source: dict, count: int, length: int) -> str:
 def held_out_note(workdir: str) -> str:
     """Why these accuracies differ from train's eval_accuracy (results.json, report)."""
     data = read_workdir_json(workdir, METADATA, "not a mhjax sweep workdir").get("config", {}).get("data", {})
-    held_out = f"its {data['num_eval']} held-out sequences" if "num_eval" in data else "its held-out sequences"
+    held_out = f"{data['num_eval']} sequences" if "num_eval" in data else "sequences"
     return (
-        f"(train's eval_accuracy is measured on {held_out} per task and seed, drawn from the config's seed; "
-        "the same kind of accuracy on other sequences, so the two differ by sampling)"
+        "train's eval_accuracy (results.json, report) is the same token accuracy on the run's own held-out set, "
+        f"{held_out} per task and seed: other samples, so the numbers differ a little"
     )
 
 
