@@ -270,11 +270,10 @@ def _crossed(previous: int, step: int, every: int) -> bool:
 
 
 def _log_chunk(writers, members, idx, metrics, status, step, reported, log):
-    """TensorBoard scalars of a chunk that ended at ``step``: ``train/...`` from the scan's
-    per-step rows, every step for chunks of up to TRAIN_POINTS_PER_CHUNK steps (else means over
-    windows of ``train_window(n)`` steps), so the training curves have points between chunks. The value at
-    step s is the loss of update s on its own batch, i.e. L(theta_{s-1}) (the mean over the window
-    that ends at s); ``train/learning_rate`` at the chunk's end."""
+    """TensorBoard scalars of a chunk that ended at ``step``: ``train/...`` from the scan's per-step
+    rows, every step for chunks of up to io.curves.TRAIN_POINTS_PER_CHUNK steps, else means over
+    windows of ``train_window(n)`` steps (curves with points between chunks). At step s: the loss of
+    update s on its own batch, L(theta_{s-1}) (the window's mean); ``train/learning_rate`` at the chunk's end."""
     diverged, diverged_at, lr = status["diverged"], status["diverged_at"], status.get("learning_rate")
     n = metrics["loss"].shape[0]
     window = train_window(n)
