@@ -26,6 +26,7 @@ from mhjax.commands.reproduction import reproduction_markdown
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.results import markdown_table, write_text
 from mhjax.io.workdir import Workdir
+from mhjax.plotting.heads import head_tables
 from mhjax.plotting.report import analysis_tables, plot_curves, plot_mixing_fidelity, plot_synergy, summary_table
 
 
@@ -92,6 +93,7 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
             ]
     else:
         lines += [analysis_tables(analysis), ""]
+        lines += [head_tables(analysis), ""]  # empty for an analysis without ablation and rollout
         for name, fn in (("mixing_fidelity.png", plot_mixing_fidelity), ("synergy.png", plot_synergy)):
             link = figure(name, fn, analysis)
             if link:
