@@ -255,24 +255,24 @@ def test_sigkill_during_compile_resumes_bit_identical(setup, tmp_path):
 def test_interrupted_metadata_write_does_not_block_a_fresh_start(setup, tmp_path):
     """Killed before W/mhjax.json was renamed into place: only its .tmp exists; the rerun
     starts fresh (no checkpoint can exist yet, metadata is written before any)."""
-    from mhjax.io.checkpoint import METADATA, check_or_write_metadata
+    from mhjax.io.workdir import Workdir
 
     workdir = tmp_path / "w"
     workdir.mkdir()
-    (workdir / (METADATA + ".tmp")).write_text('{"mhjax_version": "0.0.0", "conf')
-    assert check_or_write_metadata(str(workdir), {"a": 1}, "sequence") is False
-    assert json.load(open(workdir / METADATA))["config"] == {"a": 1}
-    assert check_or_write_metadata(str(workdir), {"a": 1}, "sequence") is True
+    (workdir / (Workdir.METADATA + ".tmp")).write_text('{"mhjax_version": "0.0.0", "conf')
+    assert Workdir(workdir).check_or_write_metadata({"a": 1}, "sequence") is False
+    assert json.load(open(workdir / Workdir.METADATA))["config"] == {"a": 1}
+    assert Workdir(workdir).check_or_write_metadata({"a": 1}, "sequence") is True
 
 
 def test_resume_ignores_how_a_sweep_is_computed(tmp_path):
     """attention, strategy and devices choose how, not what: a run resumes under others."""
     from mhjax.config import ConfigError
-    from mhjax.io.checkpoint import check_or_write_metadata
+    from mhjax.io.workdir import Workdir
 
-    workdir = str(tmp_path / "w")
+    workdir = Workdir(str(tmp_path / "w"))
     first = {"a": 1, "attention": "jax", "strategy": "grouped", "devices": 0}
-    assert check_or_write_metadata(workdir, first, "sequence") is False
-    assert check_or_write_metadata(workdir, {"a": 1, "attention": "pallas", "strategy": "fused"}, "sequence") is True
+    assert workdir.check_or_write_metadata(first, "sequence") is False
+    assert workdir.check_or_write_metadata({"a": 1, "attention": "pallas", "strategy": "fused"}, "sequence") is True
     with pytest.raises(ConfigError, match="config.a"):
-        check_or_write_metadata(workdir, {**first, "a": 2}, "sequence")
+        workdir.check_or_write_metadata({**first, "a": 2}, "sequence")

@@ -41,11 +41,11 @@ class Block(nn.Module):
     attention: str = "jax"
 
     @nn.compact
-    def __call__(self, x, heads=None, deterministic: bool = True):
+    def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None):
         h = RMSNorm(name="ln1")(x)
         attn_out, probs = CausalSelfAttention(
             self.width, self.num_heads, self.dropout_rate, self.layout, self.attention, name="attn"
-        )(h, heads, deterministic)
+        )(h, heads, deterministic, head_mask)
         x = x + attn_out
         h = RMSNorm(name="ln2")(x)
         h = nn.relu(dense(self.mlp_dim, self.width, "mlp_in")(h))
@@ -62,6 +62,8 @@ class Transformer(nn.Module):
     program's member groups when the model is vmapped over them (the one_program strategy);
     ``attention`` how the attention core is computed ("jax", "cpu_kernel" or "pallas",
     models/attention.py), the same function whichever.
+    ``head_mask`` (L, num_heads) scales each head's output at the input of its layer's output
+    projection (head ablation, mhjax.analysis.ablation); None leaves the program as it was.
     """
 
     vocab_size: int = 256
@@ -75,7 +77,7 @@ class Transformer(nn.Module):
     attention: str = "jax"
 
     @nn.compact
-    def __call__(self, tokens, heads=None, deterministic: bool = True, return_attention: bool = False):
+    def __call__(self, tokens, heads=None, deterministic: bool = True, return_attention: bool = False, head_mask=None):
         length = tokens.shape[-1]
         embed = nn.initializers.normal(stddev=1.0)
         x = nn.Embed(self.vocab_size, self.width, embedding_init=embed, name="token_emb")(tokens)
@@ -91,7 +93,7 @@ class Transformer(nn.Module):
                 self.layout,
                 self.attention,
                 name=f"block_{layer}",
-            )(x, heads, deterministic)
+            )(x, heads, deterministic, None if head_mask is None else head_mask[layer])
             maps.append(probs)
         logits = dense(self.vocab_size, self.width, "readout")(x)
         if return_attention:
