@@ -145,7 +145,7 @@ def kernel_cost(experiment, programs) -> tuple[float, float]:
 def measure(experiment, programs, kernel: bool = False) -> dict:
     """HLO cost of one training step of ``programs`` (experiment.programs(...)), per member;
     ``kernel``: the programs run the Pallas kernel, replaced by its stand-in (``variant``)."""
-    used = {_implementation(p.recipe) for p in programs}
+    used = {recipe.model.attention for p in programs for _, recipe in engine.recipe_groups(p)}
     if used != {"pallas" if kernel else "jax"}:
         raise RuntimeError(f"programs with attention {used} (config.attention): XLA cannot count a kernel")
     members = sum(len(p.members) for p in programs)
@@ -187,11 +187,6 @@ def measure(experiment, programs, kernel: bool = False) -> dict:
         "bytes_by_part_per_member_step": {k: v / members for k, v in sorted(parts.items(), key=lambda kv: -kv[1])},
         "per_program": each,
     }
-
-
-def _implementation(recipe) -> str:
-    recipes = recipe.recipes if isinstance(recipe, engine.Unrolled) else [recipe]
-    return "/".join(sorted({r.model.attention for r in recipes}))
 
 
 def accuracy(experiment, programs, name: str) -> dict:

@@ -107,8 +107,8 @@ def test_a_tiny_sweep_trains_to_the_same_losses_under_jax_and_pallas():
         config = tiny_sequence_config(heads=(1, 4))  # width 16: head dims 16 and 4
         config.strategy, config.attention = "one_program", implementation
         sweep = Sweep(make_experiment(config), backend="cpu")
-        [(_, _, recipe)] = sweep.programs
-        assert recipe.model.attention == implementation
+        [program] = sweep.programs
+        assert program.recipe.model.attention == implementation
         states = sweep.train(sweep.init_states(), 3, 3)
         losses[implementation] = np.asarray(states["all"].last_loss)
     np.testing.assert_allclose(losses["pallas"], losses["jax"], rtol=1e-5)
