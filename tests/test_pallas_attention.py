@@ -114,6 +114,25 @@ def test_a_tiny_sweep_trains_to_the_same_losses_under_jax_and_pallas():
     np.testing.assert_allclose(losses["pallas"], losses["jax"], rtol=1e-5)
 
 
+@pytest.mark.parametrize("implementation,maps", [("pallas", False), pytest.param("jax", True, marks=pytest.mark.slow)])
+def test_no_t_by_t_array_outside_the_kernel(implementation, maps):
+    """The compiled one_program training step at T = 12 (16 on chip): the JAX path holds
+    (..., 12, 12) arrays, the kernel's program none (its tiles are 16 x 16, inside the kernel)."""
+    from mhjax.experiments import make_experiment
+    from mhjax.train import engine
+    from mhjax.train.loop import stack_constants
+    from tests.conftest import tiny_sequence_config
+
+    config = tiny_sequence_config(heads=(1, 4))
+    config.model.seq_len, config.strategy, config.attention = 12, "one_program", implementation
+    experiment = make_experiment(config)
+    [program] = experiment.programs("one_program", "cpu")
+    consts = stack_constants(experiment, program.members)
+    states = jax.eval_shape(engine.make_init(program.recipe), consts)
+    text = engine.make_train_chunk(program.recipe, 1).lower(states, consts).compile().as_text()
+    assert ("12,12]" in text) == maps
+
+
 def test_kernel_dropout_keeps_the_jax_paths_elements():
     """The in-kernel hash keeps exactly hash_keep's (b * T + i, j) elements (unpadded T = 100):
     with v = one-hot columns of the keys, the kernel's output exposes p * keep / keep_prob."""
