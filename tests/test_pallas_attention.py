@@ -97,21 +97,26 @@ def test_kernel_equals_jax_inside_one_program_layout(inputs, length, determinist
     _assert_close(run("jax"), run("pallas"))
 
 
-def test_a_tiny_sweep_trains_to_the_same_losses_under_jax_and_pallas():
+@pytest.mark.parametrize(
+    "strategy",
+    ["one_program", pytest.param("grouped", marks=pytest.mark.slow), pytest.param("unrolled", marks=pytest.mark.slow)],
+)
+def test_a_tiny_sweep_trains_to_the_same_losses_under_jax_and_pallas(strategy):
     from mhjax.experiments import make_experiment
+    from mhjax.train.engine import recipe_groups
     from mhjax.train.loop import Sweep
     from tests.conftest import tiny_sequence_config
 
     losses = {}
     for implementation in ("jax", "pallas"):
         config = tiny_sequence_config(heads=(1, 4))  # width 16: head dims 16 and 4
-        config.strategy, config.attention = "one_program", implementation
+        config.strategy, config.attention = strategy, implementation
         sweep = Sweep(make_experiment(config), backend="cpu")
-        [program] = sweep.programs
-        assert program.recipe.model.attention == implementation
+        assert {recipe.model.attention for p in sweep.programs for _, recipe in recipe_groups(p)} == {implementation}
         states = sweep.train(sweep.init_states(), 3, 3)
-        losses[implementation] = np.asarray(states["all"].last_loss)
-    np.testing.assert_allclose(losses["pallas"], losses["jax"], rtol=1e-5)
+        losses[implementation] = {p.name: np.asarray(states[p.name].last_loss) for p in sweep.programs}
+    for name, pallas in losses["pallas"].items():
+        np.testing.assert_allclose(pallas, losses["jax"][name], rtol=1e-5)
 
 
 @pytest.mark.parametrize("implementation,maps", [("pallas", False), pytest.param("jax", True, marks=pytest.mark.slow)])
