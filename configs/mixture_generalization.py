@@ -30,7 +30,7 @@ def get_config():
     config.sweep.num_train = (32, 64, 128, 256, 512, 1024, 2048)
     config.sweep.step_size = (1.0,)
     config.data.num_test = 10_000
-    config.init.scheme = "antisymmetric"
+    config.init.scheme = "random_decoders"  # tau = 0.1 (mixture_rates); antisymmetric at tau = 1 before
     config.analysis.lanczos_iters = 16
     config.analysis.margin_iters = 5000
     config.train.steps = 2048

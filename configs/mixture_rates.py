@@ -48,7 +48,7 @@ def get_config():
 
     config.init = ml_collections.ConfigDict()
     config.init.scheme = "random_decoders"
-    config.init.tau = 1.0
+    config.init.tau = 0.1  # configs/mixture.py's default (chosen with configs/mixture_init.py; 1.0 before)
     config.init.first_step = ml_collections.FieldReference(None, field_type=float)
 
     config.analysis = ml_collections.ConfigDict()
