@@ -1,4 +1,6 @@
-"""The init scale against H: H in 1, 4, 16, 64 x tau in 0, 0.001, 0.01, 0.1, 1 x n in 32, 128 x 3 seeds (CPU).
+"""The init scale against H on the tokenized mixture (arXiv 2310.12680): H 1..64 x tau 0..1 x n 32, 128 x 3 seeds.
+
+H in 1, 4, 16, 64 x tau in 0, 0.001, 0.01, 0.1, 1 x n in 32, 128 x 3 seeds (CPU, minutes).
 
 Issue 25: with random decoders of std tau = 1 the function Phi(theta_0) (of size ~ tau |mean token|,
 independent of H under the 1/sqrt(H) output scale) is fitted around rather than removed, so the
@@ -15,7 +17,9 @@ zero_plus_step and no tau axis (tau plays no part there), 24 members:
   mhjax train --config configs/mixture_init.py --workdir runs/mixture_init_zps \\
       --config.init.scheme=zero_plus_step --config.sweep.init_tau='(1.0,)'
 (a single tau value: the usual mixture figures and mixture_summary.md are written).
-Measured: see README ("Mixture: the init scale").
+Measured (2 CPU cores shared with ~8 other jobs, load 12-17: an upper bound): 18 min 55 s wall, of
+which 3 min 23 s user CPU time (so a few minutes on 2 free cores); the reference 3 min 55 s. Results
+and the choice of configs/mixture.py's tau = 0.1: README ("Mixture: the init scale").
 """
 
 import os
