@@ -12,11 +12,14 @@
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
+from mhjax.io.results import write_text
+from mhjax.io.workdir import Workdir
 from mhjax.plotting.mixture import _fmt, _mean, _values, group_by
+
+TABLE, FIGURE = "mixture_init.md", "test_accuracy_vs_H.png"
 
 COLUMNS = (
     ("test_accuracy", "test acc"),
@@ -106,16 +109,16 @@ def plot_accuracy_vs_H(fig, records, scheme: str = "?"):
         ax.legend(fontsize=7)
 
 
-def write_init_comparison(workdir: str, records: list[dict], scheme: str = "?") -> list[str]:
-    """mixture_init.md and test_accuracy_vs_H.png in ``workdir``; returns the paths written."""
-    path = os.path.join(workdir, "mixture_init.md")
-    with open(path, "w") as f:
-        f.write(init_table_markdown(records, scheme))
+def write_init_comparison(workdir, records: list[dict], scheme: str = "?") -> list[str]:
+    """mixture_init.md and test_accuracy_vs_H.png in ``workdir`` (a Workdir or a path); returns the paths."""
+    workdir = Workdir.of(workdir)
+    path = workdir.file(TABLE)
+    write_text(path, init_table_markdown(records, scheme))
     from matplotlib.figure import Figure  # slow import: only when drawing
 
     panels = len(group_by(records, ("num_train", "step_size")))
     fig = Figure(figsize=(5.5 * panels, 4.2), layout="constrained")
     plot_accuracy_vs_H(fig, records, scheme)
-    figure = os.path.join(workdir, "test_accuracy_vs_H.png")
+    figure = workdir.file(FIGURE)
     fig.savefig(figure, dpi=110)
     return [path, figure]
