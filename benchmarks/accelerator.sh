@@ -86,6 +86,11 @@ left() { echo $((budget - (SECONDS - started))); }
 stage() {  # stage NAME CAP SIGNAL JSON COMMAND...: capped run; a JSON saying so if it wrote none
   local name=$1 cap=$2 sig=$3 json=$4; shift 4
   local start=$SECONDS
+  if [ "$cap" -lt 10 ]; then  # the budget is spent (timeout 0 would mean no cap at all)
+    echo "$name: skipped, only $cap s of the budget left" | tee "$out/$name.log"
+    set -- false
+    cap=1
+  fi
   timeout -s "$sig" -k "$grace" "$cap" "$@" > "$out/$name.log" 2>&1
   local rc=$? took=$((SECONDS - start))
   stages+=("\"$name\": {\"rc\": $rc, \"seconds\": $took, \"cap_s\": $cap}")
@@ -140,7 +145,7 @@ fi
 
 # ---- the dry run's prediction; it also tells whether this checkout has config.attention
 att_args=(--config.attention="$attention")
-dry() { timeout "$cap_dry" "$py" -m mhjax train --config "$config" --config.sweep.seed="$seeds" "$@" \
+dry() { timeout -k 5 "$cap_dry" "$py" -m mhjax train --config "$config" --config.sweep.seed="$seeds" "$@" \
   "${paper_extra[@]}" --dry-run; }
 if ! dry "${att_args[@]}" > "$out/dry_run.txt" 2>&1; then
   if grep -q "config.attention" "$out/dry_run.txt"; then  # an older checkout: no such field
