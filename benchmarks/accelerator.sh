@@ -2,24 +2,27 @@
 # The accelerator checks in one go: at most BUDGET_S (420 s = 7 min) on one GPU, no network.
 #   bash benchmarks/accelerator.sh [OUT_DIR] [WHEELS_DIR]
 # OUT_DIR: default $OUT, else out/accelerator. WHEELS_DIR (or WHEELS=DIR): a folder of wheels for
-# the pure-Python packages the device lacks (ml-collections, tensorboardX; `make -C benchmarks
-# wheels` builds it); they are installed with pip --no-index into OUT_DIR/site, nothing is fetched.
+# the pure-Python packages the device lacks (ml-collections, tensorboardX; benchmarks/wheels.sh
+# builds it); they are installed with pip --no-index into a scratch folder, nothing is fetched.
 # mhjax runs from this checkout (PYTHONPATH), never installed.
 #
 # Stages (caps from the H200 run of 2026-12, see benchmarks/RESULTS.md "Accelerator plan"):
-#   a. kernel_tests  60 s  the Pallas kernel's equality tests with the real lowering (pytest)
+#   a. kernel_tests  60 s  the Pallas kernel's equality tests, real lowering (pytest; interpret
+#                          mode is for CPUs only)
 #   -  dry_run       30 s  `mhjax train --dry-run` of the 64-member sweep (the predicted rate)
-#   b. throughput   170 s  one_program with attention jax and pallas, both PyTorch peers
-#                          (one model at a time; torch.func ensemble), 16 seeds = 64 members
+#   b. throughput   170 s  one_program with attention jax and pallas, both PyTorch peers (one
+#                          model at a time; torch.func ensemble), 16 seeds = 64 members
 #   c. paper64      rest   configs/paper.py with 8 seeds (64 members): as many steps as fit,
 #                          stopped by SIGINT at the cap (mhjax checkpoints and exits 130)
-# Every stage writes OUT_DIR/<stage>.json within its cap (a stage killed at its cap gets a JSON
-# that says so, with its log's tail). If the kernel's tests fail (or there is no kernel),
-# the script says so and measures the JAX path only.
+# Every stage writes OUT_DIR/<stage>.json within its cap (a stage stopped at its cap gets one
+# that says so, with its log's tail). If the kernel's tests fail (or there is no kernel) the
+# script says so and measures the JAX path only. OUT_DIR ends with 8 files (what a borrowed
+# machine returns): stages.json, kernel_tests.json, throughput.json, paper64.json,
+# dry_run.txt and the three stage logs; the training workdir and scratch go to WORK.
 #
 # Environment: PYTHON (python3), BUDGET_S (420), STEPS (20000: the cap decides), TP_SEEDS (16),
-# TP_STEPS (50), SMOKE=1 (tiny settings that run end to end on a CPU in a few minutes),
-# DRY=1 (print the plan and exit).
+# TP_STEPS (50), WORK (a fresh temporary folder), SMOKE=1 (tiny settings that run end to end on
+# a CPU in a few minutes), DRY=1 (print the plan and exit).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -28,9 +31,6 @@ wheels=${2:-${WHEELS:-}}
 py=${PYTHON:-python3}
 budget=${BUDGET_S:-420}
 smoke=${SMOKE:-0}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 started=$SECONDS
 
 # Caps (seconds) and sizes; SMOKE shrinks the work, not the plan.
@@ -47,26 +47,32 @@ if [ "$smoke" = 1 ]; then
   paper_extra=(--config.model.seq_len=8 --config.train.chunk_steps=2 --config.train.eval_every=2
     --config.data.num_eval=8 --config.data.num_train=100)
 fi
-
 if [ "${DRY:-0}" = 1 ]; then
   echo "plan (budget $budget s): kernel_tests cap $cap_tests s; dry_run cap $cap_dry s;" \
-    "throughput cap $cap_throughput s (${tp_args[*]}); paper64: the rest (>= $min_paper s) minus $((grace + reserve)) s," \
-    "$config seeds $seeds, up to $steps steps"
+    "throughput cap $cap_throughput s (${tp_args[*]}); paper64: the rest (>= $min_paper s) minus" \
+    "$((grace + reserve)) s, $config seeds $seeds, up to $steps steps"
   exit 0
 fi
 
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+work=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/mhjax-accelerator.XXXXXX")}
+mkdir -p "$work"
+# A fresh compile cache: compile times are measured cold, whatever ran before on this machine.
+export MHJAX_CACHE_DIR="$work/cache"
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+
 # ---- set-up: packages from the wheels folder, never the network
-site="$out/site"
 if ! "$py" -c 'import ml_collections, tensorboardX' 2>/dev/null; then
   if [ -z "$wheels" ]; then
     echo "ml_collections or tensorboardX missing and no wheels folder given (arg 2 or WHEELS=DIR)" >&2
     exit 2
   fi
   "$py" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
-    --find-links "$wheels" --target "$site" ml-collections tensorboardX || { echo "wheel install failed" >&2; exit 2; }
-  export PYTHONPATH="$PYTHONPATH:$site"
+    --find-links "$wheels" --target "$work/site" ml-collections tensorboardX || { echo "wheel install failed" >&2; exit 2; }
+  export PYTHONPATH="$PYTHONPATH:$work/site"
 fi
-"$py" - > "$out/devices.json" <<'EOF'
+"$py" - > "$work/devices.json" <<'EOF'
 import datetime, json, platform, jax
 info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "jax": jax.__version__, "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
@@ -79,14 +85,15 @@ except ImportError:
     info["torch"] = None
 print(json.dumps(info, indent=2))
 EOF
-cat "$out/devices.json"
+cat "$work/devices.json"
 
 stages=()
 left() { echo $((budget - (SECONDS - started))); }
 stage() {  # stage NAME CAP SIGNAL JSON COMMAND...: capped run; a JSON saying so if it wrote none
-  local name=$1 cap=$2 sig=$3 json=$4; shift 4
+  local name=$1 cap=$2 sig=$3 json=$4
+  shift 4
   local start=$SECONDS
-  if [ "$cap" -lt 10 ]; then  # the budget is spent (timeout 0 would mean no cap at all)
+  if [ "$cap" -lt 10 ]; then # the budget is spent (timeout 0 would mean no cap at all)
     echo "$name: skipped, only $cap s of the budget left" | tee "$out/$name.log"
     set -- false
     cap=1
@@ -111,11 +118,11 @@ EOF
 kernel_ok=0
 test_file=$(ls tests/test_pallas*.py tests/test_*pallas*.py 2>/dev/null | head -n 1)
 if [ -n "$test_file" ]; then
-  # MHJAX_PALLAS_INTERPRET=0: the kernel's tests run the Triton lowering where a GPU is there.
+  # The kernel interprets only on a CPU backend; MHJAX_PALLAS_INTERPRET=0 says so to any test that asks.
   MHJAX_PALLAS_INTERPRET=0 stage kernel_tests "$cap_tests" TERM "" \
-    "$py" -m pytest -q -o addopts="" -p no:cacheprovider "$test_file" --junitxml "$out/kernel_tests.xml"
+    "$py" -m pytest -q -o addopts="" -p no:cacheprovider "$test_file" --junitxml "$work/kernel_tests.xml"
   rc=$?
-  "$py" - "$out/kernel_tests.xml" "$rc" "$test_file" > "$out/kernel_tests.json" <<'EOF'
+  "$py" - "$work/kernel_tests.xml" "$rc" "$test_file" > "$out/kernel_tests.json" <<'EOF'
 import json, sys, xml.etree.ElementTree as ET
 path, rc, test_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 out = {"stage": "kernel_tests", "file": test_file, "rc": rc}
@@ -143,22 +150,37 @@ else
   echo "KERNEL NOT USED: its tests did not pass here (see $out/kernel_tests.json); measuring the JAX path only"
 fi
 
-# ---- the dry run's prediction; it also tells whether this checkout has config.attention
-att_args=(--config.attention="$attention")
-dry() { timeout -k 5 "$cap_dry" "$py" -m mhjax train --config "$config" --config.sweep.seed="$seeds" "$@" \
+# ---- the dry run's prediction. The attention implementation is set by a config that adds
+# config.attention to the chosen one; a checkout without that field (older) is told through
+# its MHJAX_ATTENTION variable instead.
+run_config="$work/config.py"
+cat > "$run_config" <<EOF
+import importlib.util
+
+spec = importlib.util.spec_from_file_location("base_config", "$root/$config")
+base = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(base)
+
+
+def get_config():
+    config = base.get_config()
+    config.attention = "$attention"
+    return config
+EOF
+dry() { timeout -k 5 "$cap_dry" "$py" -m mhjax train --config "$1" --config.sweep.seed="$seeds" \
   "${paper_extra[@]}" --dry-run; }
-if ! dry "${att_args[@]}" > "$out/dry_run.txt" 2>&1; then
-  if grep -q "config.attention" "$out/dry_run.txt"; then  # an older checkout: no such field
-    att_args=()
-    dry > "$out/dry_run.txt" 2>&1
-  fi
+if ! dry "$run_config" > "$out/dry_run.txt" 2>&1 && grep -q "attention" "$out/dry_run.txt"; then
+  echo "this checkout has no config.attention: MHJAX_ATTENTION=$attention" | tee -a "$out/dry_run.txt"
+  run_config=$config
+  export MHJAX_ATTENTION=$attention
+  dry "$run_config" >> "$out/dry_run.txt" 2>&1
 fi
 cat "$out/dry_run.txt"
 
 # ---- b. throughput: one_program on each attention path, both PyTorch peers
 strategies="one_program:jax"
 [ "$kernel_ok" = 1 ] && strategies="one_program:jax,one_program:pallas"
-room=$(($(left) - min_paper - grace - reserve - grace))  # paper64 keeps at least min_paper s
+room=$(($(left) - min_paper - grace - reserve - grace)) # paper64 keeps at least min_paper s
 cap=$((cap_throughput < room ? cap_throughput : room))
 stage throughput "$cap" TERM "$out/throughput.json" "$py" benchmarks/throughput.py "${tp_args[@]}" \
   --strategies "$strategies" --json "$out/throughput.json"
@@ -166,12 +188,19 @@ stage throughput "$cap" TERM "$out/throughput.json" "$py" benchmarks/throughput.
 # ---- c. the 64-member paper sweep for whatever time is left
 cap=$(($(left) - grace - reserve))
 start=$SECONDS
-stage paper64 "$cap" INT "" "$py" -m mhjax train --config "$config" --config.sweep.seed="$seeds" "${att_args[@]}" \
+stage paper64 "$cap" INT "" "$py" -m mhjax train --config "$run_config" --config.sweep.seed="$seeds" \
   --config.train.steps="$steps" --config.train.checkpoint_every="$steps" "${paper_extra[@]}" \
-  --workdir "$out/paper64" --no-progress
-"$py" benchmarks/train_run_summary.py --workdir "$out/paper64" --log "$out/paper64.log" \
+  --workdir "$work/paper64" --no-progress
+"$py" benchmarks/train_run_summary.py --workdir "$work/paper64" --log "$out/paper64.log" \
   --dry-run "$out/dry_run.txt" --wall-s $((SECONDS - start)) --json "$out/paper64.json"
 
-(IFS=,; echo "{${stages[*]}, \"attention\": \"$attention\", \"total_s\": $((SECONDS - started)), \"budget_s\": $budget}") \
-  > "$out/stages.json"
-cat "$out/stages.json"
+(IFS=,; echo "{${stages[*]}}") > "$work/stages.json"
+"$py" - "$work" "$out" "$attention" $((SECONDS - started)) "$budget" <<'EOF'
+import json, os, sys
+work, out, attention, total, budget = sys.argv[1:]
+payload = {"stages": json.load(open(os.path.join(work, "stages.json"))), "attention": attention,
+           "total_s": int(total), "budget_s": int(budget), "work": work,
+           "device": json.load(open(os.path.join(work, "devices.json")))}
+json.dump(payload, open(os.path.join(out, "stages.json"), "w"), indent=2)
+print(json.dumps(payload, indent=2))
+EOF

@@ -51,10 +51,11 @@ mkdir -p "$out" "$(dirname "$workdir")"
 out=$(cd "$out" && pwd)
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 if ! "$py" -c 'import ml_collections, tensorboardX' 2>/dev/null; then
+  site=$(mktemp -d "${TMPDIR:-/tmp}/mhjax-site.XXXXXX")  # not under OUT_DIR: only results come back
   [ -n "$wheels" ] || { echo "ml_collections or tensorboardX missing and no wheels folder (arg 4 or WHEELS=DIR)" >&2; exit 2; }
   "$py" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
-    --find-links "$wheels" --target "$out/site" ml-collections tensorboardX || { echo "wheel install failed" >&2; exit 2; }
-  export PYTHONPATH="$PYTHONPATH:$out/site"
+    --find-links "$wheels" --target "$site" ml-collections tensorboardX || { echo "wheel install failed" >&2; exit 2; }
+  export PYTHONPATH="$PYTHONPATH:$site"
 fi
 
 timed() {  # timed NAME COMMAND...: run, log to OUT/NAME.log, the seconds in $took; stop on failure

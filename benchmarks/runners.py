@@ -52,15 +52,17 @@ _LEGACY_ATTENTION = {"auto": "auto", "jax": "jax", "cpu_kernel": "kernel", "kern
 def attention_choice(config, impl: str | None):
     """Run the block (which must trace the programs: warm-up) with attention implementation
     ``impl`` ("auto", "jax", "cpu_kernel", "pallas"; None: the config's own): as
-    ``config.attention`` where the config has that field, else through the attention module's
-    global of older versions, which has no "pallas"."""
-    if not impl or "attention" in config:
-        if impl:
-            config.attention = impl
-        yield
-        return
+    ``config.attention``, or, in older versions that have no such field, through the attention
+    module's global (which has no "pallas")."""
     from mhjax.models import attention
 
+    legacy = "attention" not in config and hasattr(attention, "IMPLEMENTATION")
+    if not impl or not legacy:
+        if impl:
+            with config.unlocked():
+                config.attention = impl
+        yield
+        return
     if impl not in _LEGACY_ATTENTION:
         raise SystemExit(f"attention: {impl!r} needs config.attention (this checkout has auto, jax, cpu_kernel)")
     saved = attention.IMPLEMENTATION
