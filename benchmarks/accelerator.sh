@@ -167,7 +167,7 @@ def get_config():
     config.attention = "$attention"
     return config
 EOF
-dry() { timeout -k 5 "$cap_dry" "$py" -m mhjax train --config "$1" --config.sweep.seed="$seeds" \
+dry() { timeout -k 5 "$cap_dry" "$py" -m mhjax train --config "$1" --config.sweep.seed="$seeds" --config.train.steps="$steps" \
   "${paper_extra[@]}" --dry-run; }
 if ! dry "$run_config" > "$out/dry_run.txt" 2>&1 && grep -q "attention" "$out/dry_run.txt"; then
   echo "this checkout has no config.attention: MHJAX_ATTENTION=$attention" | tee -a "$out/dry_run.txt"
