@@ -260,7 +260,7 @@ def test_attention_grid_image():
     attn = np.tril(np.ones((3, 5, 5))) / np.arange(1, 6)[:, None]
     img = attention_grid(attn, attn.mean(0))
     assert img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3
-    assert img.shape[0] >= 2 * 64 and img.shape[1] >= 2 * 64  # 4 panels in a 2 x 2 grid, upscaled
+    assert img.shape[0] >= 2 * 128 and img.shape[1] >= 2 * 128  # 4 titled panels in a 2 x 2 grid, >= 128 px each
 
 
 # ------------------------------ a trained sweep --------------------------------

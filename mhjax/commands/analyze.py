@@ -23,6 +23,7 @@ from mhjax.io.tensorboard import log_to_run
 from mhjax.models.probe import config_sizes
 from mhjax.plotting.analysis import format_analysis, plot_analysis
 from mhjax.plotting.images import attention_grid
+from mhjax.plotting.style import heads_label
 from mhjax.train.engine import unstack
 from mhjax.train.loop import Sweep
 
@@ -209,19 +210,14 @@ def _run(args) -> int:
             if value is not None:
                 raise ConfigError(f"{option}: not used with --workdir (each member's own value is used)")
         with WorkdirLock(args.workdir, "analyze"):
-            result = analyze_workdir(
-                args.workdir,
-                args.out,
-                tensorboard=not args.no_tensorboard,
-                log=lambda m: print(m, file=sys.stderr),
-                **common,
-            )
+            result = analyze_workdir(args.workdir, args.out, tensorboard=not args.no_tensorboard, **common)
         entries = list(result["members"].items())
+    if entries:
+        e = entries[0][1]
+        print(f"token accuracy in eval mode on {sequences_text(result['source'], e['num_sequences'], e['seq_len'])}")
     for label, e in entries:
-        print(
-            f"{label}: {e['heads']} heads, {e['task']}, accuracy {100 * e['accuracy']:.2f}% "
-            f"({e['num_sequences']} sequences of length {e['seq_len']})"
-        )
+        diverged = " (diverged)" if e.get("status", "ok") != "ok" else ""
+        print(f"{label}: {heads_label(e['heads'])}, {e['task']}, accuracy {100 * e['accuracy']:.2f}%{diverged}")
         for layer in e["layers"]:
             print(
                 f"  layer {layer['layer']}: "
@@ -230,8 +226,29 @@ def _run(args) -> int:
                 f"  best head {layer['best_single_fidelity_pct_mean']:.3f}%"
                 f"  combined > best {100 * layer['combined_beats_best_share']:.0f}%"
             )
+    if args.workdir is not None:
+        print(held_out_note(args.workdir))
     print("wrote " + ", ".join(result["files"].values()))
     return 0
+
+
+def sequences_text(source: dict, count: int, length: int) -> str:
+    """Which sequences the accuracy and metrics are measured on, in words."""
+    if source.get("sequences") == "random":
+        return f"{count} random sequences of length {length} (--seed {source.get('seed')})"
+    if source.get("sequences") == "array":
+        return f"{count} given sequences of length {length}"
+    return f"the {count} sequences of length {length} in {source.get('sequences')}"
+
+
+def held_out_note(workdir: str) -> str:
+    """Why these accuracies differ from train's eval_accuracy (results.json, report)."""
+    data = read_workdir_json(workdir, METADATA, "not a mhjax sweep workdir").get("config", {}).get("data", {})
+    held_out = f"{data['num_eval']} sequences" if "num_eval" in data else "sequences"
+    return (
+        "train's eval_accuracy (results.json, report) is the same token accuracy on the run's own held-out set, "
+        f"{held_out} per task and seed: other samples, so the numbers differ a little"
+    )
 
 
 def run_analyze(args) -> int:
