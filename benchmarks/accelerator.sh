@@ -21,8 +21,9 @@
 # dry_run.txt and the three stage logs; the training workdir and scratch go to WORK.
 #
 # Environment: PYTHON (python3), BUDGET_S (420), STEPS (20000: the cap decides), TP_SEEDS (16),
-# TP_STEPS (50), WORK (a fresh temporary folder), SMOKE=1 (tiny settings that run end to end on
-# a CPU in a few minutes), DRY=1 (print the plan and exit).
+# TP_STEPS (50), CAP_TESTS (60), CAP_THROUGHPUT (170), MIN_PAPER (120), WORK (a fresh temporary
+# folder), SMOKE=1 (tiny settings that run end to end on a CPU in a few minutes), DRY=1 (print
+# the plan and exit).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -34,7 +35,8 @@ smoke=${SMOKE:-0}
 started=$SECONDS
 
 # Caps (seconds) and sizes; SMOKE shrinks the work, not the plan.
-cap_tests=60 cap_dry=30 cap_throughput=170 min_paper=120 grace=15 reserve=15
+cap_tests=${CAP_TESTS:-60} cap_dry=30 cap_throughput=${CAP_THROUGHPUT:-170} min_paper=${MIN_PAPER:-120}
+grace=15 reserve=15
 steps=${STEPS:-20000}
 seeds="0,1,2,3,4,5,6,7"
 tp_args=(--quick --no-scaling --seeds "${TP_SEEDS:-16}" --steps "${TP_STEPS:-50}" --reps 2 --cache-dir "")
