@@ -7,8 +7,8 @@
 # mhjax runs from this checkout (PYTHONPATH), never installed.
 #
 # Stages (caps from the H200 run of 2026-12, see benchmarks/RESULTS.md "Accelerator plan"):
-#   a. kernel_tests  60 s  the Pallas kernel's equality tests, real lowering (pytest; interpret
-#                          mode is for CPUs only)
+#   a. kernel_tests  75 s  the Pallas kernel's equality tests, all of them (slow ones too), real
+#                          lowering (interpret mode is for CPUs only), on 4 pytest workers
 #   -  dry_run       30 s  `mhjax train --dry-run` of the 64-member sweep (the predicted rate)
 #   b. throughput   170 s  one_program with attention jax and pallas, both PyTorch peers (one
 #                          model at a time; torch.func ensemble), 16 seeds = 64 members
@@ -21,7 +21,7 @@
 # dry_run.txt and the three stage logs; the training workdir and scratch go to WORK.
 #
 # Environment: PYTHON (python3), BUDGET_S (420), STEPS (20000: the cap decides), TP_SEEDS (16),
-# TP_STEPS (50), CAP_TESTS (60), CAP_THROUGHPUT (170), MIN_PAPER (120), WORK (a fresh temporary
+# TP_STEPS (50), CAP_TESTS (75), CAP_THROUGHPUT (170), MIN_PAPER (120), WORK (a fresh temporary
 # folder), SMOKE=1 (tiny settings that run end to end on a CPU in a few minutes), DRY=1 (print
 # the plan and exit).
 set -uo pipefail
@@ -35,7 +35,7 @@ smoke=${SMOKE:-0}
 started=$SECONDS
 
 # Caps (seconds) and sizes; SMOKE shrinks the work, not the plan.
-cap_tests=${CAP_TESTS:-60} cap_dry=30 cap_throughput=${CAP_THROUGHPUT:-170} min_paper=${MIN_PAPER:-120}
+cap_tests=${CAP_TESTS:-75} cap_dry=30 cap_throughput=${CAP_THROUGHPUT:-170} min_paper=${MIN_PAPER:-120}
 grace=15 reserve=15
 steps=${STEPS:-20000}
 seeds="0,1,2,3,4,5,6,7"
@@ -121,8 +121,10 @@ kernel_ok=0
 test_file=$(ls tests/test_pallas*.py tests/test_*pallas*.py 2>/dev/null | head -n 1)
 if [ -n "$test_file" ]; then
   # The kernel interprets only on a CPU backend; MHJAX_PALLAS_INTERPRET=0 says so to any test that asks.
-  MHJAX_PALLAS_INTERPRET=0 stage kernel_tests "$cap_tests" TERM "" \
-    "$py" -m pytest -q -o addopts="" -p no:cacheprovider "$test_file" --junitxml "$work/kernel_tests.xml"
+  workers=()  # compiles are CPU-bound: spread the cases over a few processes when xdist is there
+  "$py" -c 'import xdist' 2>/dev/null && workers=(-n "${TEST_WORKERS:-4}" --dist load)
+  MHJAX_PALLAS_INTERPRET=0 stage kernel_tests "$cap_tests" TERM "" "$py" -m pytest -q -o addopts="" \
+    -p no:cacheprovider "${workers[@]}" "$test_file" --junitxml "$work/kernel_tests.xml"
   rc=$?
   "$py" - "$work/kernel_tests.xml" "$rc" "$test_file" > "$out/kernel_tests.json" <<'EOF'
 import json, sys, xml.etree.ElementTree as ET
