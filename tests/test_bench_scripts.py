@@ -63,7 +63,8 @@ def test_train_run_summary_reads_the_runs_rates(tmp_path):
     config = write_config(tmp_path / "tiny.py", "c.train.steps = 4")
     workdir = str(tmp_path / "w")
     assert cli.main(["train", "--config", config, "--workdir", workdir, "--no-progress"]) == 0
-    out = summarise(workdir, log_text="compiled train chunk in 1.5 s\nother line", wall_s=9.0)
+    dry_run = "strategy: grouped\npredicted for grouped on 1 x NVIDIA H200 SXM (roofline): 2,129 member-steps/s, 2 GB"
+    out = summarise(workdir, log_text="compiled in 1.5 s\nother line", dry_run_text=dry_run, wall_s=9.0)
     steps, rates = read_curves(workdir, ["copy-h2-s0"], ["perf/member_steps_per_s"])["copy-h2-s0"][
         "perf/member_steps_per_s"
     ]
@@ -71,5 +72,6 @@ def test_train_run_summary_reads_the_runs_rates(tmp_path):
     assert out["first_chunk_s"] == pytest.approx(2 / rates[0])
     assert out["steady_member_steps_per_s"] == pytest.approx(rates[1])
     assert out["compile_s_estimate"] == pytest.approx(2 / rates[0] - 2 / rates[1])
-    assert out["compile_log_lines"] == ["compiled train chunk in 1.5 s"] and out["wall_s"] == 9.0
+    assert out["compile_log_lines"] == ["compiled in 1.5 s"] and out["compile_s_logged"] == [1.5]
+    assert out["predicted"]["member_steps_per_s"] == 2129 and out["wall_s"] == 9.0
     assert summarise(str(tmp_path / "never"))["steps_done"] == 0
