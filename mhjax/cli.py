@@ -15,8 +15,9 @@ Mixing time and minimax fidelity of every layer's combined attention operator
 mixing capped at 100 steps on the reference chain), and token accuracy, in eval
 mode. Either one released PyTorch checkpoint (--torch-checkpoint, --heads,
 --task, --out) or every member of a trained sweep (--workdir; also logs scalars
-and attention heatmaps to the members' TensorBoard runs). Writes
-analysis.json, analysis.md and analysis.png."""
+and attention heatmaps to the members' TensorBoard runs). Also head ablation
+(loss and accuracy with each head removed / kept alone) and attention rollout.
+Writes analysis.json, analysis.md and analysis.png."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -164,6 +165,11 @@ def register_analyze(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=50, help="sequences per forward/metrics call (memory bound)")
     p.add_argument("--no-tensorboard", action="store_true", help="with --workdir: do not log to the TensorBoard runs")
     p.add_argument("--no-plot", action="store_true", help="skip analysis.png")
+    p.add_argument(
+        "--no-ablation",
+        action="store_true",
+        help="skip head ablation (loss and accuracy with each head removed / kept alone)",
+    )
     return p
 
 

@@ -22,7 +22,7 @@ from mhjax.io.results import read_workdir_json, write_json
 from mhjax.io.tensorboard import log_to_run
 from mhjax.models.probe import config_sizes
 from mhjax.plotting.analysis import format_analysis, plot_analysis
-from mhjax.plotting.images import attention_grid
+from mhjax.plotting.images import attention_grid, sink_row_image
 from mhjax.plotting.style import heads_label
 from mhjax.train.engine import unstack
 from mhjax.train.loop import Sweep
@@ -115,6 +115,7 @@ def analyze_workdir(
             state.params, member["heads"], member["task"], tokens, sizes, keep_attention=tensorboard, **kwargs
         )
         attention, combined = res.pop("attention", None), res.pop("combined", None)
+        sink_rows = res.pop("rollout_sink_row", None)
         entry = {
             "name": member.name,
             **{k: v for k, v in member.hparams.items()},
@@ -125,7 +126,11 @@ def analyze_workdir(
         if log is not None:
             log(f"{member.name}: accuracy {res['accuracy']:.4f}")
         if tensorboard:
-            log_to_run(workdir, member.name, *_tensorboard_entry(entry, attention, combined), step)
+            scalars, images = _tensorboard_entry(entry, attention, combined)
+            scalars.update(_head_scalars(entry))
+            if sink_rows is not None:
+                images["analysis/rollout/sink_row"] = sink_row_image(sink_rows)
+            log_to_run(workdir, member.name, scalars, images, step)
     result = {
         "workdir": os.path.abspath(workdir),
         "step": int(step),
@@ -163,6 +168,17 @@ def _tensorboard_entry(entry: dict, attention, combined) -> tuple[dict, dict]:
     return scalars, images
 
 
+def _head_scalars(entry: dict) -> dict:
+    """Head ablation and rollout scalars: ``analysis/loss``, ``analysis/rollout_min``,
+    ``analysis/layer{l}/rollout_min`` and ``analysis/layer{l}/accuracy_synergy`` (when ablated)."""
+    scalars = {"analysis/loss": entry["loss"], "analysis/rollout_min": entry["rollout_min"]}
+    for layer in entry["layers"]:
+        for key in ("rollout_min", "rollout_fidelity_spearman", "accuracy_synergy"):
+            if layer.get(key) is not None:
+                scalars[f"analysis/layer{layer['layer']}/{key}"] = layer[key]
+    return scalars
+
+
 def write_analysis(out, result: dict, plot: bool = True) -> dict[str, str]:
     """Write ``analysis.json``, ``analysis.md`` and (``plot``) ``analysis.png`` under ``out``."""
     out = Path(out)
@@ -195,6 +211,7 @@ def _run(args) -> int:
         chain=args.chain,
         include_sink=not args.exclude_sink,
         batch_size=args.batch_size,
+        ablate=not args.no_ablation,
     )
     if args.torch_checkpoint is not None:
         if args.heads is None:

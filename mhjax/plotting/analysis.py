@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mhjax.plotting.heads import member_lines
 from mhjax.plotting.style import heads_colours, heads_label, pyplot
 
 
@@ -50,6 +51,7 @@ def format_analysis(result: dict) -> str:
                 f"| {100 * layer['combined_beats_best_share']:.0f}% | {weights} |"
             )
         lines.append("")
+        lines += member_lines(e)
     return "\n".join(lines)
 
 

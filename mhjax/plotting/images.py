@@ -65,6 +65,25 @@ def attention_grid(
     return image
 
 
+def sink_row_image(rows: np.ndarray, strip_height: int = 24, max_width: int = 800) -> np.ndarray:
+    """One RGB uint8 image (HWC) of the attention rollout's sink row: one strip per layer (top:
+    through layer 0), one cell per input position (left: position 0). Each strip is scaled by
+    its largest entry other than the sink's own (which, at least 2^-(l+1), would hide the rest;
+    it shows saturated) through the viridis colour map; strips are separated by white lines."""
+    from matplotlib import colormaps
+
+    rows = np.atleast_2d(np.asarray(rows, np.float64))
+    L, T = rows.shape
+    peak = np.max(rows[:, :-1] if T > 1 else rows, axis=1, keepdims=True)
+    scaled = np.clip(rows / np.where(peak > 0, peak, 1.0), 0.0, 1.0)
+    cell, height, gap = max(1, min(32, max_width // T)), strip_height, 2
+    canvas = np.ones((L * height + (L - 1) * gap, T * cell, 3))
+    strips = np.repeat(colormaps["viridis"](scaled)[..., :3], cell, axis=1)
+    for l in range(L):
+        canvas[l * (height + gap) : l * (height + gap) + height] = strips[l][None]
+    return (canvas * 255).round().astype(np.uint8)
+
+
 def diffusion_image(combined: np.ndarray, title: str = "", horizon: int = HORIZON) -> np.ndarray:
     """RGB uint8 (HWC): per layer, the signal at the sink after t steps from a few source nodes,
     and the minimax fidelity min_j max_t (sink included, as the reference)."""
