@@ -17,7 +17,8 @@
 # once the kernel meets its target. STEPS=N trains fewer steps (the protocol is 20,000).
 #
 # Environment: PYTHON (python3), STEPS (20000), SEEDS (0,1,...,7), ATTENTION (unset: the
-# config's own, "auto"), SMOKE=1 (tiny settings, end to end on a CPU), DRY=1 (print, exit).
+# config's own, "auto"), ANALYZE_ARGS (more options for mhjax analyze, e.g. --no-ablation),
+# SMOKE=1 (tiny settings, end to end on a CPU), DRY=1 (print, exit).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -36,8 +37,9 @@ if [ "${SMOKE:-0}" = 1 ]; then  # the same commands on a model small enough for 
   extra+=(--config.model.seq_len=8 --config.train.chunk_steps=2 --config.train.eval_every=2
     --config.train.checkpoint_every=2 --config.data.num_eval=8 --config.data.num_train=100)
 fi
-analyze_args=()
-[ "${SMOKE:-0}" = 1 ] && analyze_args=(--num-sequences 4 --horizon 8 --max-steps 8)
+# shellcheck disable=SC2206  # ANALYZE_ARGS: extra words for mhjax analyze, e.g. --no-ablation
+analyze_args=(${ANALYZE_ARGS:-})
+[ "${SMOKE:-0}" = 1 ] && analyze_args+=(--num-sequences 4 --horizon 8 --max-steps 8)
 train=("$py" -m mhjax train --config "$config" --config.sweep.seed="$seeds" --config.train.steps="$steps"
   "${extra[@]}" --workdir "$workdir" --no-progress)
 if [ "${DRY:-0}" = 1 ]; then
