@@ -13,8 +13,10 @@
 #
 # Time on one H200 (benchmarks/RESULTS.md "Accelerator plan"): 1.28 M member-steps take 320 s at
 # the kernel's target of 4,000 member-steps/s (608 s on the JAX path's measured 2,104), plus
-# ~60-90 s of compiling, evaluations and checkpoints; analyze and report ~1.5 min: under 9 min
-# once the kernel meets its target. STEPS=N trains fewer steps (the protocol is 20,000).
+# ~60-90 s of compiling, evaluations and checkpoints: ~7 min; under 9 min in all if analyze
+# (with its head ablation: ~2.5-6 min for 64 members by this CPU's figures, unmeasured on a GPU)
+# and report keep to ~2 min: ANALYZE_ARGS=--no-ablation is the lever. STEPS=N trains fewer steps
+# (the protocol is 20,000).
 #
 # Environment: PYTHON (python3), STEPS (20000), SEEDS (0,1,...,7), ATTENTION (unset: the
 # config's own, "auto"), ANALYZE_ARGS (more options for mhjax analyze, e.g. --no-ablation),
