@@ -58,16 +58,14 @@ def test_train_run_summary_reads_the_runs_rates(tmp_path):
     the second chunk's, and the compile estimate is what the first chunk took beyond it."""
     from train_run_summary import summarise
 
-    from mhjax.io.curves import read_curves
+    from mhjax.io.curves import read_run
 
     config = write_config(tmp_path / "tiny.py", "c.train.steps = 4")
     workdir = str(tmp_path / "w")
     assert cli.main(["train", "--config", config, "--workdir", workdir, "--no-progress"]) == 0
     dry_run = "strategy: grouped\npredicted for grouped on 1 x NVIDIA H200 SXM (roofline): 2,129 member-steps/s, 2 GB"
     out = summarise(workdir, log_text="compiled in 1.5 s\nother line", dry_run_text=dry_run, wall_s=9.0)
-    steps, rates = read_curves(workdir, ["copy-h2-s0"], ["perf/member_steps_per_s"])["copy-h2-s0"][
-        "perf/member_steps_per_s"
-    ]
+    steps, rates = read_run(os.path.join(workdir, "tb", "copy-h2-s0"))["perf/member_steps_per_s"]
     assert list(steps) == [2, 4] and out["steps_done"] == 4 and out["members"] == 1
     assert out["first_chunk_s"] == pytest.approx(2 / rates[0])
     assert out["steady_member_steps_per_s"] == pytest.approx(rates[1])
