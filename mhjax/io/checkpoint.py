@@ -137,10 +137,11 @@ def describe_mismatch(stored, target) -> str | None:
     return None
 
 
-def check_or_write_metadata(workdir: str, config_dict: dict, kind: str) -> bool:
-    """True if the workdir already belongs to this exact config (resume); writes it if new."""
+def check_or_write_metadata(workdir: str, config_dict: dict, kind: str, extra: dict | None = None) -> bool:
+    """True if the workdir already belongs to this exact config (resume); writes it if new,
+    with the experiment's ``extra`` fields (e.g. ``tasks``: where plug-in tasks came from)."""
     path = os.path.join(workdir, METADATA)
-    current = {"mhjax_version": __version__, "experiment": kind, "config": config_dict}
+    current = {"mhjax_version": __version__, "experiment": kind, "config": config_dict, **(extra or {})}
     if os.path.exists(path):
         try:
             with open(path) as f:

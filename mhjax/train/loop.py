@@ -149,7 +149,9 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
     # With several processes (jax.distributed) only process 0 writes metadata, logs and results;
     # every process takes part in checkpoints (orbax coordinates them).
     primary = jax.process_index() == 0
-    resuming = check_or_write_metadata(workdir, config.to_dict(), experiment.kind) if primary else True
+    resuming = (
+        check_or_write_metadata(workdir, config.to_dict(), experiment.kind, experiment.metadata()) if primary else True
+    )
     sweep = Sweep(experiment)
     if jax.process_count() > 1:
         for name, idx, _ in sweep.programs:
