@@ -13,7 +13,6 @@ import os
 
 import ml_collections
 
-
 CONFIG_MODULE = "mhjax_user_config"  # the module name a config file is loaded under (tasks record it)
 
 

@@ -25,6 +25,7 @@ import sys
 
 from mhjax.commands.reproduction import reproduction_markdown
 from mhjax.config import ConfigError
+from mhjax.data import tasks
 from mhjax.io.curves import read_curves
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.results import load_analysis, markdown_table, read_workdir_json
@@ -54,6 +55,18 @@ def load_sweep_fields(workdir: str) -> list[str]:
         return []
 
 
+def restore_tasks(workdir: str) -> None:
+    """Register again the sweep's plug-in tasks from where W/mhjax.json says they came from
+    (a source that is gone: a one-line error naming it); nothing for older workdirs."""
+    path = os.path.join(workdir, "mhjax.json")
+    try:
+        with open(path) as f:
+            recorded = json.load(f).get("tasks")
+    except (OSError, ValueError, AttributeError):
+        return
+    tasks.restore(recorded, path)
+
+
 def load_curves(workdir: str, names: list[str], tags=None) -> dict:
     """{member: {tag: (steps, values)}}; see mhjax.io.curves.read_curves."""
     return read_curves(workdir, names, tags)
@@ -69,6 +82,7 @@ def write_report(workdir: str, log=None, reference: str | None = None) -> dict:
     ``reference``: a folder of released checkpoints to compare with (mhjax.commands.reproduction)."""
     workdir = str(workdir)
     results = load_results(workdir)
+    restore_tasks(workdir)
     members = results["members"]
     analysis = load_analysis(workdir)
     out_dir = os.path.join(workdir, REPORT_DIR)

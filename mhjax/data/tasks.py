@@ -93,9 +93,7 @@ def register_task(name: str, sample: Callable, *, batch=None, targets=None) -> T
     task = Task(name, sample, batch, targets, _source(sample))
     old = _REGISTRY.get(name)
     if old is not None and _identity(old) != _identity(task):
-        raise ConfigError(
-            f"task {name!r}: already registered by {old.label()}; {task.label()} needs another name"
-        )
+        raise ConfigError(f"task {name!r}: already registered by {old.label()}; {task.label()} needs another name")
     _REGISTRY[name] = task
     return task
 
@@ -244,9 +242,7 @@ def _import_module(name: str, source: dict, where: str) -> None:
     except Exception as exc:
         raise ConfigError(f"task {name!r}: importing {module_name} failed: {_one_line(exc)}") from None
     if not path or not os.path.isfile(path):
-        raise ConfigError(
-            f"task {name!r}: its module {module_name} ({path or 'no file'}, recorded in {where}) is gone"
-        )
+        raise ConfigError(f"task {name!r}: its module {module_name} ({path or 'no file'}, recorded in {where}) is gone")
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
