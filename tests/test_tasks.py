@@ -249,3 +249,16 @@ def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_sourc
         f"mhjax: error: task 'first_token': its module my_task ({examples / 'my_task.py'}, "
         f"recorded in {os.path.join(workdir, 'mhjax.json')}) is gone"
     )
+
+
+def test_given_sequences_need_a_task_with_targets_from_tokens():
+    tokens = np.zeros((2, 8), np.int32)
+    batch, source = task_sequences("cycle", tokens, None, 0, 8, 16)
+    tokens[:, 3] = 5
+    batch, source = task_sequences("cycle", tokens, None, 0, 8, 16)
+    np.testing.assert_array_equal(batch.targets, np.roll(tokens, 1, axis=-1))
+    assert source == {"sequences": "array"} and batch.weights.min() == 1
+    with pytest.raises(ConfigError, match=r"^--sequences: task 'recall' defines no targets\(tokens\)"):
+        task_sequences("recall", tokens, None, 0, 8, 16)
+    with pytest.raises(ConfigError, match=r"^--task: unknown task 'nope' \(registered: .*copy, cycle, "):
+        task_sequences("nope", None, 4, 0, 8, 16)

@@ -59,9 +59,7 @@ def _workdir_sweep(workdir: str):
     tasks.restore(meta.get("tasks"), os.path.join(workdir, METADATA))  # plug-in tasks, from where they came
     experiment = make_experiment(config)
     if not experiment.analyzable:
-        raise ConfigError(
-            f"--workdir: analyze needs a sequence (copy/cycle/zero) sweep; {workdir} holds a {experiment.kind!r} sweep"
-        )
+        raise ConfigError(f"--workdir: analyze needs a sequence sweep; {workdir} holds a {experiment.kind!r} sweep")
     if not os.path.isdir(os.path.join(workdir, "checkpoints")):
         raise ConfigError(f"--workdir: {workdir} has no checkpoints/; train it first")
     checkpointer = SweepCheckpointer(workdir)

@@ -1,5 +1,6 @@
-"""The copy/cycle/zero experiment with the causal Transformer of "Beyond Parallelism: Synergistic
-Computational Graph Effects in Multi-Head Attention" (arXiv 2507.02944, Section 4)."""
+"""Sequence tasks (copy, cycle, zero or any registered task: mhjax.data.tasks) with the causal
+Transformer of "Beyond Parallelism: Synergistic Computational Graph Effects in Multi-Head
+Attention" (arXiv 2507.02944, Section 4)."""
 
 from __future__ import annotations
 
