@@ -17,6 +17,7 @@ from mhjax.analysis.metrics import analyze_params, random_tokens, task_sequences
 from mhjax.config import ConfigError
 from mhjax.data import tasks
 from mhjax.experiments import make_experiment
+from mhjax.experiments.sequence import weighted_mean
 from mhjax.models.probe import config_sizes
 from mhjax.train.loop import Sweep
 from tests.conftest import tiny_sequence_config
@@ -186,7 +187,8 @@ def test_registering_the_same_function_again_replaces_it():
 # Weights: only weighted positions count
 # --------------------------------------------------------------------------- #
 def test_targets_at_unweighted_positions_change_nothing():
-    """Two tasks equal but for the targets where the weight is 0 train and evaluate alike."""
+    """Two tasks equal but for the targets where the weight is 0 have the same training loss,
+    gradients and held-out metrics; the loss is the weighted mean over the counted positions."""
 
     def make(junk):
         def sample(key, length, vocab_size):
@@ -200,9 +202,17 @@ def test_targets_at_unweighted_positions_change_nothing():
     for junk in (0, 7):  # one name (keys derive from it); the same qualname replaces the first
         experiment = _sweep_with(make(junk), "odd_copy")
         sweep = Sweep(experiment, "cpu")
-        states = sweep.train(sweep.init_states(), 3, 3)
-        results.append(sweep.evaluate(states))
-    assert results[0] == results[1]
+        (program,) = [p for p in sweep.programs if p.name == "h1"]
+        states, consts = sweep.init_states(), sweep.consts["h1"]
+        loss = jax.vmap(jax.value_and_grad(lambda p, c, recipe=program.recipe: recipe.loss(p, c, 0)[0]))
+        value, grads = loss(states["h1"].params, consts)
+        results.append((float(value[0]), jax.tree_util.tree_leaves(grads), sweep.evaluate(states)))
+    assert results[0][0] == results[1][0] and results[0][2] == results[1][2]
+    for a, b in zip(results[0][1], results[1][1]):
+        np.testing.assert_array_equal(a, b)
+    values, weights = jnp.array([[1.0, 2.0, 4.0], [8.0, 16.0, 32.0]]), jnp.array([[0.0, 1.0, 0.0], [1.0, 0.0, 3.0]])
+    assert float(weighted_mean(values, weights)) == pytest.approx((2 + 8 + 96) / 5, rel=1e-6)
+    assert float(weighted_mean(values, jnp.ones_like(values))) == float(values.mean())
 
 
 # --------------------------------------------------------------------------- #
