@@ -272,3 +272,23 @@ def test_given_sequences_need_a_task_with_targets_from_tokens():
         task_sequences("recall", tokens, None, 0, 8, 16)
     with pytest.raises(ConfigError, match=r"^--task: unknown task 'nope' \(registered: .*copy, cycle, "):
         task_sequences("nope", None, 4, 0, 8, 16)
+
+
+def test_a_task_defined_in_a_config_file_is_found_again_by_running_that_file(tmp_path):
+    config = tmp_path / "with_task.py"
+    config.write_text(
+        "import jax\nimport jax.numpy as jnp\nimport mhjax\n\n\n@mhjax.task('in_config')\n"
+        "def in_config(key, length, vocab_size):\n"
+        "    x = jax.random.randint(key, (length,), 0, vocab_size, dtype=jnp.int32)\n"
+        "    return x, x, jnp.ones(length)\n\n\ndef get_config():\n    pass\n"
+    )
+    tasks._REGISTRY.pop("in_config", None)
+    where = str(tmp_path / "mhjax.json")
+    recorded = {"in_config": {"config": str(config), "function": "in_config"}}
+    tasks.restore(recorded, where)
+    assert tasks.get_task("in_config").source == recorded["in_config"]
+    tasks._REGISTRY.pop("in_config")
+    os.remove(config)
+    with pytest.raises(ConfigError) as exc:
+        tasks.restore(recorded, where)
+    assert str(exc.value) == f"task 'in_config': its config file {config} (recorded in {where}) is gone"

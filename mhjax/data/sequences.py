@@ -58,11 +58,6 @@ for _id, _name in enumerate(TASKS):
     register_task(_name, _sample, batch=_batch, targets=_targets)
 
 
-def dataset_sequences(dataset_key, indices, length: int, vocab_size: int):
-    """Tokens of copy's fixed dataset by index: row i is a function of (dataset_key, i) alone."""
-    return get_task("copy").dataset(dataset_key, indices, length, vocab_size).inputs
-
-
 def epoch_batch_indices(shuffle_key, step, num_train: int, batch_size: int):
     """Indices of batch ``step`` under per-epoch reshuffling (incomplete last batch dropped)."""
     steps_per_epoch = num_train // batch_size
