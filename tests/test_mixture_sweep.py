@@ -89,7 +89,11 @@ def test_results_have_the_mixture_fields_and_figures(swept):
         summary = f.read().split("## Training rate")[0]  # the main table; the rate table follows
     assert summary.count("\n| 8 | 1 | ") == 2 and summary.count("\n| 16 | 1 | ") == 2  # a row per (n, H)
     steps, losses = read_curves(workdir, ["h2-n8-s0"], ["train/loss"])["h2-n8-s0"]["train/loss"]
-    assert list(steps) == [10, 20] and np.all(np.isfinite(losses)) and losses[1] < losses[0]
+    # train/loss at step s is the loss of update s, L(theta_{s-1}): the recorded exact curve's L(theta_k) at k = s-1
+    assert list(steps) == list(range(1, STEPS + 1)) and np.all(np.isfinite(losses)) and losses[-1] < losses[0]
+    curve = by_name(payload)["h2-n8-s0"]["loss_curve"]
+    recorded = {k: v for k, v in zip(curve["steps"], curve["values"]) if k < STEPS}
+    assert recorded and np.allclose([losses[k] for k in recorded], list(recorded.values()), rtol=1e-5)
 
 
 def test_training_drives_the_loss_down_on_separable_data(swept):

@@ -23,7 +23,8 @@ from mhjax.io.results import read_workdir_json, write_json
 from mhjax.io.tensorboard import log_to_run
 from mhjax.models.probe import config_sizes
 from mhjax.plotting.analysis import format_analysis, plot_analysis
-from mhjax.plotting.images import attention_grid
+from mhjax.plotting.images import attention_grid, sink_row_image
+from mhjax.plotting.style import heads_label
 from mhjax.train.engine import unstack
 from mhjax.train.loop import Sweep
 
@@ -119,6 +120,7 @@ def analyze_workdir(
             state.params, member["heads"], member["task"], batch, sizes, keep_attention=tensorboard, **kwargs
         )
         attention, combined = res.pop("attention", None), res.pop("combined", None)
+        sink_rows = res.pop("rollout_sink_row", None)
         entry = {
             "name": member.name,
             **{k: v for k, v in member.hparams.items()},
@@ -129,7 +131,11 @@ def analyze_workdir(
         if log is not None:
             log(f"{member.name}: accuracy {res['accuracy']:.4f}")
         if tensorboard:
-            log_to_run(workdir, member.name, *_tensorboard_entry(entry, attention, combined), step)
+            scalars, images = _tensorboard_entry(entry, attention, combined)
+            scalars.update(_head_scalars(entry))
+            if sink_rows is not None:
+                images["analysis/rollout/sink_row"] = sink_row_image(sink_rows)
+            log_to_run(workdir, member.name, scalars, images, step)
     result = {
         "workdir": os.path.abspath(workdir),
         "step": int(step),
@@ -167,6 +173,17 @@ def _tensorboard_entry(entry: dict, attention, combined) -> tuple[dict, dict]:
     return scalars, images
 
 
+def _head_scalars(entry: dict) -> dict:
+    """Head ablation and rollout scalars: ``analysis/loss``, ``analysis/rollout_min``,
+    ``analysis/layer{l}/rollout_min`` and ``analysis/layer{l}/accuracy_synergy`` (when ablated)."""
+    scalars = {"analysis/loss": entry["loss"], "analysis/rollout_min": entry["rollout_min"]}
+    for layer in entry["layers"]:
+        for key in ("rollout_min", "rollout_fidelity_spearman", "accuracy_synergy"):
+            if layer.get(key) is not None:
+                scalars[f"analysis/layer{layer['layer']}/{key}"] = layer[key]
+    return scalars
+
+
 def write_analysis(out, result: dict, plot: bool = True) -> dict[str, str]:
     """Write ``analysis.json``, ``analysis.md`` and (``plot``) ``analysis.png`` under ``out``."""
     out = Path(out)
@@ -199,6 +216,7 @@ def _run(args) -> int:
         chain=args.chain,
         include_sink=not args.exclude_sink,
         batch_size=args.batch_size,
+        ablate=not args.no_ablation,
     )
     if args.torch_checkpoint is not None:
         if args.heads is None:
@@ -214,19 +232,14 @@ def _run(args) -> int:
             if value is not None:
                 raise ConfigError(f"{option}: not used with --workdir (each member's own value is used)")
         with WorkdirLock(args.workdir, "analyze"):
-            result = analyze_workdir(
-                args.workdir,
-                args.out,
-                tensorboard=not args.no_tensorboard,
-                log=lambda m: print(m, file=sys.stderr),
-                **common,
-            )
+            result = analyze_workdir(args.workdir, args.out, tensorboard=not args.no_tensorboard, **common)
         entries = list(result["members"].items())
+    if entries:
+        e = entries[0][1]
+        print(f"token accuracy in eval mode on {sequences_text(result['source'], e['num_sequences'], e['seq_len'])}")
     for label, e in entries:
-        print(
-            f"{label}: {e['heads']} heads, {e['task']}, accuracy {100 * e['accuracy']:.2f}% "
-            f"({e['num_sequences']} sequences of length {e['seq_len']})"
-        )
+        diverged = " (diverged)" if e.get("status", "ok") != "ok" else ""
+        print(f"{label}: {heads_label(e['heads'])}, {e['task']}, accuracy {100 * e['accuracy']:.2f}%{diverged}")
         for layer in e["layers"]:
             print(
                 f"  layer {layer['layer']}: "
@@ -235,8 +248,29 @@ def _run(args) -> int:
                 f"  best head {layer['best_single_fidelity_pct_mean']:.3f}%"
                 f"  combined > best {100 * layer['combined_beats_best_share']:.0f}%"
             )
+    if args.workdir is not None:
+        print(held_out_note(args.workdir))
     print("wrote " + ", ".join(result["files"].values()))
     return 0
+
+
+def sequences_text(source: dict, count: int, length: int) -> str:
+    """Which sequences the accuracy and metrics are measured on, in words."""
+    if source.get("sequences") == "random":
+        return f"{count} random sequences of length {length} (--seed {source.get('seed')})"
+    if source.get("sequences") == "array":
+        return f"{count} given sequences of length {length}"
+    return f"the {count} sequences of length {length} in {source.get('sequences')}"
+
+
+def held_out_note(workdir: str) -> str:
+    """Why these accuracies differ from train's eval_accuracy (results.json, report)."""
+    data = read_workdir_json(workdir, METADATA, "not a mhjax sweep workdir").get("config", {}).get("data", {})
+    held_out = f"{data['num_eval']} sequences" if "num_eval" in data else "sequences"
+    return (
+        "train's eval_accuracy (results.json, report) is the same token accuracy on the run's own held-out set, "
+        f"{held_out} per task and seed: other samples, so the numbers differ a little"
+    )
 
 
 def run_analyze(args) -> int:

@@ -29,6 +29,7 @@ from mhjax.data import tasks
 from mhjax.io.curves import read_curves
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.results import load_analysis, markdown_table, read_workdir_json
+from mhjax.plotting.heads import head_tables
 from mhjax.plotting.report import analysis_tables, plot_curves, plot_mixing_fidelity, plot_synergy, summary_table
 
 REPORT_DIR = "report"
@@ -127,6 +128,7 @@ def write_report(workdir: str, log=None, reference: str | None = None) -> dict:
             ]
     else:
         lines += [analysis_tables(analysis), ""]
+        lines += [head_tables(analysis), ""]  # empty for an analysis without ablation and rollout
         for name, fn in (("mixing_fidelity.png", plot_mixing_fidelity), ("synergy.png", plot_synergy)):
             link = figure(name, fn, analysis)
             if link:

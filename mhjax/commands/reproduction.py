@@ -25,6 +25,8 @@ METRICS = (
     ("mixing time (expected steps to the sink)", "mixing_time_mean", "{:.2f}", 1.0),
     ("minimax fidelity %", "fidelity_pct_mean", "{:.2f}", 1.0),
     ("combined operator beats the best single head, % of sequences", "combined_beats_best_share", "{:.0f}", 100.0),
+    ("accuracy synergy: full model minus the best single head kept alone, points", "accuracy_synergy", "{:.2f}", 100.0),
+    ("attention rollout through the layer, min share at the sink %", "rollout_min", "{:.3f}", 100.0),
 )
 
 
@@ -69,7 +71,9 @@ def _values(entries: list[dict], task: str, heads: int, layer: int, key: str, sc
     return [
         scale * e["layers"][layer][key]
         for e in entries
-        if (e["task"], e["heads"]) == (task, heads) and layer < len(e["layers"])
+        if (e["task"], e["heads"]) == (task, heads)
+        and layer < len(e["layers"])
+        and e["layers"][layer].get(key) is not None  # an analysis from before a metric existed
     ]
 
 

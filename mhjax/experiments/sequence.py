@@ -294,9 +294,10 @@ class SequenceExperiment(Experiment):
         return {"params": count_params(shapes["params"])}
 
     def metric_tags(self) -> list[str]:
-        tags = ["analysis/accuracy"]  # logged by `mhjax analyze --workdir W`
+        tags = ["analysis/accuracy", "analysis/loss", "analysis/rollout_min"]  # logged by `mhjax analyze --workdir W`
         for layer in range(int(self.config.model.num_layers)):
             tags += [f"analysis/layer{layer}/mixing_time", f"analysis/layer{layer}/fidelity_pct"]
+            tags += [f"analysis/layer{layer}/accuracy_synergy", f"analysis/layer{layer}/rollout_min"]
         return tags
 
     def images(self, member_states: dict, step: int) -> dict:

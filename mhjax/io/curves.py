@@ -6,6 +6,15 @@ import os
 
 import numpy as np
 
+# The trainer logs train/... scalars for every step of a chunk of up to this many steps, else
+# means over windows of train_window(chunk) steps (mhjax.train.loop._log_chunk).
+TRAIN_POINTS_PER_CHUNK = 50
+
+
+def train_window(chunk_steps: int) -> int:
+    """Steps per train/... point in TensorBoard for chunks of ``chunk_steps`` steps."""
+    return max(1, -(-int(chunk_steps) // TRAIN_POINTS_PER_CHUNK))
+
 
 def read_curves(workdir: str, names: list[str], tags=None) -> dict:
     """{member: {tag: (steps, values)}} from the members' runs; a missing run or tag is left out.

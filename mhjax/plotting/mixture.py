@@ -25,7 +25,7 @@ import sys
 
 import numpy as np
 
-from mhjax.io.curves import read_curves
+from mhjax.io.curves import read_curves, train_window
 
 
 class NothingToDraw(Exception):
@@ -226,7 +226,8 @@ def _colors(heads):
 
 def _curve(workdir, record, chunk_steps):
     """(steps, values) of a member's train loss: the exact recorded curve, else TensorBoard's
-    chunk means (at step s the mean of L(theta_k), k = s-c..s-1, placed at s - (c+1)/2)."""
+    train/loss (at step s the mean of L(theta_k), k = s-w..s-1 for the trainer's window w, placed
+    at s - (w+1)/2)."""
     curve = record.get("loss_curve")
     if curve:
         values = np.array([np.nan if v is None else v for v in curve["values"]], float)
@@ -234,7 +235,7 @@ def _curve(workdir, record, chunk_steps):
     found = read_curves(workdir, [record["name"]], ["train/loss"])[record["name"]].get("train/loss")
     if found is None:
         return np.zeros(0), np.zeros(0)
-    return found[0] - (chunk_steps + 1) / 2, found[1]
+    return found[0] - (train_window(chunk_steps) + 1) / 2, found[1]
 
 
 def _plot_loss_vs_K(fig, workdir, records, chunk_steps, init):

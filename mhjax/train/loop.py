@@ -14,6 +14,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from mhjax.io.checkpoint import SweepCheckpointer, check_or_write_metadata
+from mhjax.io.curves import train_window
 from mhjax.io.results import write_results
 from mhjax.io.tensorboard import MemberWriters
 from mhjax.train import engine
@@ -271,15 +272,23 @@ def _crossed(previous: int, step: int, every: int) -> bool:
 
 
 def _log_chunk(writers, members, idx, metrics, status, step, reported, log):
+    """TensorBoard scalars of a chunk that ended at ``step``: ``train/...`` from the scan's per-step
+    rows, every step for chunks of up to io.curves.TRAIN_POINTS_PER_CHUNK steps, else means over
+    windows of ``train_window(n)`` steps (curves with points between chunks). At step s: the loss of
+    update s on its own batch, L(theta_{s-1}) (the window's mean); ``train/learning_rate`` at the chunk's end."""
     diverged, diverged_at, lr = status["diverged"], status["diverged_at"], status.get("learning_rate")
+    n = metrics["loss"].shape[0]
+    window = train_window(n)
     for j, i in enumerate(idx):
-        losses = metrics["loss"][:, j]
-        finite = losses[np.isfinite(losses)]
-        values = {"train/loss": float(finite.mean()) if finite.size else float("nan")}
-        values.update({f"train/{k}": float(np.nanmean(v[:, j])) for k, v in metrics.items() if k != "loss"})
+        for end in range(window, n + window, window):
+            rows = slice(end - window, min(end, n))
+            losses = metrics["loss"][rows, j]
+            finite = losses[np.isfinite(losses)]
+            values = {"train/loss": float(finite.mean()) if finite.size else float("nan")}
+            values.update({f"train/{k}": float(np.nanmean(v[rows, j])) for k, v in metrics.items() if k != "loss"})
+            writers.scalars(members[i].name, values, step - n + min(end, n))
         if lr is not None:
-            values["train/learning_rate"] = float(lr[j])
-        writers.scalars(members[i].name, values, step)
+            writers.scalars(members[i].name, {"train/learning_rate": float(lr[j])}, step)
         if diverged[j] and i not in reported:
             reported.add(i)
             log(
