@@ -249,7 +249,9 @@ def test_layer_metrics_matches_dag_per_item():
 
 def test_member_params_slices_program_positions():
     params = {"w": np.arange(3 * 2).reshape(3, 2)}
-    sweep = SimpleNamespace(programs=[("a", [2, 0], None), ("b", [1], None)])
+    from mhjax.train.engine import Program
+
+    sweep = SimpleNamespace(programs=[Program("a", [2, 0], None), Program("b", [1], None)])
     states = {"a": SimpleNamespace(params={"w": params["w"][:2]}), "b": SimpleNamespace(params={"w": params["w"][2:]})}
     got = analyze.member_params(sweep, states)
     np.testing.assert_array_equal(got[2]["w"], [0, 1])  # position 0 of program a

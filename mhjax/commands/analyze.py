@@ -17,10 +17,10 @@ from mhjax.analysis.metrics import analyze_checkpoint, analyze_params, one_line,
 from mhjax.config import ConfigError
 from mhjax.data import tasks
 from mhjax.experiments import make_experiment
-from mhjax.io.checkpoint import METADATA, SweepCheckpointer
 from mhjax.io.lock import WorkdirLock
-from mhjax.io.results import read_workdir_json, write_json
+from mhjax.io.results import write_json, write_text
 from mhjax.io.tensorboard import log_to_run
+from mhjax.io.workdir import Workdir, analysis_paths
 from mhjax.models.probe import config_sizes
 from mhjax.plotting.analysis import format_analysis, plot_analysis
 from mhjax.plotting.images import attention_grid, sink_row_image
@@ -48,22 +48,19 @@ def analyze_torch_checkpoint(
     return result
 
 
-def _workdir_sweep(workdir: str):
+def _workdir_sweep(workdir: Workdir):
     """(experiment, Sweep, latest step, states) restored from a trained sweep workdir."""
-    meta = read_workdir_json(workdir, METADATA, "not a mhjax sweep workdir")
     try:
-        config = ml_collections.ConfigDict(meta["config"])
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ConfigError(
-            f"--workdir: {os.path.join(workdir, METADATA)} is unreadable ({type(exc).__name__})"
-        ) from None
-    tasks.restore(meta.get("tasks"), os.path.join(workdir, METADATA))  # plug-in tasks, from where they came
+        config = ml_collections.ConfigDict(workdir.config())
+    except (TypeError, AttributeError) as exc:
+        raise ConfigError(f"--workdir: {workdir.metadata_path} is unreadable ({type(exc).__name__})") from None
+    tasks.restore(workdir.metadata().get("tasks"), workdir.metadata_path)  # plug-in tasks, from where they came
     experiment = make_experiment(config)
     if not experiment.analyzable:
         raise ConfigError(f"--workdir: analyze needs a sequence sweep; {workdir} holds a {experiment.kind!r} sweep")
-    if not os.path.isdir(os.path.join(workdir, "checkpoints")):
-        raise ConfigError(f"--workdir: {workdir} has no checkpoints/; train it first")
-    checkpointer = SweepCheckpointer(workdir)
+    if not workdir.has_checkpoints():
+        raise ConfigError(f"--workdir: {workdir} has no {os.path.basename(workdir.checkpoints_dir)}/; train it first")
+    checkpointer = workdir.checkpointer()
     try:
         step = checkpointer.latest_step()
         if step is None:
@@ -102,7 +99,7 @@ def analyze_workdir(
     heatmaps (all heads + the combined operator, evaluation sequence 0) to each
     member's run ``W/tb/<member>`` at the checkpoint's step.
     """
-    workdir = str(workdir)
+    workdir = Workdir.of(workdir)
     experiment, sweep, step, states = _workdir_sweep(workdir)
     m = experiment.config.model
     batches = {}  # {task: (its evaluation Batch, source)}
@@ -135,15 +132,15 @@ def analyze_workdir(
             scalars.update(_head_scalars(entry))
             if sink_rows is not None:
                 images["analysis/rollout/sink_row"] = sink_row_image(sink_rows)
-            log_to_run(workdir, member.name, scalars, images, step)
+            log_to_run(workdir.run_dir(member.name), scalars, images, step)
     result = {
-        "workdir": os.path.abspath(workdir),
+        "workdir": os.path.abspath(workdir.path),
         "step": int(step),
         "source": source if batches else None,
         "conventions": next(iter(members.values()))["conventions"] if members else None,
         "members": members,
     }
-    out = os.path.join(workdir, "analysis") if out is None else str(out)
+    out = workdir.analysis_dir if out is None else str(out)
     result["files"] = write_analysis(out, result, plot=plot)
     return result
 
@@ -191,11 +188,11 @@ def write_analysis(out, result: dict, plot: bool = True) -> dict[str, str]:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--out: cannot create {out} ({type(exc).__name__}: {one_line(exc)})") from None
-    files = {"json": str(out / "analysis.json"), "md": str(out / "analysis.md")}
-    if plot:
-        files["png"] = str(out / "analysis.png")
+    files = analysis_paths(out)
+    if not plot:
+        del files["png"]
     write_json(files["json"], {**{k: v for k, v in result.items() if k != "files"}, "files": files})
-    (out / "analysis.md").write_text(format_analysis(result))
+    write_text(files["md"], format_analysis(result))
     if plot:
         plot_analysis(result, files["png"])
     return files
@@ -231,8 +228,9 @@ def _run(args) -> int:
         for option, value in (("--heads", args.heads), ("--task", args.task)):
             if value is not None:
                 raise ConfigError(f"{option}: not used with --workdir (each member's own value is used)")
-        with WorkdirLock(args.workdir, "analyze"):
-            result = analyze_workdir(args.workdir, args.out, tensorboard=not args.no_tensorboard, **common)
+        workdir = Workdir(args.workdir)
+        with WorkdirLock(workdir, "analyze"):
+            result = analyze_workdir(workdir, args.out, tensorboard=not args.no_tensorboard, **common)
         entries = list(result["members"].items())
     if entries:
         e = entries[0][1]
@@ -249,7 +247,7 @@ def _run(args) -> int:
                 f"  combined > best {100 * layer['combined_beats_best_share']:.0f}%"
             )
     if args.workdir is not None:
-        print(held_out_note(args.workdir))
+        print(held_out_note(workdir))
     print("wrote " + ", ".join(result["files"].values()))
     return 0
 
@@ -263,12 +261,12 @@ def sequences_text(source: dict, count: int, length: int) -> str:
     return f"the {count} sequences of length {length} in {source.get('sequences')}"
 
 
-def held_out_note(workdir: str) -> str:
+def held_out_note(workdir: Workdir) -> str:
     """Why these accuracies differ from train's eval_accuracy (results.json, report)."""
-    data = read_workdir_json(workdir, METADATA, "not a mhjax sweep workdir").get("config", {}).get("data", {})
+    data = Workdir.of(workdir).config().get("data", {})
     held_out = f"{data['num_eval']} sequences" if "num_eval" in data else "sequences"
     return (
-        "train's eval_accuracy (results.json, report) is the same token accuracy on the run's own held-out set, "
+        f"train's eval_accuracy ({Workdir.RESULTS}, report) is the same token accuracy on the run's own held-out set, "
         f"{held_out} per task and seed: other samples, so the numbers differ a little"
     )
 
