@@ -196,13 +196,13 @@ def init_tau(config, member: Member) -> float:
     return float(member.hparams.get("init_tau", config.init.tau))
 
 
-def key_names(sweep, members: list[Member]) -> dict[str, str]:
-    """{member name: the name its PRNG key derives from}: the name without init_tau, so members
+def key_names(axes, members: list[Member]) -> dict[str, str]:
+    """{member name: the name its PRNG key derives from} (axes: config.sweep): the name without init_tau, so members
     differing only in tau draw the same random directions (at different scales) and a member of
     a tau sweep equals itself trained alone with init.tau at that value."""
-    swept_many = {f for f in sweep.keys() if f != "init_tau" and len(sweep[f]) > 1}
+    swept_many = {f for f in axes.keys() if f != "init_tau" and len(axes[f]) > 1}
     return {
-        m.name: member_name({k: v for k, v in m.hparams.items() if k in sweep and k != "init_tau"}, swept_many, None)
+        m.name: member_name({k: v for k, v in m.hparams.items() if k in axes and k != "init_tau"}, swept_many, None)
         for m in members
     }
 

@@ -163,7 +163,9 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     # With several processes (jax.distributed) only process 0 writes metadata, logs and results;
     # every process takes part in checkpoints (orbax coordinates them).
     primary = jax.process_index() == 0
-    resuming = workdir.check_or_write_metadata(config.to_dict(), experiment.kind) if primary else True
+    resuming = (
+        workdir.check_or_write_metadata(config.to_dict(), experiment.kind, experiment.metadata()) if primary else True
+    )
     sweep = Sweep(experiment)
     if jax.process_count() > 1:
         for p in sweep.programs:
