@@ -10,7 +10,11 @@ roofline predicts on ``--device`` from the HLO figures.
     python benchmarks/cost_model.py [--json OUT] [--config configs/paper.py] [--device h200|tpu-v5e]
         [--peak-tflops X --hbm-gbs Y] [--strategies fused,grouped,one_program,...] [--seeds 0,1,...]
 
-A strategy ``S:V`` is strategy S with attention variant V (btft, bf16). ``groups_unrolled``
+A strategy ``S:V`` is strategy S with attention variant V (btft, bf16, or pallas: the
+fused Pallas kernel, its HBM traffic and FLOPs counted analytically and XLA's count of the
+rest of the program compiled with the kernel replaced by an opaque op of the same inputs
+and outputs, hlo_cost.py). The other rows run the JAX attention path (config.attention =
+"jax"), what XLA can count. ``groups_unrolled``
 is one_program as it was first built: grouped's vmapped programs written side by side in
 one program (engine.Unrolled), grouped's cost but the whole step compiled once per head
 count. The compile times are this machine's (a CPU) and include XLA's CPU code generation.
@@ -18,19 +22,17 @@ count. The compile times are this machine's (a CPU) and include XLA's CPU code g
 
 from __future__ import annotations
 
+import argparse
+import copy
+import datetime
+import importlib.util
+import json
 import os
+import platform
+import sys
+from pathlib import Path
 
-os.environ["MHJAX_ATTENTION"] = "jax"  # read when mhjax's attention module is imported: before it
-
-import argparse  # noqa: E402
-import datetime  # noqa: E402
-import importlib.util  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import jax  # noqa: E402
+import jax
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -43,7 +45,9 @@ from mhjax.models import cost  # noqa: E402
 from mhjax.models.flops import train_step_flops  # noqa: E402
 from mhjax.train.engine import Program, Unrolled  # noqa: E402
 
-DEFAULT_STRATEGIES = "fused,grouped,one_program,groups_unrolled,fused:btft,fused:bf16,grouped:bf16,one_program:bf16"
+DEFAULT_STRATEGIES = (
+    "fused,grouped,one_program,groups_unrolled,fused:btft,fused:bf16,grouped:bf16,one_program:bf16,one_program:pallas"
+)
 
 
 def load_config(path):
@@ -77,20 +81,25 @@ def programs_of(experiment, strategy: str) -> list[Program]:
     return [Program("all", [i for p in grouped for i in p.members], recipe)]
 
 
-def run_strategy(experiment, spec: str, device: cost.Device) -> dict:
+def experiment_with(config, attention: str) -> SequenceExperiment:
+    config = copy.deepcopy(config)
+    config.attention = attention
+    return SequenceExperiment(config)
+
+
+def run_strategy(config, spec: str, device: cost.Device) -> dict:
     strategy, _, variant = spec.partition(":")
+    kernel = variant == hlo_cost.KERNEL_VARIANT
+    experiment = experiment_with(config, "pallas" if kernel else "jax")
     programs = programs_of(experiment, strategy)
     with hlo_cost.variant(variant or None):
-        measured = hlo_cost.measure(experiment, programs)
+        measured = hlo_cost.measure(experiment, programs, kernel)
     m, d = experiment.config.model, experiment.config.data
     analytic = train_step_flops(d.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, m.vocab_size)
     hlo = cost.Cost(measured["flops_per_member_step"], measured["bytes_per_member_step"])
-    # The analytic model knows the library's own attention only, not the variants.
-    model = (
-        None
-        if variant
-        else cost.sweep_cost(cost.Shape.of(experiment.config), experiment.program_groups(programs), device)
-    )
+    # The analytic model knows the library's own attention paths (JAX, the Pallas kernel), not the variants.
+    groups = experiment.program_groups(programs)
+    model = None if variant and not kernel else cost.sweep_cost(cost.Shape.of(config), groups, device, kernel=kernel)
     scale = lambda key, unit: None if model is None else model[key] / unit  # noqa: E731
     return {
         "gflop_per_member_step": hlo.flops / 1e9,
@@ -101,12 +110,16 @@ def run_strategy(experiment, spec: str, device: cost.Device) -> dict:
         "cost_model_gflop_per_member_step": scale("flops_per_member_step", 1e9),
         "cost_model_gb_per_member_step": scale("bytes_per_member_step", 1e9),
         "cost_model_member_steps_per_s": scale("member_steps_per_s", 1),
+        "kernel_gb_per_member_step": measured["kernel_bytes_per_member_step"] / 1e9 if kernel else None,
+        "kernel_gflop_per_member_step": measured["kernel_flops_per_member_step"] / 1e9 if kernel else None,
+        "gb_by_part_per_member_step": {k: v / 1e9 for k, v in measured["bytes_by_part_per_member_step"].items()},
         "peak_temp_bytes": measured["peak_temp_bytes"],
         "compile_s": measured["compile_s"],
         "programs": measured["programs"],
         "members": measured["members"],
         # A variant changes the numbers as well as the cost: by how much, on one step.
-        "accuracy": hlo_cost.accuracy(experiment, programs, variant) if variant else None,
+        # (the kernel computes the library's function: tests/test_pallas_attention.py)
+        "accuracy": hlo_cost.accuracy(experiment, programs, variant) if variant and not kernel else None,
     }
 
 
@@ -130,7 +143,7 @@ def main(argv=None) -> int:
     config = load_config(args.config)
     if args.seeds:
         config.sweep.seed = tuple(int(s) for s in args.seeds.split(","))
-    experiment = SequenceExperiment(config)
+    experiment = experiment_with(config, "jax")
     device = device_from(args)
     print(
         f"{len(experiment.members)} members; roofline on {device.name}: {device.peak_flops / 1e12:g} TFLOP/s, "
@@ -144,7 +157,7 @@ def main(argv=None) -> int:
     print(header, flush=True)
     results = {}
     for spec in args.strategies.split(","):
-        r = results[spec] = run_strategy(experiment, spec, device)
+        r = results[spec] = run_strategy(config, spec, device)
         model = [
             f"{x:.2f}" if x is not None else "-"
             for x in (r["cost_model_gflop_per_member_step"], r["cost_model_gb_per_member_step"])
@@ -156,6 +169,9 @@ def main(argv=None) -> int:
             f"{r['compile_s']:>9.1f} {r['roofline_member_steps_per_s']:>8.0f}",
             flush=True,
         )
+        if r["kernel_gb_per_member_step"] is not None:
+            parts = ", ".join(f"{k} {v:.3f}" for k, v in r["gb_by_part_per_member_step"].items())
+            print(f"{'':<18} GB: kernel {r['kernel_gb_per_member_step']:.3f}; the rest by part (approx.): {parts}")
         if r["accuracy"]:
             print(
                 f"{'':<18} one step against fp32 {strategy_of(spec)}: loss {r['accuracy']['loss_rel_diff']:.1e}, "
@@ -181,7 +197,7 @@ def main(argv=None) -> int:
             "backend": jax.default_backend(),
         },
         "device": device._asdict(),
-        "attention": "jax (MHJAX_ATTENTION=jax)",
+        "attention": "jax (config.attention=jax); S:pallas rows: the Pallas kernel, counted analytically",
         "strategies": results,
         "one_program_over_grouped": ratio,
     }

@@ -11,8 +11,13 @@ Variants of the attention core that the library does not use are measured by swa
   btft  scores, mixing and softmax in (B, T, F, T) layout instead of (B, F, T, T);
   bf16  scores (and the F x F mixing) in bf16, softmax in fp32, probabilities handed to the
         value product in bf16 with fp32 accumulation.
-The JAX attention path must be on (MHJAX_ATTENTION=jax before mhjax is imported):
-the CPU kernel is an opaque custom call whose cost XLA cannot see.
+The programs must run the JAX attention path (config.attention = "jax"): a kernel is an
+opaque custom call whose cost XLA cannot see. The exception is the Pallas kernel (variant
+``pallas``, programs built with config.attention = "pallas"): its interpret-mode program
+would be counted as loops, so for the compile the kernel is replaced by a stand-in custom
+call with the same inputs and outputs (forward and backward), which XLA counts as -1 FLOP
+and -1 byte each (added back); the kernel's own HBM traffic and FLOPs are then added
+analytically (pallas_attention.kernel_cost, per layer and member at its head count).
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ import time
 
 import jax
 import jax.numpy as jnp
+from hlo_parts import bytes_by_part
 
-from mhjax.models import attention
+from mhjax.models import attention, pallas_attention
 from mhjax.train import engine
 from mhjax.train.loop import stack_constants
 
@@ -75,6 +81,32 @@ def _bf16_attention(q, k, v, fine, heads, seeds, threshold, inv_keep):
 
 
 VARIANTS = {"btft": _btft_attention, "bf16": _bf16_attention}
+KERNEL_VARIANT = "pallas"
+
+
+def _opaque(shapes, *args):
+    """A custom call of ``args`` returning arrays of ``shapes`` (compiled, never run)."""
+    return jax.pure_callback(lambda *a: None, shapes, *args, vmap_method="broadcast_all")
+
+
+@jax.custom_vjp
+def _kernel_stand_in(q, k, v, seeds):
+    return _kernel_stand_in_fwd(q, k, v, seeds)[0]
+
+
+def _kernel_stand_in_fwd(q, k, v, seeds):
+    lse = jax.ShapeDtypeStruct((*q.shape[:-2], seeds.shape[-2], q.shape[-2]), q.dtype)
+    out, lse = _opaque((jax.ShapeDtypeStruct(q.shape, q.dtype), lse), q, k, v, seeds)
+    return out, (q, k, v, seeds, out, lse)
+
+
+def _kernel_stand_in_bwd(residuals, dout):
+    q, k, v, seeds, out, lse = residuals
+    grads = _opaque((jax.ShapeDtypeStruct(q.shape, q.dtype),) * 3, q, k, v, seeds, out, lse, dout)
+    return (*grads, None)
+
+
+_kernel_stand_in.defvjp(_kernel_stand_in_fwd, _kernel_stand_in_bwd)
 
 
 @contextlib.contextmanager
@@ -83,21 +115,42 @@ def variant(name: str | None):
     if name is None:
         yield
         return
-    original = attention.jax_attention
-    attention.jax_attention = VARIANTS[name]
+    module, field, replacement = (
+        (pallas_attention, "attention", lambda q, k, v, seeds, *_: _kernel_stand_in(q, k, v, seeds))
+        if name == KERNEL_VARIANT
+        else (attention, "jax_attention", VARIANTS[name])
+    )
+    original = getattr(module, field)
+    setattr(module, field, replacement)
     try:
         yield
     finally:
-        attention.jax_attention = original
+        setattr(module, field, original)
 
 
-def measure(experiment, programs) -> dict:
-    """HLO cost of one training step of ``programs`` (experiment.programs(...)), per member."""
-    if attention.use_cpu_kernel():
-        raise RuntimeError("set MHJAX_ATTENTION=jax before importing mhjax: the CPU kernel hides its cost from XLA")
+def kernel_cost(experiment, programs) -> tuple[float, float]:
+    """(FLOPs, bytes) of the Pallas kernel's calls in one step of ``programs``, summed over
+    members and layers: each member at the static head count its group runs."""
+    m, batch = experiment.config.model, experiment.config.data.batch_size
+    flops = nbytes = 0.0
+    for groups in experiment.program_groups(programs):
+        for members, heads, mixed in groups:
+            if mixed:
+                raise ValueError("the Pallas kernel runs static head counts only (not fused over several)")
+            f, b = pallas_attention.kernel_cost(batch, m.seq_len, m.width, heads)
+            flops, nbytes = flops + members * m.num_layers * f, nbytes + members * m.num_layers * b
+    return flops, nbytes
+
+
+def measure(experiment, programs, kernel: bool = False) -> dict:
+    """HLO cost of one training step of ``programs`` (experiment.programs(...)), per member;
+    ``kernel``: the programs run the Pallas kernel, replaced by its stand-in (``variant``)."""
+    used = {recipe.model.attention for p in programs for _, recipe in engine.recipe_groups(p)}
+    if used != {"pallas" if kernel else "jax"}:
+        raise RuntimeError(f"programs with attention {used} (config.attention): XLA cannot count a kernel")
     members = sum(len(p.members) for p in programs)
     flops = nbytes = compile_s = 0.0
-    peak_temp, each = 0, {}
+    peak_temp, each, parts = 0, {}, {}
     for program in programs:
         consts = stack_constants(experiment, program.members)
         states = jax.eval_shape(engine.make_init(program.recipe), consts)
@@ -106,21 +159,32 @@ def measure(experiment, programs) -> dict:
         compile_s += time.perf_counter() - start
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # older jax: one dict per device
-        flops += float(cost["flops"])
-        nbytes += float(cost["bytes accessed"])
+        text = compiled.as_text()
+        unknown = text.count("custom-call(") if kernel else 0  # each counted as -1
+        for part, part_bytes in bytes_by_part(text).items():
+            parts[part] = parts.get(part, 0.0) + part_bytes
+        flops += float(cost["flops"]) + unknown
+        nbytes += float(cost["bytes accessed"]) + unknown
         each[program.name] = {
             "members": len(program.members),
-            "flops": float(cost["flops"]),
-            "bytes": float(cost["bytes accessed"]),
+            "flops": float(cost["flops"]) + unknown,
+            "bytes": float(cost["bytes accessed"]) + unknown,
         }
         peak_temp = max(peak_temp, int(compiled.memory_analysis().temp_size_in_bytes))
+    kernel_flops, kernel_bytes = kernel_cost(experiment, programs) if kernel else (0.0, 0.0)
+    flops, nbytes = flops + kernel_flops, nbytes + kernel_bytes
     return {
         "programs": len(programs),
         "members": members,
+        "kernel_flops_per_member_step": kernel_flops / members,
+        "kernel_bytes_per_member_step": kernel_bytes / members,
         "flops_per_member_step": flops / members,
         "bytes_per_member_step": nbytes / members,
         "peak_temp_bytes": peak_temp,
         "compile_s": compile_s,
+        # hlo_parts.py's attribution of XLA's bytes to model parts (approximate; the kernel's own
+        # traffic is in kernel_bytes_per_member_step)
+        "bytes_by_part_per_member_step": {k: v / members for k, v in sorted(parts.items(), key=lambda kv: -kv[1])},
         "per_program": each,
     }
 

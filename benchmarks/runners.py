@@ -199,9 +199,10 @@ class SequentialRunner:
     def __init__(self, config, label="sequential"):
         self.label = label
         experiment = SequenceExperiment(config)
+        attention = experiment.attention(jax.default_backend())
         self.items = []
         for member in experiment.members:
-            recipe = SequenceRecipe(config, member["heads"], static_heads=True)
+            recipe = SequenceRecipe(config, member["heads"], static_heads=True, attention=attention)
             consts = jax.tree_util.tree_map(jnp.asarray, experiment.member_constants(member))
             state = jax.jit(lambda c, recipe=recipe: engine.init_member(recipe, c))(consts)
             step = jax.jit(lambda s, c, recipe=recipe: engine.train_step(recipe, s, c), donate_argnums=0)

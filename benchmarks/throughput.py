@@ -70,19 +70,11 @@ from runners import (  # noqa: E402
     torch_device,
 )
 
-from mhjax.models import attention as attention_module  # noqa: E402
+from mhjax.experiments.sequence import SequenceExperiment  # noqa: E402
 
 TORCH_LABELS = ("torch", "torch_ensemble")
 
 # ---------------------------------------------------------------- measurement
-
-
-def _cpu_kernel_on():
-    """Whether "auto" attention uses the CPU kernel here (None where this checkout cannot say)."""
-    try:
-        return bool(attention_module.use_cpu_kernel())
-    except (AttributeError, TypeError):
-        return None
 
 
 def _memory_kind(label, device):
@@ -171,10 +163,11 @@ def main(argv=None):
         print(f"[{time.perf_counter() - t0:6.0f}s] {msg}", flush=True)
 
     backend = jax.default_backend()
-    kernel = _cpu_kernel_on()
+    attention = SequenceExperiment(make_config(HEADS)).attention(backend)
+    kernel = attention == "cpu_kernel"
     log(
         f"jax {jax.__version__} on {backend} ({len(jax.devices())} device(s)), {os.cpu_count()} cores; "
-        f"CPU attention kernel: {'on' if kernel else 'off'}"
+        f"attention (config.attention=auto): {attention}"
     )
     seeds = tuple(range(args.seeds))
     config = make_config(HEADS, length=args.length, seeds=seeds)
@@ -197,9 +190,8 @@ def main(argv=None):
 
     runners = []
     for label in args.strategies.split(","):
-        # "name:impl" times strategy `name` with attention implementation `impl` (auto | kernel
-        # | jax, see mhjax/models/attention.py); programs are traced at warm-up, so the
-        # setting sticks to this runner's compiled programs.
+        # "name:impl" times strategy `name` with config.attention = `impl` (auto | jax |
+        # cpu_kernel | pallas, see mhjax/models/attention.py).
         name, _, impl = label.partition(":")
         log(f"compiling {label} ...")
         runner_config = make_config(
@@ -337,6 +329,7 @@ def main(argv=None):
             "dropout": config.model.dropout,
         },
         "cpu_attention_kernel": kernel,
+        "attention": attention,
         "seeds": args.seeds,
         "torch_device": device,
         "reps": reps,

@@ -8,6 +8,7 @@ def get_config():
     config.experiment = "sequence"
     config.seed = 0
     config.strategy = "auto"  # auto | unrolled | fused | grouped | one_program (README: Sweep strategies)
+    config.attention = "auto"  # auto | jax | cpu_kernel | pallas (README: Attention implementations)
     config.devices = 0  # devices the member axis is sharded over; 0 = all
     config.sweep = ml_collections.ConfigDict()
     config.sweep.task = ("copy", "cycle")

@@ -20,6 +20,7 @@ def tiny_sequence_config(**sweep):
     config.experiment = "sequence"
     config.seed = 0
     config.strategy = "grouped"
+    config.attention = "auto"
     fields = dict(task=("copy",), heads=(1, 4), seed=(0,), learning_rate=(3e-3,))
     fields.update({k: tuple(v) for k, v in sweep.items()})
     config.sweep = ml_collections.ConfigDict(fields)

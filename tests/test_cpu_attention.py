@@ -14,13 +14,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def implementation():
-    saved = attention.IMPLEMENTATION
-    yield lambda name: setattr(attention, "IMPLEMENTATION", name)
-    attention.IMPLEMENTATION = saved
-
-
 def _value_and_grad(model, params, tokens, heads, deterministic):
     def loss(p):
         logits = model.apply(
@@ -31,13 +24,11 @@ def _value_and_grad(model, params, tokens, heads, deterministic):
     return jax.jit(jax.value_and_grad(loss))(params)
 
 
-def _assert_kernel_matches_jax(implementation, run, grad_atol=1e-6):
-    """run() -> (value, grads), traced under each implementation: values to rtol 1e-5,
-    gradients to rtol 1e-4."""
-    implementation("jax")
-    a, ga = run()
-    implementation("kernel")
-    b, gb = run()
+def _assert_kernel_matches_jax(run, grad_atol=1e-6):
+    """run(implementation) -> (value, grads) on the JAX path and the CPU kernel: values to
+    rtol 1e-5, gradients to rtol 1e-4."""
+    a, ga = run("jax")
+    b, gb = run("cpu_kernel")
     np.testing.assert_allclose(a, b, rtol=1e-5)
     for x, y in zip(jax.tree_util.tree_leaves(ga), jax.tree_util.tree_leaves(gb)):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=grad_atol)
@@ -46,40 +37,46 @@ def _assert_kernel_matches_jax(implementation, run, grad_atol=1e-6):
 @pytest.mark.parametrize("heads", [1, 2, 8])
 @pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_kernel_equals_jax_attention(implementation, heads, grouped, deterministic):
+def test_kernel_equals_jax_attention(heads, grouped, deterministic):
     tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 12), 0, 16)
     plain = Transformer(16, 12, 16, 2, 32, heads, 0.3)
-    model = Transformer(16, 12, 16, 2, 32, 8, 0.3) if grouped else plain
     params = plain.init(jax.random.PRNGKey(0), tokens)["params"]
     h = jnp.int32(heads) if grouped else None
-    _assert_kernel_matches_jax(implementation, lambda: _value_and_grad(model, params, tokens, h, deterministic))
+
+    def run(implementation):
+        model = Transformer(16, 12, 16, 2, 32, 8 if grouped else heads, 0.3, attention=implementation)
+        return _value_and_grad(model, params, tokens, h, deterministic)
+
+    _assert_kernel_matches_jax(run)
 
 
 @pytest.mark.parametrize("heads", [1, 2, 4, 16])
-def test_kernel_equals_jax_at_wide_heads_and_odd_length(implementation, heads):
+def test_kernel_equals_jax_at_wide_heads_and_odd_length(heads):
     """Width 64: head dims 64/32/16 (the kernel's row-major value path) and 4; length 13
     (not a multiple of the kernel's 4-query blocks), with dropout."""
     x = jax.random.normal(jax.random.PRNGKey(3), (2, 13, 64))
-    layer = attention.CausalSelfAttention(64, heads, 0.2)
-    params = layer.init(jax.random.PRNGKey(0), x)["params"]
+    params = attention.CausalSelfAttention(64, heads, 0.2).init(jax.random.PRNGKey(0), x)["params"]
 
-    def run():
+    def run(implementation):
+        layer = attention.CausalSelfAttention(64, heads, 0.2, implementation=implementation)
+
         def loss(p, x):
             out, _ = layer.apply({"params": p}, x, None, False, rngs={"dropout": jax.random.PRNGKey(7)})
             return jnp.sum(jnp.sin(out))
 
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, x)
 
-    _assert_kernel_matches_jax(implementation, run, grad_atol=1e-5)
+    _assert_kernel_matches_jax(run, grad_atol=1e-5)
 
 
-def test_kernel_vmapped_members_with_different_heads(implementation):
+def test_kernel_vmapped_members_with_different_heads():
     tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 10), 0, 16)
-    model = Transformer(16, 10, 16, 1, 32, 8, 0.2)
-    params = model.init(jax.random.PRNGKey(0), tokens)["params"]
+    params = Transformer(16, 10, 16, 1, 32, 8, 0.2).init(jax.random.PRNGKey(0), tokens)["params"]
     heads = jnp.array([1, 2, 4, 8], jnp.int32)
 
-    def run():
+    def run(implementation):
+        model = Transformer(16, 10, 16, 1, 32, 8, 0.2, attention=implementation)
+
         def one(h):
             def loss(p):
                 logits = model.apply(
@@ -91,7 +88,7 @@ def test_kernel_vmapped_members_with_different_heads(implementation):
 
         return jax.jit(jax.vmap(one))(heads)
 
-    _assert_kernel_matches_jax(implementation, run)
+    _assert_kernel_matches_jax(run)
 
 
 def test_hash_dropout_keeps_the_fraction_scales_and_is_off_in_eval():

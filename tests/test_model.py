@@ -132,16 +132,8 @@ def test_grouped_heads_equal_plain_heads(heads, deterministic):
         np.testing.assert_allclose(la, lb[:, ::group], atol=1e-6)
 
 
-@pytest.fixture
-def jax_attention_path(monkeypatch):
-    """The accelerator path (plain JAX attention) on this CPU."""
-    from mhjax.models import attention
-
-    monkeypatch.setattr(attention, "IMPLEMENTATION", "jax")
-
-
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_member_layout_equals_plain_heads_per_member(jax_attention_path, deterministic):
+def test_member_layout_equals_plain_heads_per_member(deterministic):
     """One model vmapped over members of 1, 2, 4 and 8 heads with their layout (attention run
     group by group at static head counts), gradients taken of the summed losses as the engine
     does == each member's plain model at its own head count, alone: losses and gradients."""
@@ -170,7 +162,7 @@ def test_member_layout_equals_plain_heads_per_member(jax_attention_path, determi
             np.testing.assert_allclose(x[i], y, rtol=1e-4, atol=1e-6)
 
 
-def test_member_layout_must_cover_the_vmapped_axis(jax_attention_path):
+def test_member_layout_must_cover_the_vmapped_axis():
     model = Transformer(16, 8, 16, 1, 32, 4, 0.0, ((2, 1), (1, 4)))
     tokens = jnp.zeros((1, 8), jnp.int32)
     with pytest.raises(ValueError, match="vmapped over 2 members, the layout has 3"):

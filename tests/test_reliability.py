@@ -263,3 +263,16 @@ def test_interrupted_metadata_write_does_not_block_a_fresh_start(setup, tmp_path
     assert Workdir(workdir).check_or_write_metadata({"a": 1}, "sequence") is False
     assert json.load(open(workdir / Workdir.METADATA))["config"] == {"a": 1}
     assert Workdir(workdir).check_or_write_metadata({"a": 1}, "sequence") is True
+
+
+def test_resume_ignores_how_a_sweep_is_computed(tmp_path):
+    """attention, strategy and devices choose how, not what: a run resumes under others."""
+    from mhjax.config import ConfigError
+    from mhjax.io.workdir import Workdir
+
+    workdir = Workdir(str(tmp_path / "w"))
+    first = {"a": 1, "attention": "jax", "strategy": "grouped", "devices": 0}
+    assert workdir.check_or_write_metadata(first, "sequence") is False
+    assert workdir.check_or_write_metadata({"a": 1, "attention": "pallas", "strategy": "fused"}, "sequence") is True
+    with pytest.raises(ConfigError, match="config.a"):
+        workdir.check_or_write_metadata({**first, "a": 2}, "sequence")

@@ -69,16 +69,15 @@ def test_one_program_and_grouped_programs_train_identically(strategy):
 
 
 @pytest.mark.parametrize("implementation", ["auto", "jax"])
-def test_one_program_groups_members_by_head_count_and_trains_like_grouped(tmp_path, monkeypatch, implementation):
+def test_one_program_groups_members_by_head_count_and_trains_like_grouped(tmp_path, implementation):
     """On both attention paths: the CPU kernel (traced head counts) and the accelerators' plain
     JAX path, where the layout runs each group's attention at its static head count."""
     from mhjax.io.checkpoint import SweepCheckpointer
-    from mhjax.models import attention
 
-    monkeypatch.setattr(attention, "IMPLEMENTATION", implementation)
     grouped = tiny_sequence_config(task=("copy", "cycle"), heads=(2, 1))
     one = tiny_sequence_config(task=("copy", "cycle"), heads=(2, 1))
     one.strategy = "one_program"
+    grouped.attention = one.attention = implementation
     sg, tg = train(grouped)
     so, to = train(one)
     [program] = so.programs
@@ -264,15 +263,13 @@ def test_other_config_in_workdir_is_refused(tmp_path):
         run(make_experiment(tiny_sequence_config(heads=(2,))), workdir, progress=False, log=lambda m: None)
 
 
-def test_one_program_diverging_member_leaves_the_others_exact(monkeypatch):
+def test_one_program_diverging_member_leaves_the_others_exact():
     """one_program takes one gradient of the summed member losses: a member whose loss turns
     non-finite must still be frozen alone, its neighbours training exactly as in grouped."""
-    from mhjax.models import attention
-
-    monkeypatch.setattr(attention, "IMPLEMENTATION", "jax")  # the layout runs on this path only
     grouped = tiny_sequence_config(heads=(1, 2), learning_rate=(3e-3, 1e30))
     one = tiny_sequence_config(heads=(1, 2), learning_rate=(3e-3, 1e30))
     one.strategy = "one_program"
+    grouped.attention = one.attention = "jax"  # the layout runs on this path (and the Pallas kernel's)
     sg, tg = train(grouped, steps=6)
     so, to = train(one, steps=6)
     [program] = so.programs

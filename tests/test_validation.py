@@ -52,6 +52,7 @@ OVERRIDE_CASES = [
     ("vocab-zero", ["--config.model.vocab_size=0"], "config.model.vocab_size"),
     ("seq-len-negative", ["--config.model.seq_len=-8"], "config.model.seq_len"),
     ("strategy-unknown", ["--config.strategy=fastest"], "config.strategy"),
+    ("attention-unknown", ["--config.attention=triton"], "config.attention"),
     ("experiment-unknown", ["--config.experiment=vision"], "config.experiment"),
     ("unknown-field", ["--config.model.widht=16"], "config.model.widht"),
     ("unknown-section", ["--config.optimizer.lr=1"], "config.optimizer.lr"),

@@ -53,6 +53,10 @@ class Experiment:
         losses the trainer recorded at ``loss_steps()`` ({member index: {"steps", "values"}})."""
         return {}
 
+    def results_fields(self, backend: str) -> dict:
+        """Extra top-level results.json fields (e.g. how the run computed what it did)."""
+        return {}
+
     def metric_tags(self) -> list[str]:
         """TensorBoard tags filled in later (e.g. by ``mhjax analyze``), listed as HParams metrics."""
         return []

@@ -16,6 +16,7 @@ from mhjax.analysis.metrics import learned_head_weights
 from mhjax.data import sequences, tasks
 from mhjax.experiments.base import Experiment
 from mhjax.models import Transformer, cost, count_params, flops
+from mhjax.models.attention import IMPLEMENTATIONS, resolve_implementation
 from mhjax.models.probe import config_sizes, predict
 from mhjax.plotting.images import attention_grid, diffusion_image
 from mhjax.train.engine import Program, Recipe, Unrolled, recipe_groups
@@ -39,6 +40,8 @@ def validate(config) -> None:
     if config.train.steps > 2**31 - 1:  # the per-member step counter is int32
         raise cfg.ConfigError(f"config.train.steps: must be at most {2**31 - 1}, got {config.train.steps}")
     cfg.require_choice(config, "strategy", STRATEGIES)
+    if "attention" in config:  # optional: configs without it run "auto"
+        cfg.require_choice(config, "attention", IMPLEMENTATIONS)
     cfg.require_nonneg_int(config, "seed")
     if config.seed >= 2**32:  # PRNGKey keeps only 32 bits here: 2**32 would silently equal seed 0
         raise cfg.ConfigError(f"config.seed: must be an integer in [0, 2**32), got {config.seed}")
@@ -76,6 +79,7 @@ FIELDS = {
     "experiment": None,
     "seed": None,
     "strategy": None,
+    "attention": None,
     "devices": None,
     "sweep": None,
     "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout"},
@@ -95,12 +99,13 @@ class SequenceRecipe(Recipe):
     ``static_heads=False`` the program mixes head counts and a member's own head count is a
     traced constant (fine heads summed per coarse head, models/attention.py). With a
     ``layout`` (the program's (members, heads) groups) the vmapped model runs each group's
-    attention at its static head count, and the engine takes gradients outside the vmap."""
+    attention at its static head count, and the engine takes gradients outside the vmap.
+    ``attention``: the attention core's implementation (models/attention.py)."""
 
-    def __init__(self, config, fine_heads: int, static_heads: bool, layout=None):
+    def __init__(self, config, fine_heads: int, static_heads: bool, layout=None, attention: str = "jax"):
         m, d = config.model, config.data
         self.model = Transformer(
-            m.vocab_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, fine_heads, m.dropout, layout
+            m.vocab_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, fine_heads, m.dropout, layout, attention
         )
         self.static_heads = static_heads
         self.vmap_inside_grad = layout is not None
@@ -204,8 +209,9 @@ class SequenceExperiment(Experiment):
         if strategy == "auto":
             strategy = self.auto_strategy(backend)
         heads = [m["heads"] for m in self.members]
+        attention = self.attention(backend)
         if strategy == "unrolled":
-            recipes = {h: SequenceRecipe(self.config, h, True) for h in set(heads)}
+            recipes = {h: SequenceRecipe(self.config, h, True, attention=attention) for h in set(heads)}
             return [Program("all", list(range(len(self.members))), Unrolled([recipes[h] for h in heads]))]
         finest = math.lcm(*heads)  # divides the width: every head count does
         if strategy == "one_program":
@@ -215,11 +221,39 @@ class SequenceExperiment(Experiment):
             groups = self._by_heads()
             layout = tuple((len(idx), h) for h, idx in groups.items())
             order = [i for idx in groups.values() for i in idx]
-            return [Program("all", order, SequenceRecipe(self.config, finest, False, layout))]
+            return [Program("all", order, SequenceRecipe(self.config, finest, False, layout, attention))]
         if strategy == "fused":
             static = len(set(heads)) == 1
-            return [Program("all", list(range(len(self.members))), SequenceRecipe(self.config, finest, static))]
-        return [Program(f"h{h}", idx, SequenceRecipe(self.config, h, True)) for h, idx in self._by_heads().items()]
+            recipe = SequenceRecipe(self.config, finest, static, attention=attention)
+            return [Program("all", list(range(len(self.members))), recipe)]
+        return [
+            Program(f"h{h}", idx, SequenceRecipe(self.config, h, True, attention=attention))
+            for h, idx in self._by_heads().items()
+        ]
+
+    def attention(self, backend: str) -> str:
+        """The attention implementation config.attention selects on ``backend``."""
+        return resolve_implementation(self.config.get("attention", "auto"), backend, self.config.model.seq_len)
+
+    def attention_used(self, backend: str) -> str:
+        """What computes the attention core of this sweep's programs: the kernel serves static
+        head counts only, so ``fused`` over several head counts keeps the JAX path."""
+        strategy = self.auto_strategy(backend) if self.config.strategy == "auto" else self.config.strategy
+        attention = self.attention(backend)
+        mixed = strategy == "fused" and len({m["heads"] for m in self.members}) > 1
+        return "jax" if attention == "pallas" and mixed else attention
+
+    def results_fields(self, backend: str) -> dict:
+        return {"attention": self.attention_used(backend)}
+
+    def _kernel_priced(self, backend: str) -> bool:
+        """Whether the cost model prices static head counts at the Pallas kernel's cost: on a
+        CPU it predicts for an H200, so for what a GPU would run."""
+        choice = self.config.get("attention", "auto")
+        if choice == "cpu_kernel":
+            return False
+        target = "gpu" if backend == "cpu" else backend
+        return resolve_implementation(choice, target, self.config.model.seq_len) == "pallas"
 
     def _by_heads(self) -> dict[int, list[int]]:
         """{head count: member indices}, head counts ascending, indices in member order."""
@@ -268,7 +302,11 @@ class SequenceExperiment(Experiment):
         for backends without one)."""
         device = cost.DEVICES[cost.BACKEND_DEVICE.get(backend, "h200")]
         groups = self.program_groups(self.programs(strategy, backend))
-        return {"device": device, **cost.sweep_cost(cost.Shape.of(self.config), groups, device, self._devices())}
+        kernel = self._kernel_priced(backend)
+        return {
+            "device": device,
+            **cost.sweep_cost(cost.Shape.of(self.config), groups, device, self._devices(), kernel=kernel),
+        }
 
     def strategy_line(self, backend: str) -> str:
         """The dry run's line: the strategy a run takes, its predicted member-steps/s and
@@ -333,6 +371,8 @@ class SequenceExperiment(Experiment):
             f"strategy: {strategy} -> {len(programs)} program(s): "
             + ", ".join(f"{p.name} ({len(p.members)} members)" for p in programs),
             self.strategy_line(backend),
+            f"attention: {self.attention_used(backend)} (config.attention={config.get('attention', 'auto')} "
+            f"on {backend})",
         ]
         step_flops = flops.train_step_flops(d.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, m.vocab_size)
         lines.append(f"{'member':<24} {'params':>9} {'GFLOP/step':>11} {'est. memory':>12}")

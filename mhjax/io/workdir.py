@@ -264,8 +264,9 @@ class Workdir:
         self._read.pop(self.results_path, None)
 
     def check_or_write_metadata(self, config_dict: dict, kind: str, extra: dict | None = None) -> bool:
-        """True if the workdir already belongs to this exact config (resume); writes it if new,
-        with the experiment's ``extra`` fields (e.g. ``tasks``: where plug-in tasks came from)."""
+        """True if the workdir already belongs to this exact config (resume), up to HOW_NOT_WHAT
+        fields; writes it if new, with the experiment's ``extra`` fields (e.g. ``tasks``: where
+        plug-in tasks came from)."""
         current = {"mhjax_version": __version__, "experiment": kind, "config": config_dict, **(extra or {})}
         if os.path.exists(self.metadata_path):
             stored = self.metadata()
@@ -274,8 +275,9 @@ class Workdir:
                     f"--workdir: {self.path} was written by mhjax {stored.get('mhjax_version')}, this is "
                     f"{__version__}; use a new workdir"
                 )
-            if stored.get("config") != json.loads(json.dumps(config_dict)):
-                diff = _first_difference(stored.get("config", {}), json.loads(json.dumps(config_dict)))
+            stored_config, config_now = _what(stored.get("config", {})), _what(json.loads(json.dumps(config_dict)))
+            if stored_config != config_now:
+                diff = _first_difference(stored_config, config_now)
                 raise ConfigError(
                     f"--workdir: {self.path} holds a run of another config ({diff}); use a new workdir or the same "
                     "config"
@@ -292,6 +294,15 @@ class Workdir:
             ) from None
         self._read[self.metadata_path] = json.loads(json.dumps(current))
         return False
+
+
+# Config fields that choose how a sweep is computed, not what: a run may resume under another
+# (checkpoints hold one entry per member whatever the strategy, devices or attention path).
+HOW_NOT_WHAT = ("attention", "strategy", "devices")
+
+
+def _what(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in HOW_NOT_WHAT} if isinstance(config, dict) else config
 
 
 def _first_difference(a, b, prefix="config") -> str:

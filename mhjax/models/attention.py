@@ -14,26 +14,31 @@ Two ways to run H heads at width D:
   core at its own STATIC head count: a 1-head member pays for one (B, T, T) map, not F,
   while everything else in the model stays one vmapped copy (layout_attention).
 
-Two implementations of the same function (tested equal, values and gradients):
-- on the CPU, a fused C++ kernel (cpu_attention.py): each (row, head) is done in L1 with
+Three implementations of the same function (``implementation``, from config.attention
+through resolve_implementation; tested equal, values and gradients):
+- "cpu_kernel", a fused C++ kernel (cpu_attention.py): each (row, head) is done in L1 with
   no T x T tensor stored, and the head count is a runtime argument, so a member on fine
   heads costs what one at its static head count does;
-- elsewhere (or with MHJAX_ATTENTION=jax / no C++ compiler), plain JAX einsums.
+- "pallas", a fused Pallas kernel for GPUs (pallas_attention.py, interpreted on a CPU), at
+  static head counts only: plain heads and each group of a layout; a traced head count
+  (fused) keeps the JAX fine-head path;
+- "jax", plain JAX einsums that write the (B, F, T, T) maps.
 
 Dropout on the attention probabilities is drawn per COARSE head c from seeds
 ``bits(fold_in(key, c))`` with a counter-based hash of (batch row, query, key), the same
-in both implementations and independent of how finely a program splits heads.
+in every implementation and independent of how finely a program splits heads.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
+
+from mhjax.config import ConfigError
 
 Layout = tuple[tuple[int, int], ...]  # (members, heads) per group, in member-axis order
 
@@ -72,20 +77,35 @@ def head_groups(heads, num_fine: int):
     return jnp.arange(num_fine) // group_size
 
 
-# "auto": the kernel on the CPU backend (faster than XLA's batched matmuls at every head
-# dim, benchmarks/RESULTS.md), else JAX; "kernel": the kernel whenever it builds; "jax":
-# never the kernel.
-IMPLEMENTATION = os.environ.get("MHJAX_ATTENTION", "auto")
+# config.attention: how the attention core is computed (not what: every choice computes the
+# same function, tested). "auto": the C++ kernel on a CPU (faster than XLA's batched matmuls at
+# every head dim, benchmarks/RESULTS.md) when it builds, the Pallas kernel on a GPU, JAX else.
+IMPLEMENTATIONS = ("auto", "jax", "cpu_kernel", "pallas")
 
 
-def use_cpu_kernel() -> bool:
-    if IMPLEMENTATION == "jax":
-        return False
-    if IMPLEMENTATION == "auto" and jax.default_backend() != "cpu":
-        return False
-    from mhjax.models import cpu_attention
+def resolve_implementation(choice: str, backend: str, length: int) -> str:
+    """The implementation ``config.attention = choice`` runs on ``backend`` for sequences of
+    ``length``: "jax", "cpu_kernel" or "pallas" (on a CPU, Pallas runs in interpret mode)."""
+    from mhjax.models import cpu_attention, pallas_attention
 
-    return cpu_attention.available()
+    fits = length <= pallas_attention.MAX_LENGTH
+    if choice == "auto":
+        if backend == "cpu":
+            return "cpu_kernel" if cpu_attention.available() else "jax"
+        return "pallas" if backend == "gpu" and fits else "jax"
+    if choice not in IMPLEMENTATIONS:
+        raise ConfigError(f"config.attention: must be one of {', '.join(IMPLEMENTATIONS)}; got {choice!r}")
+    if choice == "cpu_kernel" and not (backend == "cpu" and cpu_attention.available()):
+        raise ConfigError(
+            f"config.attention: cpu_kernel runs on a CPU with a C++ compiler (here: backend {backend}); "
+            "use auto, jax or pallas"
+        )
+    if choice == "pallas" and (backend not in ("cpu", "gpu") or not fits):
+        raise ConfigError(
+            f"config.attention: pallas runs on a GPU (or a CPU, interpreted) for model.seq_len <= "
+            f"{pallas_attention.MAX_LENGTH} (backend {backend}, seq_len {length}); use auto or jax"
+        )
+    return choice
 
 
 def dropout_threshold(rate: float) -> tuple[int, float]:
@@ -102,14 +122,19 @@ def _fmix32(h):
     return h ^ (h >> 16)
 
 
+def hash_mix(seed0, seed1, rows, cols):
+    """mix(seed, r, c): 32 hash bits per (row, column), uint32 (broadcasting rows and cols);
+    the same in the JAX path, the Pallas kernel and the C++ kernel."""
+    a = _fmix32(rows * jnp.uint32(0x9E3779B9) + seed0)
+    return _fmix32((a ^ (cols * jnp.uint32(0x85EBCA77))) + seed1)
+
+
 def hash_keep(seed, shape, threshold: int):
     """Bool keep mask of ``shape`` from a seed (2,) uint32: element (r, c), with c the last
     index and r the flattened leading ones, is kept iff mix(seed, r, c) >> 8 < threshold."""
     rows = jnp.arange(math.prod(shape[:-1]), dtype=jnp.uint32).reshape(*shape[:-1], 1)
     cols = jnp.arange(shape[-1], dtype=jnp.uint32)
-    a = _fmix32(rows * jnp.uint32(0x9E3779B9) + seed[0])
-    h = _fmix32((a ^ (cols * jnp.uint32(0x85EBCA77))) + seed[1])
-    return (h >> 8) < jnp.uint32(threshold)
+    return (hash_mix(seed[0], seed[1], rows, cols) >> 8) < jnp.uint32(threshold)
 
 
 def dropout_keep(seed, batch: int, length: int, threshold: int):
@@ -143,12 +168,14 @@ class CausalSelfAttention(nn.Module):
     num_heads: int  # fine heads F in this program (static)
     dropout_rate: float = 0.0
     layout: Layout | None = None  # the program's member groups (the one_program strategy)
+    implementation: str = "jax"  # "jax", "cpu_kernel" or "pallas" (resolve_implementation)
 
     @nn.compact
     def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None):
         """x: (B, T, D) -> (out (B, T, D), probs (B, F, T, T)); probs[b, f, i, j] is query i
         (receiver) attending to key j (sender); on fine heads, the fine heads of one coarse head
-        carry identical rows. probs are computed only if used (dead code otherwise).
+        carry identical rows. probs always come from the JAX path and are computed only if used
+        (dead code otherwise).
 
         ``head_mask`` (F,) scales each head's output at the input of the output projection (0
         removes a head, leaving the others untouched: head ablation); None (the default) adds
@@ -164,15 +191,19 @@ class CausalSelfAttention(nn.Module):
             threshold, inv_keep = dropout_threshold(self.dropout_rate)
         else:
             seeds, threshold, inv_keep = jnp.zeros((fine, 2), jnp.uint32), 1 << 24, 1.0
-        if use_cpu_kernel():
+        probs = attention_probs(q, k, fine, heads)
+        if self.implementation == "cpu_kernel":  # head counts may be traced: the kernel takes them at run time
             from mhjax.models import cpu_attention
 
             count = jnp.full((1,), fine if heads is None else heads, jnp.int32)
             out = cpu_attention.attention(q, k, v, count, seeds, threshold, inv_keep)
-            probs = attention_probs(q, k, fine, heads)
         elif self.layout is not None:
-            out = layout_attention(self.layout, q, k, v, fine, heads, seeds, threshold, inv_keep)
-            probs = attention_probs(q, k, fine, heads)
+            kernel = self.implementation == "pallas"
+            out = layout_attention(self.layout, q, k, v, fine, heads, seeds, threshold, inv_keep, kernel)
+        elif self.implementation == "pallas" and heads is None:  # a traced head count (fused) stays on JAX
+            from mhjax.models import pallas_attention
+
+            out = pallas_attention.attention(q, k, v, seeds, fine, threshold, inv_keep)
         else:
             out, probs = jax_attention(q, k, v, fine, heads, seeds, threshold, inv_keep)
         if head_mask is not None:
@@ -180,11 +211,14 @@ class CausalSelfAttention(nn.Module):
         return dense(width, width, "out")(out), probs
 
 
-def layout_attention(layout: Layout, q, k, v, fine: int, heads, seeds, threshold: int, inv_keep: float):
+def layout_attention(
+    layout: Layout, q, k, v, fine: int, heads, seeds, threshold: int, inv_keep: float, kernel: bool = False
+):
     """jax_attention's output for one member, which under vmap over a program's members runs
     group by group at static head counts: group g's members (consecutive on the member axis)
     at ``layout[g][1]`` heads with the dropout seeds of those coarse heads, so every member
-    computes what plain attention at its own head count does (tested). Reverse mode
+    computes what plain attention at its own head count does (tested); with ``kernel``, each
+    group runs the Pallas kernel (pallas_attention) at its head count. Reverse mode
     differentiates a custom_vmap function only from outside the vmap (neither inside it nor
     unbatched): such a model's gradient is taken of the summed member losses
     (engine.members_step); for one member alone, use the plain model at its head count."""
@@ -192,6 +226,13 @@ def layout_attention(layout: Layout, q, k, v, fine: int, heads, seeds, threshold
     @custom_vmap
     def core(q, k, v, heads, seeds):
         return jax_attention(q, k, v, fine, heads, seeds, threshold, inv_keep)[0]
+
+    def static(q, k, v, seeds, h):
+        if kernel:
+            from mhjax.models import pallas_attention
+
+            return pallas_attention.attention(q, k, v, seeds[:h], h, threshold, inv_keep)
+        return jax_attention(q, k, v, h, None, seeds[:h], threshold, inv_keep)[0]
 
     @core.def_vmap
     def by_group(axis_size, in_batched, *args):
@@ -202,7 +243,7 @@ def layout_attention(layout: Layout, q, k, v, fine: int, heads, seeds, threshold
         outs, start = [], 0
         for n, h in layout:
             group = slice(start, start + n)
-            run = lambda q, k, v, s, h=h: jax_attention(q, k, v, h, None, s[:h], threshold, inv_keep)[0]
+            run = lambda q, k, v, s, h=h: static(q, k, v, s, h)
             outs.append(jax.vmap(run)(q[group], k[group], v[group], seeds[group]))
             start += n
         return jnp.concatenate(outs), True

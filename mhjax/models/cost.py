@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from mhjax.models.pallas_attention import kernel_cost
+
 
 class Device(NamedTuple):
     name: str
@@ -80,20 +82,25 @@ class Cost(NamedTuple):
     bytes: float
 
 
-def member_cost(shape: Shape, fine: int, mixed: bool = False) -> Cost:
+def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = False) -> Cost:
     """One member's training step with attention at ``fine`` heads (``mixed``: the fused
-    program's summed fine scores)."""
+    program's summed fine scores; ``kernel``: the attention core in the Pallas kernel,
+    pallas_attention.kernel_cost, at static head counts only, so not with ``mixed``)."""
     b, t, d, layers, m, v = shape
-    matmul = 3 * 2 * b * t * (layers * (4 * d * d + 2 * d * m + 2 * t * d) + d * v)  # forward + 2x backward
+    kernel = kernel and not mixed
+    attention_matmuls = 0 if kernel else 2 * t * d  # scores and values: inside the kernel's count
+    matmul = 3 * 2 * b * t * (layers * (4 * d * d + 2 * d * m + attention_matmuls) + d * v)  # forward + 2x backward
     scores, elements = layers * b * t * t, layers * b * fine * t * t
     counts = [
-        (ATTENTION, elements),
-        (SCORE_ROW, scores),
         (WIDTH, layers * b * t * d),
         (MLP, layers * b * t * m),
         (VOCAB, b * t * v),
         (PARAM, shape.params()),
     ]
+    if kernel:
+        counts.append((kernel_cost(b, t, d, fine), layers))
+    else:
+        counts += [(ATTENTION, elements), (SCORE_ROW, scores)]
     if mixed:
         counts.append(((MIXING[0] * fine, MIXING[1]), elements))
     return Cost(matmul + sum(c[0] * n for c, n in counts), sum(c[1] * n for c, n in counts))
@@ -103,7 +110,7 @@ def step_seconds(cost: Cost, device: Device) -> float:
     return max(cost.flops / device.peak_flops, cost.bytes / device.hbm_bytes_per_s)
 
 
-def sweep_cost(shape: Shape, programs, device: Device, devices: int = 1) -> dict:
+def sweep_cost(shape: Shape, programs, device: Device, devices: int = 1, kernel: bool = False) -> dict:
     """Predicted figures of a sweep whose programs run one after another.
 
     ``programs``: per program, its groups as (members, fine heads, mixed). A program's
@@ -111,7 +118,7 @@ def sweep_cost(shape: Shape, programs, device: Device, devices: int = 1) -> dict
     computes every member (placement.py), so that case costs ``devices`` times more.
     Returns per member-step FLOPs and bytes (averaged over members), member-steps/s of the
     whole sweep and the memory per device (states of every member, activations of the
-    largest program; fp32).
+    largest program; fp32). ``kernel``: static head counts run the Pallas kernel.
     """
     members = sum(n for groups in programs for n, _, _ in groups)
     flops = nbytes = seconds = 0.0
@@ -122,10 +129,10 @@ def sweep_cost(shape: Shape, programs, device: Device, devices: int = 1) -> dict
         share = 1.0 / devices if size % devices == 0 else 1.0
         program_activations = 0.0
         for n, fine, mixed in groups:
-            cost = member_cost(shape, fine, mixed)
+            cost = member_cost(shape, fine, mixed, kernel)
             flops, nbytes = flops + n * cost.flops, nbytes + n * cost.bytes
             seconds += n * share * step_seconds(cost, device)
-            program_activations += n * share * activation_bytes(shape, fine)
+            program_activations += n * share * activation_bytes(shape, fine, kernel and not mixed)
         states += size * share * member_state
         activations = max(activations, program_activations)
     return {
@@ -136,10 +143,10 @@ def sweep_cost(shape: Shape, programs, device: Device, devices: int = 1) -> dict
     }
 
 
-def activation_bytes(shape: Shape, fine: int) -> float:
+def activation_bytes(shape: Shape, fine: int, kernel: bool = False) -> float:
     """Activations one member keeps for its backward pass: per layer the residual stream,
-    norms, q/k/v and MLP rows and the (F, T, T) scores, probabilities and dropout mask;
-    plus the logits (fp32)."""
+    norms, q/k/v and MLP rows and the (F, T, T) scores, probabilities and dropout mask
+    (with the kernel: its output and (F, T) row statistics); plus the logits (fp32)."""
     b, t, d, layers, m, v = shape
-    per_layer = b * t * (8 * d + 2 * m) + 3 * b * fine * t * t
+    per_layer = b * t * (8 * d + 2 * m) + (b * t * d + b * fine * t if kernel else 3 * b * fine * t * t)
     return 4.0 * (layers * per_layer + 2 * b * t * v)

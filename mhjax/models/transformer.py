@@ -38,13 +38,14 @@ class Block(nn.Module):
     mlp_dim: int
     dropout_rate: float
     layout: Layout | None = None
+    attention: str = "jax"
 
     @nn.compact
     def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None):
         h = RMSNorm(name="ln1")(x)
-        attn_out, probs = CausalSelfAttention(self.width, self.num_heads, self.dropout_rate, self.layout, name="attn")(
-            h, heads, deterministic, head_mask
-        )
+        attn_out, probs = CausalSelfAttention(
+            self.width, self.num_heads, self.dropout_rate, self.layout, self.attention, name="attn"
+        )(h, heads, deterministic, head_mask)
         x = x + attn_out
         h = RMSNorm(name="ln2")(x)
         h = nn.relu(dense(self.mlp_dim, self.width, "mlp_in")(h))
@@ -59,6 +60,8 @@ class Transformer(nn.Module):
     ``num_heads`` is static; pass ``heads`` (traced int dividing num_heads) to run a member
     with fewer, coarser heads in the same program (see attention.py); ``layout`` names the
     program's member groups when the model is vmapped over them (the one_program strategy);
+    ``attention`` how the attention core is computed ("jax", "cpu_kernel" or "pallas",
+    models/attention.py), the same function whichever.
     ``head_mask`` (L, num_heads) scales each head's output at the input of its layer's output
     projection (head ablation, mhjax.analysis.ablation); None leaves the program as it was.
     """
@@ -71,6 +74,7 @@ class Transformer(nn.Module):
     num_heads: int = 1
     dropout_rate: float = 0.1
     layout: Layout | None = None
+    attention: str = "jax"
 
     @nn.compact
     def __call__(self, tokens, heads=None, deterministic: bool = True, return_attention: bool = False, head_mask=None):
@@ -79,15 +83,21 @@ class Transformer(nn.Module):
         x = nn.Embed(self.vocab_size, self.width, embedding_init=embed, name="token_emb")(tokens)
         pos = nn.Embed(self.max_len, self.width, embedding_init=embed, name="pos_emb")(jnp.arange(length))
         x = x + pos
-        attention = []
+        maps = []
         for layer in range(self.num_layers):
             x, probs = Block(
-                self.width, self.num_heads, self.mlp_dim, self.dropout_rate, self.layout, name=f"block_{layer}"
+                self.width,
+                self.num_heads,
+                self.mlp_dim,
+                self.dropout_rate,
+                self.layout,
+                self.attention,
+                name=f"block_{layer}",
             )(x, heads, deterministic, None if head_mask is None else head_mask[layer])
-            attention.append(probs)
+            maps.append(probs)
         logits = dense(self.vocab_size, self.width, "readout")(x)
         if return_attention:
-            return logits, attention
+            return logits, maps
         return logits
 
 

@@ -333,6 +333,7 @@ def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from)
         "steps": step,
         "resumed_from_step": resumed_from,
         "backend": jax.default_backend(),
+        **experiment.results_fields(jax.default_backend()),
         "programs": {p.name: [experiment.members[i].name for i in p.members] for p in sweep.programs},
         "members": records,
     }
