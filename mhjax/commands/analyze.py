@@ -16,6 +16,7 @@ import ml_collections
 from mhjax.analysis.metrics import analyze_checkpoint, analyze_params, one_line, tokens_for
 from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
+from mhjax.io import compile_cache
 from mhjax.io.checkpoint import METADATA, SweepCheckpointer
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.results import read_workdir_json, write_json
@@ -244,4 +245,5 @@ def run_analyze(args) -> int:
 
 
 def command(args, overrides) -> int:
+    compile_cache.configure()  # a repeated analysis loads its compiled programs from disk
     return run_analyze(args)

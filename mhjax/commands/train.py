@@ -13,7 +13,9 @@ import jax
 
 from mhjax.config import ConfigError, apply_overrides, load_config_file
 from mhjax.experiments import make_experiment
+from mhjax.io import compile_cache
 from mhjax.io.lock import WorkdirLock
+from mhjax.train.console import next_commands, summary_lines
 from mhjax.train.loop import Interrupted, run
 from mhjax.train.placement import maybe_initialize_distributed
 
@@ -27,7 +29,10 @@ def describe(experiment, backend: str) -> str:
     """What a sweep will do, without compiling anything."""
     config = experiment.config
     header = f"experiment: {experiment.kind}, {len(experiment.members)} members, {config.train.steps} steps each"
-    return "\n".join([header] + experiment.describe(backend))
+    count, kinds = jax.device_count(), ", ".join(sorted({d.device_kind for d in jax.devices()}))
+    cores = f", {os.cpu_count()} cores" if backend == "cpu" else ""
+    machine = f"this machine: {backend}, {count} device{'s' * (count != 1)} ({kinds}{cores})"
+    return "\n".join([header, machine] + experiment.describe(backend))
 
 
 @contextlib.contextmanager
@@ -75,6 +80,7 @@ def command(args, overrides) -> int:
     workdir = args.workdir or os.path.join(
         "runs", f"{os.path.splitext(os.path.basename(args.config))[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
+    compile_cache.configure()  # before the first compile: a repeated or resumed sweep compiles nothing
     maybe_initialize_distributed(args.coordinator, args.num_processes, args.process_id, args.distributed)
     # Several processes of one distributed run share the workdir: process 0 holds the lock and the log.
     primary = jax.process_index() == 0
@@ -87,4 +93,10 @@ def command(args, overrides) -> int:
             print(f"mhjax: {exc}", file=sys.stderr)
             return 130
     print(f"results: {os.path.join(workdir, 'results.json')} ({len(payload['members'])} members)")
+    table = summary_lines(experiment.summary_table(), payload["members"])
+    if table:
+        print(f"\nfinal results, mean over seeds (step {payload['steps']}):")
+        print("\n".join(f"  {line}" for line in table))
+    print("\nnext:")
+    print("\n".join(f"  {line}" for line in next_commands(workdir, experiment.analyzable)))
     return 0

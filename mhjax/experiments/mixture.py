@@ -63,6 +63,7 @@ from mhjax.experiments import mixture_results
 from mhjax.experiments.base import Experiment
 from mhjax.models import classifier
 from mhjax.plotting.mixture import write_figures_and_summary
+from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program
 from mhjax.train.sweep import Member, derive_key, expand
 
@@ -346,6 +347,17 @@ class MixtureExperiment(Experiment):
 
     def extra_results(self, sweep, states) -> dict:
         return mixture_results.extra_results(self, sweep, states)
+
+    def summary_table(self) -> SummaryTable:
+        return SummaryTable(
+            self.swept_fields("num_train", "heads"),
+            (
+                Column("train loss", "train_loss_eval"),
+                Column("train accuracy", "train_accuracy", percent=True),
+                Column("test loss", "test_loss"),
+                Column("test accuracy", "test_accuracy", percent=True),
+            ),
+        )
 
     def metric_tags(self) -> list[str]:
         return [
