@@ -90,6 +90,7 @@ def test_dry_run_prints_members_and_compiles_nothing(tmp_path, capsys, monkeypat
     import jax
 
     import mhjax.commands.train  # noqa: F401  (its imports define jitted functions: defining is not compiling)
+    import mhjax.experiments.sequence  # noqa: F401  (so do the experiment's: analysis/dag.py)
     from mhjax.train import engine, loop
 
     def forbidden(*args, **kwargs):
@@ -107,6 +108,7 @@ def test_dry_run_prints_members_and_compiles_nothing(tmp_path, capsys, monkeypat
         assert re.search(rf"^{member}\s+[\d,]+\s+\d+\.\d+\s+\d+\.\d+ MiB$", out, re.M), out
     assert "GFLOP/step" in out and "est. memory" in out and "3 members" in out
     assert re.search(r"^strategy: (auto \((fused|unrolled) on \w+\)|\w+) -> \d+ program", out, re.M), out
+    assert re.search(r"^this machine: \w+, \d+ devices? ", out, re.M), out
     assert not workdir.exists()
 
 

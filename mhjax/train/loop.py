@@ -141,7 +141,7 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
     # With several processes (jax.distributed) only process 0 writes metadata, logs and results;
     # every process takes part in checkpoints (orbax coordinates them).
     primary = jax.process_index() == 0
-    console = Console(log if primary else (lambda message: None), progress and primary)
+    console = Console(log, progress and primary)
     log = console.log
     resuming = check_or_write_metadata(workdir, config.to_dict(), experiment.kind) if primary else True
     sweep = Sweep(experiment)
