@@ -20,7 +20,7 @@ from mhjax.train.placement import Placement
 
 
 class Interrupted(Exception):
-    """Ctrl-C arrived; a checkpoint was written."""
+    """Ctrl-C arrived; a checkpoint was written (or nothing was trained since the last one)."""
 
 
 def stack_constants(experiment, indices):
