@@ -24,7 +24,7 @@ from mhjax.commands.train import describe
 from mhjax.experiments import make_experiment
 from mhjax.io import compile_cache
 from mhjax.train import ahead, engine
-from mhjax.train.console import Column, Console, SummaryTable, next_commands, summary_lines
+from mhjax.train.console import Column, Console, SummaryTable, next_commands, summary_lines, terminal_width
 from mhjax.train.loop import run
 from tests.conftest import config_source, tiny_sequence_config, tiny_train
 
@@ -264,16 +264,12 @@ def test_mixture_rows_are_n_by_heads():
     assert [c.key for c in table.columns] == ["train_loss_eval", "train_accuracy", "test_loss", "test_accuracy"]
 
 
-def _terminal(columns=100):
-    master, slave = pty.openpty()
-    fcntl_ioctl(slave, columns)
-    return master, open(slave, "w", buffering=1)
-
-
-def fcntl_ioctl(fd, columns):
+def _terminal(rows=24, columns=100):
     import fcntl
 
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    return master, open(slave, "w", buffering=1)
 
 
 def _drain(master):
@@ -298,6 +294,15 @@ def test_on_a_terminal_one_bar_then_the_closing_line_on_its_own(tmp_path, monkey
     assert "4/4" in "".join(lines[: trained[0]]) and "%|" not in "".join(lines[trained[0] :])  # no second bar
     assert "%|" not in second
     os.close(master)
+
+
+def test_a_terminal_without_a_size_gets_plain_lines():
+    for rows, columns, width in ((24, 100, 100), (0, 100, 0), (24, 0, 0)):
+        master, terminal = _terminal(rows, columns)
+        assert terminal_width(terminal) == width
+        terminal.close()
+        os.close(master)
+    assert terminal_width(io.StringIO()) == 0
 
 
 def test_without_a_terminal_progress_is_one_plain_line_per_chunk():

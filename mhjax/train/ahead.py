@@ -80,14 +80,14 @@ def _build(job: Job):
     return job.jitted.lower(*job.args).compile()
 
 
-def compile_all(job_list: list[Job], poll_seconds: float = 0.1) -> tuple[dict, float, int]:
+def compile_all(job_list: list[Job], workers: int | None = None, poll_seconds: float = 0.1) -> tuple[dict, float, int]:
     """({key: executable}, seconds, executables from the persistent cache). Worker threads
     compile; the calling thread only waits, in short slices, so Python runs its signal
     handlers meanwhile. Up to one compile per core at a time (XLA compiles a program on
     one thread)."""
     counter = CacheCounter().start()
     start = time.perf_counter()
-    workers = max(1, min(len(job_list), os.cpu_count() or 1))
+    workers = workers or max(1, min(len(job_list), os.cpu_count() or 1))
     pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="mhjax-compile")
     try:
         futures = {job.key: pool.submit(_build, job) for job in job_list}

@@ -32,11 +32,13 @@ class SummaryTable(NamedTuple):
 
 
 def terminal_width(stream) -> int:
-    """Columns of the terminal ``stream`` writes to; 0 when it is not a terminal."""
+    """Columns of the terminal ``stream`` writes to; 0 when it is not a terminal or reports no
+    size (tqdm draws nothing on a terminal with 0 rows, e.g. some CI and `script` sessions)."""
     try:
-        return os.get_terminal_size(stream.fileno()).columns if stream.isatty() else 0
+        size = os.get_terminal_size(stream.fileno()) if stream.isatty() else None
     except (AttributeError, OSError, ValueError):
         return 0
+    return size.columns if size and size.columns and size.lines else 0
 
 
 class Console:
