@@ -3,7 +3,7 @@
 Each program needs up to three executables: the initial state (not when resuming), one
 training chunk per chunk length the run will use (the full chunk and the last, shorter
 one), and the evaluation. All are lowered and compiled ahead of time
-(``jax.jit(...).lower(...).compile()``) on worker threads, so the main thread stays free:
+(``jax.jit(...).lower(...).compile()``) on a worker thread, so the main thread stays free:
 it says what is being compiled and for how long, and it takes Ctrl-C (train/interrupt.py)
 while XLA works. JAX's persistent cache (io/compile_cache.py) answers a repeated or
 resumed sweep's requests from disk; the report says how many it answered.
@@ -12,7 +12,6 @@ resumed sweep's requests from disk; the report says how many it answered.
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import time
 from typing import Any, NamedTuple
 
@@ -80,15 +79,15 @@ def _build(job: Job):
     return job.jitted.lower(*job.args).compile()
 
 
-def compile_all(job_list: list[Job], workers: int | None = None, poll_seconds: float = 0.1) -> tuple[dict, float, int]:
+def compile_all(job_list: list[Job], workers: int = 1, poll_seconds: float = 0.1) -> tuple[dict, float, int]:
     """({key: executable}, seconds, executables from the persistent cache). Worker threads
     compile; the calling thread only waits, in short slices, so Python runs its signal
-    handlers meanwhile. Up to one compile per core at a time (XLA compiles a program on
-    one thread)."""
+    handlers meanwhile. One worker by default: on 2 CPU cores two compiles side by side took
+    15-30 % longer than one after another (XLA:CPU already compiles on several threads;
+    benchmarks/RESULTS.md)."""
     counter = CacheCounter().start()
     start = time.perf_counter()
-    workers = workers or max(1, min(len(job_list), os.cpu_count() or 1))
-    pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="mhjax-compile")
+    pool = concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(job_list))), "mhjax-compile")
     try:
         futures = {job.key: pool.submit(_build, job) for job in job_list}
         pending = set(futures.values())
