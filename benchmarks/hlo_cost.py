@@ -130,8 +130,8 @@ def accuracy(experiment, programs, name: str) -> dict:
     of the first program (the most fine heads) at initialisation, step 0, dropout on.
     Relative: |loss' - loss| / |loss| and ||grad' - grad|| / ||grad|| (all leaves)."""
     program = programs[0]
-    recipe = program.recipe.recipes[-1] if isinstance(program.recipe, engine.Unrolled) else program.recipe
-    if getattr(recipe.model, "layout", None) is not None:
+    recipe = engine.recipe_groups(program)[-1][1]
+    if recipe.model.layout is not None:
         # A layout model differentiates only as a vmapped whole; its last member's attention
         # runs at the last group's static head count: that recipe, alone.
         recipe = copy.copy(recipe)

@@ -110,7 +110,7 @@ class SweepRunner:
         self.states = self.sweep.init_states()
         members = self.sweep.experiment.members
         self.members = len(members)
-        self.program_heads = {name: sorted({members[i]["heads"] for i in idx}) for name, idx, _ in self.sweep.programs}
+        self.program_heads = {p.name: sorted({members[i]["heads"] for i in p.members}) for p in self.sweep.programs}
 
     def run(self, steps):
         out = {}
@@ -129,7 +129,7 @@ class SweepRunner:
 
     def memory(self, steps):
         total = 0.0
-        for name, _, _ in self.sweep.programs:
+        for name in (p.name for p in self.sweep.programs):
             fn = self.sweep._chunks.get((name, steps))
             size = None if fn is None else xla_peak_bytes(fn, self.states[name], self.sweep.consts[name])
             if size is None:
@@ -143,8 +143,8 @@ class ProgramView:
 
     def __init__(self, parent: SweepRunner, program: str, label: str):
         self.parent, self.label, self.config = parent, label, parent.config
-        self.program = next(p for p in parent.sweep.programs if p[0] == program)
-        self.members = len(self.program[1])
+        self.program = next(p for p in parent.sweep.programs if p.name == program)
+        self.members = len(self.program.members)
 
     def run(self, steps):
         name = self.program.name
@@ -158,7 +158,7 @@ class ProgramView:
         self.run(steps)
 
     def memory(self, steps):
-        name = self.program[0]
+        name = self.program.name
         fn = self.parent.sweep._chunks.get((name, steps))
         return None if fn is None else xla_peak_bytes(fn, self.parent.states[name], self.parent.sweep.consts[name])
 

@@ -1,4 +1,4 @@
-"""One-layer multi-head attention, tokenized mixture, GD: H 1..64 x 3 seeds x 2 n, NTK margins (CPU, minutes).
+"""Multi-head attention on the tokenized mixture (arXiv 2310.12680): GD, H 1..64 x 3 seeds x 2 n, NTK margins.
 
 Paper: "On the Optimization and Generalization of Multi-head Attention" (Deora, Ghaderi, Taheri,
 Thrampoulidis; arXiv 2310.12680).
@@ -59,7 +59,7 @@ def get_config():
 
     config.train = ml_collections.ConfigDict()
     config.train.steps = 150
-    config.train.chunk_steps = 10  # train/loss is logged per chunk: also the loss curve's resolution
+    config.train.chunk_steps = 10  # evaluations and checkpoints happen between chunks
     config.train.eval_every = 75  # test loss, ||grad L||/L and the Hessian ratio along training
     config.train.checkpoint_every = 150
     config.train.eval_points = 0  # evaluations at log-spaced k (and k = 0) besides every eval_every steps

@@ -1,4 +1,4 @@
-"""Generalization of GD on the tokenized mixture: test loss vs n for n = 32..2048 with K = n (CPU, minutes).
+"""Generalization on the tokenized mixture (arXiv 2310.12680): GD's test loss vs n = 32..2048 with K = n (CPU, minutes).
 
 Paper: arXiv 2310.12680 (test loss ~ 1/(gamma^2 n) for K ~ n once H
 is past a threshold). 14 members (n in 32, 64, ..., 2048 x 2 seeds, H = 8, eta = 1) in ONE

@@ -1,4 +1,4 @@
-"""NTK margin at theta_0 as H grows: H in 1..256 x 6 seeds, n = 32, default theta_0 (CPU, minutes).
+"""NTK margin at theta_0 as H grows (arXiv 2310.12680): H in 1..256 x 6 seeds, n = 32, default theta_0 (CPU, minutes).
 
 With random decoders (the default theta_0) the NTK Gram at theta_0 is an average over H
 independent random heads, so the margin should converge as H grows and its spread over seeds

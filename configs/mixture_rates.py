@@ -1,4 +1,4 @@
-"""Training rate of GD on the tokenized mixture: train loss vs K up to 10,000, per H (CPU, minutes).
+"""Training rate of GD on the tokenized mixture (arXiv 2310.12680): train loss vs K up to 10,000, per H (CPU, minutes).
 
 Paper: arXiv 2310.12680 (predicted rate L ~ 1/(gamma^2 eta K) once
 H is past a threshold). 24 members (H in 1, 4, 16, 64 x eta in 0.1, 0.3, 1 x 2 seeds, n = 32)

@@ -1,4 +1,4 @@
-"""Spec §5 in full: copy and cycle, heads 1/4/8/16, width 64, 20,000 Adam steps (for accelerators)."""
+"""Section 4 of 'Beyond Parallelism' (arXiv 2507.02944) in full: T = 100, 20,000 Adam steps (accelerators)."""
 
 import ml_collections
 

@@ -219,6 +219,7 @@ def test_help_lists_every_option(capsys):
         "--chain",
         "--exclude-sink",
         "--no-tensorboard",
+        "--no-ablation",
     ):
         assert opt in text
     assert "(default: 50)" in text
@@ -248,7 +249,9 @@ def test_layer_metrics_matches_dag_per_item():
 
 def test_member_params_slices_program_positions():
     params = {"w": np.arange(3 * 2).reshape(3, 2)}
-    sweep = SimpleNamespace(programs=[("a", [2, 0], None), ("b", [1], None)])
+    from mhjax.train.engine import Program
+
+    sweep = SimpleNamespace(programs=[Program("a", [2, 0], None), Program("b", [1], None)])
     states = {"a": SimpleNamespace(params={"w": params["w"][:2]}), "b": SimpleNamespace(params={"w": params["w"][2:]})}
     got = analyze.member_params(sweep, states)
     np.testing.assert_array_equal(got[2]["w"], [0, 1])  # position 0 of program a
@@ -260,7 +263,7 @@ def test_attention_grid_image():
     attn = np.tril(np.ones((3, 5, 5))) / np.arange(1, 6)[:, None]
     img = attention_grid(attn, attn.mean(0))
     assert img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3
-    assert img.shape[0] >= 2 * 64 and img.shape[1] >= 2 * 64  # 4 panels in a 2 x 2 grid, upscaled
+    assert img.shape[0] >= 2 * 128 and img.shape[1] >= 2 * 128  # 4 titled panels in a 2 x 2 grid, >= 128 px each
 
 
 # ------------------------------ a trained sweep --------------------------------
@@ -318,6 +321,12 @@ def test_workdir_every_member_and_tensorboard(sweep_workdir, capsys):
             events.Tags()["scalars"]
         )
         assert events.Scalars("analysis/layer0/mixing_time")[-1].step == 4
+        assert {"analysis/loss", "analysis/rollout_min", "analysis/layer0/rollout_min"} <= set(events.Tags()["scalars"])
+        assert "analysis/layer0/accuracy_synergy" in events.Tags()["scalars"]
+        assert "analysis/rollout/sink_row" in events.Tags()["images"]
+        assert entry["loss"] > 0 and 0 < entry["rollout_min"] <= 1 and "rollout_min_mean_heads" in entry
+        ablated = entry["layers"][0]["ablation"]
+        assert all(len(ablated[k]) == entry["heads"] for k in ("loss_without", "accuracy_only"))
         assert "train/loss" in events.Tags()["scalars"]  # same run as training
     assert (sweep_workdir / "analysis" / "analysis.md").exists()
     assert (sweep_workdir / "analysis" / "analysis.png").exists()

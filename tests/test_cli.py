@@ -53,37 +53,76 @@ def _help(argv, capsys):
     return " ".join(capsys.readouterr().out.split())
 
 
-def test_top_level_help_lists_every_command(capsys):
+def test_top_level_help_lists_the_commands_in_the_order_of_use_with_a_description(capsys):
     text = _help([], capsys)
     _, commands = _subparsers()
-    assert {"train", "configs", "analyze", "report", "example2"} <= set(commands)
-    for name in commands:
-        assert re.search(rf"\b{name}\b", text), name
+    assert list(commands) == list(cli.COMMANDS) == ["train", "analyze", "report", "configs", "example2"]
+    listed = text[text.index("train ", text.index("commands")) :]
+    positions = [re.search(rf"\b{name} ", listed).start() for name in cli.COMMANDS]
+    assert positions == sorted(positions), listed
+    for k, name in enumerate(cli.COMMANDS):  # a description of more than two words after each name
+        following = listed[positions[k] + len(name) : positions[k + 1] if k + 1 < len(positions) else None]
+        assert len(following.split()) > 3, (name, following)
 
 
-def test_every_subcommand_help_lists_every_option_with_its_default(capsys):
+def _option_help(text, options, k):
+    """The help text of option ``options[k]`` in a subcommand's --help (whitespace collapsed)."""
+    flag = max(options[k].option_strings, key=len)
+    start = text.find(flag + " ", text.find("options:"))  # in the option list, not the usage line
+    start = start if start >= 0 else text.index(flag, text.find("options:"))
+    nxt = [text.find(max(o.option_strings, key=len), start + len(flag)) for o in options[k + 1 :]]
+    return text[start : min([i for i in nxt if i > start] or [len(text)])]
+
+
+def test_every_subcommand_help_shows_what_matters_about_each_option(capsys):
+    """A default shown once where there is one, "(required)" on required options, never "(default: None)"."""
     _, commands = _subparsers()
     for name, parser in commands.items():
         text = _help([name], capsys)
+        assert "(default: None)" not in text and "(default: False)" not in text, name
+        assert parser.description and len(parser.description.split()) > 5, f"mhjax {name} --help has no description"
         options = [a for a in parser._actions if a.option_strings and a.dest != "help"]
         for k, action in enumerate(options):
-            flag = max(action.option_strings, key=len)
-            start = text.find(flag + " ", text.find("options:"))  # in the option list, not the usage line
-            start = start if start >= 0 else text.index(flag, text.find("options:"))
-            nxt = [text.find(max(o.option_strings, key=len), start + len(flag)) for o in options[k + 1 :]]
-            end = min([i for i in nxt if i > start] or [len(text)])
-            assert "(default:" in text[start:end], f"mhjax {name} --help: {flag} shows no default"
+            flag, part = max(action.option_strings, key=len), _option_help(text, options, k)
+            assert part.count("default") <= 1, f"mhjax {name} --help: {flag} tells its default twice: {part}"
+            if action.required:
+                assert "(required)" in part, f"mhjax {name} --help: {flag} is not marked required"
+            elif action.default not in (None, False):
+                assert f"(default: {action.default})" in part, f"mhjax {name} --help: {flag} shows no default"
+    train = _help(["train"], capsys)
+    assert "(default: runs/<config>-<timestamp>)" in train and "--config FILE an ml_collections" in train
 
 
-def test_configs_lists_bundled_configs_with_descriptions(capsys):
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["trian"], "argument COMMAND: invalid choice: 'trian'"),
+        (["train"], "train: the following arguments are required: --config"),
+        (["report"], "report: the following arguments are required: --workdir"),
+        (["example2", "--out"], "example2: argument --out: expected one argument"),
+    ],
+)
+def test_argument_errors_have_one_prefix(argv, message, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [err.strip()] and err.startswith(f"mhjax: error: {message}"), err
+    assert err.count("mhjax") == 1, err
+
+
+def test_configs_lists_bundled_configs_with_descriptions_in_aligned_columns(capsys):
     assert cli.main(["configs"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     names = {os.path.basename(line.split()[0]) for line in lines}
     assert {"quick.py", "paper.py"} <= names
     assert len(lines) == len(glob.glob(os.path.join(ROOT, "configs", "*.py")))
+    column = {re.match(r"\S+\s+", line).end() for line in lines}
+    assert len(column) == 1, lines  # every description starts in the same column
     for line in lines:
         path, _, description = line.strip().partition(" ")
         assert path.endswith(".py") and len(description.strip()) > 10, line
+        assert "Spec" not in description and "§" not in description, line  # the papers' words
+    paper = next(line for line in lines if line.split()[0].endswith("/paper.py"))
+    assert "Section 4 of 'Beyond Parallelism' (arXiv 2507.02944) in full" in paper
 
 
 def test_dry_run_prints_members_and_compiles_nothing(tmp_path, capsys, monkeypatch):

@@ -245,12 +245,12 @@ def test_summary_table_means_over_seeds_without_diverged_members():
 
 
 def test_next_commands_name_the_workdir_and_analyze_only_where_it_applies():
-    assert next_commands("runs/q", analyzable=True) == [
+    assert next_commands("runs/q", "runs/q/tb", analyzable=True) == [
         "mhjax analyze --workdir runs/q",
         "mhjax report --workdir runs/q",
         "tensorboard --logdir runs/q/tb",
     ]
-    assert next_commands("my runs/q", analyzable=False) == [
+    assert next_commands("my runs/q", "my runs/q/tb", analyzable=False) == [
         "mhjax report --workdir 'my runs/q'",
         "tensorboard --logdir 'my runs/q/tb'",
     ]

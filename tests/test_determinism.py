@@ -73,9 +73,9 @@ def test_a_diverging_neighbour_does_not_change_the_others():
     sc, tc = train(calm, steps=6, chunk=3)
     sw, tw = train(wild, steps=6, chunk=3)
     assert len(sw.programs) == 1
-    program, idx, _ = sw.programs[0]
-    members = [sw.experiment.members[i] for i in idx]
-    diverged = dict(zip([m["learning_rate"] for m in members], np.asarray(tw[program].diverged).tolist()))
+    program = sw.programs[0]
+    members = [sw.experiment.members[i] for i in program.members]
+    diverged = dict(zip([m["learning_rate"] for m in members], np.asarray(tw[program.name].diverged).tolist()))
     assert diverged == {3e-3: False, 1e30: True}
     healthy = next(m.name for m in members if m["learning_rate"] == 3e-3)
     assert healthy in [m.name for m in sc.experiment.members]

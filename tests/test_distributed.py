@@ -38,12 +38,12 @@ def _final_params(workdir):
     import ml_collections
 
     from mhjax.experiments import make_experiment
-    from mhjax.io.checkpoint import SweepCheckpointer
+    from mhjax.io.workdir import Workdir
     from mhjax.train.loop import Sweep
 
     config = ml_collections.ConfigDict(json.load(open(os.path.join(workdir, "mhjax.json")))["config"])
     sweep = Sweep(make_experiment(config))
-    checkpointer = SweepCheckpointer(workdir)
+    checkpointer = Workdir(workdir).checkpointer()
     try:
         states, _ = sweep.restore(checkpointer, checkpointer.latest_step())
     finally:

@@ -10,8 +10,11 @@ import pytest
 
 from mhjax.cli import main
 from mhjax.config import ConfigError
-from mhjax.io.lock import LOCK, WorkdirLock
+from mhjax.io.lock import WorkdirLock
+from mhjax.io.workdir import Workdir
 from tests.conftest import ROOT, config_source, tiny_sequence_config
+
+LOCK = Workdir.LOCK
 
 HOLD = (
     "import sys, time; from mhjax.io.lock import WorkdirLock\nwith WorkdirLock(sys.argv[1], 'train', create=True):\n"

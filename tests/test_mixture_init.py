@@ -148,7 +148,7 @@ def test_run_records_rates_spread_and_path(tmp_path):
     """Default theta_0 through the host loop: head_spread > 0 for H >= 2 (0 for H = 1), the exact
     loss curve at the log-spaced steps equals the program's per-step losses, loss_slope is its
     last-decade fit, margin_loss_product = gamma^2 eta K L(theta_K), and evaluations at k = 0."""
-    from mhjax.io.curves import read_curves
+    from mhjax.io.workdir import Workdir
     from mhjax.train.loop import run
 
     config = tiny_mixture_config(heads=(1, 3), num_train=(16,))
@@ -166,7 +166,7 @@ def test_run_records_rates_spread_and_path(tmp_path):
         product = m["ntk_margin"] ** 2 * m["step_size"] * K * values[-1]
         assert m["margin_loss_product"] == pytest.approx(product, rel=1e-5)
         tag = "eval/distance_from_init"
-        curve = read_curves(str(tmp_path), [m["name"]], [tag])[m["name"]][tag]
+        curve = Workdir(tmp_path).curves(m["name"])[tag]
         assert curve[0][0] == 0 and curve[1][0] == 0.0 and curve[1][-1] == pytest.approx(m["param_distance"], rel=1e-4)
     assert os.path.getsize(os.path.join(str(tmp_path), "path.png")) > 0
 

@@ -15,8 +15,7 @@ from mhjax.analysis.ntk import simplex_margin
 from mhjax.config import ConfigError, load_config_file
 from mhjax.data.mixture import default_mixture_config
 from mhjax.experiments import make_experiment
-from mhjax.io.checkpoint import SweepCheckpointer
-from mhjax.io.curves import read_curves
+from mhjax.io.workdir import Workdir
 from mhjax.models.classifier import classifier_apply, gd_step
 from mhjax.train.loop import Sweep, run
 from tests.conftest import set_field
@@ -88,8 +87,12 @@ def test_results_have_the_mixture_fields_and_figures(swept):
     with open(os.path.join(workdir, "mixture_summary.md")) as f:
         summary = f.read().split("## Training rate")[0]  # the main table; the rate table follows
     assert summary.count("\n| 8 | 1 | ") == 2 and summary.count("\n| 16 | 1 | ") == 2  # a row per (n, H)
-    steps, losses = read_curves(workdir, ["h2-n8-s0"], ["train/loss"])["h2-n8-s0"]["train/loss"]
-    assert list(steps) == [10, 20] and np.all(np.isfinite(losses)) and losses[1] < losses[0]
+    steps, losses = Workdir(workdir).curves("h2-n8-s0")["train/loss"]
+    # train/loss at step s is the loss of update s, L(theta_{s-1}): the recorded exact curve's L(theta_k) at k = s-1
+    assert list(steps) == list(range(1, STEPS + 1)) and np.all(np.isfinite(losses)) and losses[-1] < losses[0]
+    curve = by_name(payload)["h2-n8-s0"]["loss_curve"]
+    recorded = {k: v for k, v in zip(curve["steps"], curve["values"]) if k < STEPS}
+    assert recorded and np.allclose([losses[k] for k in recorded], list(recorded.values()), rtol=1e-5)
 
 
 def test_training_drives_the_loss_down_on_separable_data(swept):
@@ -131,7 +134,7 @@ def test_padded_member_equals_the_plain_model(swept):
     experiment, workdir, payload = swept
     member, X, y, theta0, theta = plain_member(experiment, "h2-n8-s0")
     sweep = Sweep(experiment)
-    checkpointer = SweepCheckpointer(workdir)
+    checkpointer = Workdir(workdir).checkpointer()
     try:
         states, _ = sweep.restore(checkpointer, STEPS)
     finally:
@@ -171,11 +174,13 @@ def test_random_init_of_a_head_does_not_depend_on_the_padding():
     config.sweep.heads = (2,)
     narrow = make_experiment(config)
     p_wide = [
-        wide.programs("auto", "cpu")[0][2].init_params(jax.tree_util.tree_map(jnp.asarray, wide.member_constants(m)))
+        wide.programs("auto", "cpu")[0].recipe.init_params(
+            jax.tree_util.tree_map(jnp.asarray, wide.member_constants(m))
+        )
         for m in wide.members
         if m["heads"] == 2
     ][0]
-    p_narrow = narrow.programs("auto", "cpu")[0][2].init_params(
+    p_narrow = narrow.programs("auto", "cpu")[0].recipe.init_params(
         jax.tree_util.tree_map(jnp.asarray, narrow.member_constants(narrow.members[0]))
     )
     for key in ("W", "U"):

@@ -246,11 +246,11 @@ def test_sigkill_during_compile_resumes_bit_identical(setup, tmp_path):
 def test_interrupted_metadata_write_does_not_block_a_fresh_start(setup, tmp_path):
     """Killed before W/mhjax.json was renamed into place: only its .tmp exists; the rerun
     starts fresh (no checkpoint can exist yet, metadata is written before any)."""
-    from mhjax.io.checkpoint import METADATA, check_or_write_metadata
+    from mhjax.io.workdir import Workdir
 
     workdir = tmp_path / "w"
     workdir.mkdir()
-    (workdir / (METADATA + ".tmp")).write_text('{"mhjax_version": "0.0.0", "conf')
-    assert check_or_write_metadata(str(workdir), {"a": 1}, "sequence") is False
-    assert json.load(open(workdir / METADATA))["config"] == {"a": 1}
-    assert check_or_write_metadata(str(workdir), {"a": 1}, "sequence") is True
+    (workdir / (Workdir.METADATA + ".tmp")).write_text('{"mhjax_version": "0.0.0", "conf')
+    assert Workdir(workdir).check_or_write_metadata({"a": 1}, "sequence") is False
+    assert json.load(open(workdir / Workdir.METADATA))["config"] == {"a": 1}
+    assert Workdir(workdir).check_or_write_metadata({"a": 1}, "sequence") is True

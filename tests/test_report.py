@@ -50,8 +50,9 @@ def test_report_before_and_after_analysis(workdir, capsys):
     assert "mhjax analyze" not in capsys.readouterr().err
     text = open(os.path.join(workdir, "report.md")).read()
     assert "No analysis yet" not in text
-    for title in ("copy: mixing time", "copy: minimax fidelity %", "copy: synergy"):
+    for title in ("copy: mixing time", "copy: minimax fidelity %", "copy: synergy", "copy: attention rollout"):
         assert f"**{title}" in text
+    assert re.search(r"^\| 4 \| -?\d+\.\d\d \| \d+ \|$", text, re.M)  # heads, accuracy synergy, DAG synergy
     assert re.search(r"^\| 4 \| \d+\.\d\d \| \d+\.\d{3} \|$", text, re.M)  # heads, accuracy, layer-0 mixing time
     links = _links(text)
     assert {"report/curves.png", "report/mixing_fidelity.png", "report/synergy.png"} <= set(links)

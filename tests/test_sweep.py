@@ -58,7 +58,7 @@ def test_one_program_and_grouped_programs_train_identically(strategy):
     single.strategy = strategy
     sg, tg = train(grouped)
     sf, tf = train(single)
-    assert [n for n, _, _ in sf.programs] == ["all"] and len(sg.programs) == 3
+    assert [p.name for p in sf.programs] == ["all"] and len(sg.programs) == 3
     for m in sg.experiment.members:
         assert_trees_close(member_params(sg, tg, m.name), member_params(sf, tf, m.name))
     # Evaluation goes through the same per-member recipes.
@@ -81,11 +81,11 @@ def test_one_program_groups_members_by_head_count_and_trains_like_grouped(tmp_pa
     one.strategy = "one_program"
     sg, tg = train(grouped)
     so, to = train(one)
-    [(name, idx, recipe)] = so.programs
-    members = so.experiment.members
+    [program] = so.programs
+    members, recipe = so.experiment.members, program.recipe
     # members listed head count by head count; each group's static head count is its members'
-    assert name == "all" and recipe.model.layout == ((2, 1), (2, 2)) and recipe.vmap_inside_grad
-    assert [members[i].name for i in idx] == ["copy-h1-s0", "cycle-h1-s0", "copy-h2-s0", "cycle-h2-s0"]
+    assert program.name == "all" and recipe.model.layout == ((2, 1), (2, 2)) and recipe.vmap_inside_grad
+    assert [members[i].name for i in program.members] == ["copy-h1-s0", "cycle-h1-s0", "copy-h2-s0", "cycle-h2-s0"]
     assert so.experiment.program_groups(so.programs) == [[(2, 1, False), (2, 2, False)]]
     for m in members:
         assert_trees_close(member_params(sg, tg, m.name), member_params(so, to, m.name))
@@ -133,14 +133,15 @@ def test_auto_strategy_unrolls_long_cpu_runs_and_fuses_otherwise():
     config = tiny_sequence_config(task=("copy", "cycle"), heads=(1, 2, 4))
     config.train.steps = 20_000
     experiment = make_experiment(config)
-    [(name, idx, recipe)] = experiment.programs("auto", "cpu")
-    assert name == "all" and idx == list(range(6)) and isinstance(recipe, Unrolled)
+    [program] = experiment.programs("auto", "cpu")
+    recipe = program.recipe
+    assert program.name == "all" and program.members == list(range(6)) and isinstance(recipe, Unrolled)
     # each member its own group, at its own static head count
     assert recipe.sizes == (1,) * 6
     assert [r.model.num_heads for r in recipe.recipes] == [m["heads"] for m in experiment.members]
     config.train.steps = 200  # a short run: compile time would eat the gain
-    [(_, _, short)] = make_experiment(config).programs("auto", "cpu")
-    assert not isinstance(short, Unrolled)
+    [short] = make_experiment(config).programs("auto", "cpu")
+    assert not isinstance(short.recipe, Unrolled)
 
 
 def test_auto_strategy_keeps_the_vmapped_axis_when_sharding(monkeypatch):
@@ -149,11 +150,11 @@ def test_auto_strategy_keeps_the_vmapped_axis_when_sharding(monkeypatch):
     config = tiny_sequence_config(heads=(1, 2))
     config.train.steps = 20_000
     monkeypatch.setattr(jax, "device_count", lambda *a: 4)
-    [(_, _, sharded)] = make_experiment(config).programs("auto", "cpu")
-    assert not isinstance(sharded, Unrolled)
+    [sharded] = make_experiment(config).programs("auto", "cpu")
+    assert not isinstance(sharded.recipe, Unrolled)
     config.devices = 1  # the user pinned one device
-    [(_, _, single)] = make_experiment(config).programs("auto", "cpu")
-    assert isinstance(single, Unrolled)
+    [single] = make_experiment(config).programs("auto", "cpu")
+    assert isinstance(single.recipe, Unrolled)
 
 
 def test_unrolled_groups_slice_the_member_axis_and_reject_bad_sizes():
@@ -194,9 +195,9 @@ def test_diverging_member_is_frozen_and_reported(tmp_path):
     assert good["status"] == "ok" and np.isfinite(good["train_loss"])
     # Frozen: the diverged member's checkpointed params are finite (the bad update was rejected).
     sweep = Sweep(make_experiment(config), backend="cpu")
-    from mhjax.io.checkpoint import SweepCheckpointer
+    from mhjax.io.workdir import Workdir
 
-    ckpt = SweepCheckpointer(str(tmp_path / "w"))
+    ckpt = Workdir(tmp_path / "w").checkpointer()
     states, _ = sweep.restore(ckpt, ckpt.latest_step())
     params = member_params(sweep, states, bad["name"])
     assert all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(params))
@@ -274,8 +275,8 @@ def test_one_program_diverging_member_leaves_the_others_exact(monkeypatch):
     one.strategy = "one_program"
     sg, tg = train(grouped, steps=6)
     so, to = train(one, steps=6)
-    [(_, idx, _)] = so.programs
-    diverged = dict(zip(idx, np.asarray(to["all"].diverged).tolist()))
+    [program] = so.programs
+    diverged = dict(zip(program.members, np.asarray(to["all"].diverged).tolist()))
     for i, m in enumerate(so.experiment.members):
         assert diverged[i] == (m["learning_rate"] == 1e30), m.name
         if not diverged[i]:

@@ -52,6 +52,10 @@ def test_event_files_hold_scalars_hparams_images_and_config(sweep_dir):
             assert tag in tags["scalars"], (name, tag)
         assert ea.Scalars("final/eval_accuracy")[-1].value == pytest.approx(results[name]["eval_accuracy"])
         assert ea.Scalars("final/eval_accuracy")[-1].step == 6
+        # train/loss every step (chunks of 3): at step s the loss of update s; the last is results' train_loss
+        losses = ea.Scalars("train/loss")
+        assert [e.step for e in losses] == [1, 2, 3, 4, 5, 6]
+        assert losses[-1].value == pytest.approx(results[name]["train_loss"], rel=1e-6)
         assert {"attention/layer0", "diffusion/sink_signal"} <= set(tags["images"])
         heatmap = ea.Images("attention/layer0")[-1]
         assert heatmap.width >= 64 and heatmap.height >= 64

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mhjax.analysis import dag
+from mhjax.analysis import ablation, dag, rollout
 from mhjax.config import ConfigError
 from mhjax.data import sequences as seqdata
 from mhjax.io.torch_import import CheckpointFormatError, UnsafeCheckpointError, load_reference_params
@@ -171,6 +171,8 @@ def analyze_params(
     batch_size: int = 50,
     keep_attention: bool = False,
     block: int = 8,
+    ablate: bool = True,
+    weights=None,
 ) -> dict:
     """Accuracy and per-layer DAG metrics of one H-head Transformer.
 
@@ -183,13 +185,18 @@ def analyze_params(
       sizes: model sizes; read off ``params`` when None (:func:`model_sizes`).
       batch_size: sequences per forward/metrics call (bounds memory).
       keep_attention: also return ``attention`` (L, H, T, T) and ``combined``
-        (L, T, T) numpy arrays of sequence 0 (for heatmaps; not JSON-serialisable).
+        (L, T, T) numpy arrays of sequence 0 (for heatmaps) and ``rollout_sink_row`` (L, T),
+        the rollout's sink row through each layer, mean over sequences (not JSON-serialisable).
+      ablate: also run every head removed / kept alone (:mod:`mhjax.analysis.ablation`).
+      weights: (N, T) position weights of ``loss`` and ``accuracy`` (None: every position).
 
-    Returns a JSON-ready dict: ``accuracy`` (token accuracy over all positions),
-    ``accuracy_excluding_first`` (positions 1..T-1), ``layers`` (one dict per
-    layer with ``layer``, ``mixing_time_mean/std``, ``fidelity_pct_mean/std``,
-    ``best_single_fidelity_pct_mean/std``, ``combined_beats_best_share``,
-    ``head_weights``), and the conventions used.
+    Returns a JSON-ready dict: ``loss`` and ``accuracy`` (cross-entropy and token accuracy,
+    weighted over positions), ``accuracy_excluding_first`` (positions 1..T-1),
+    ``rollout_min`` and ``rollout_min_mean_heads`` (:mod:`mhjax.analysis.rollout`), ``layers``
+    (one dict per layer with ``layer``, ``mixing_time_mean/std``, ``fidelity_pct_mean/std``,
+    ``best_single_fidelity_pct_mean/std``, ``combined_beats_best_share``, ``head_weights``,
+    ``rollout_min``, ``rollout_min_mean_heads``, ``rollout_fidelity_spearman`` and, with
+    ``ablate``, ``ablation`` and ``accuracy_synergy``), and the conventions used.
     """
     task_id = check_task(task)
     conventions = check_conventions(horizon, max_steps, include_sink, chain)
@@ -229,9 +236,14 @@ def analyze_params(
                 attn, beta, horizon=horizon, max_steps=max_steps, include_sink=include_sink, chain=chain, block=block
             )
         )
+        m.update({f"rollout_{k}": v for k, v in jax.device_get(rollout.sink_rollout(attn, beta, include_sink)).items()})
         for k, v in m.items():
             parts.setdefault(k, []).append(np.asarray(v)[:, :n])
     per = {k: np.concatenate(v, axis=1) for k, v in parts.items()}  # (L, N)
+    full, ablated = ablation.head_ablation(params, heads, tokens, targets, sizes, weights, bs, ablate, np.asarray(beta))
+    rolled, rolled_layers = rollout.rollout_summary(
+        {"min": per["rollout_min"], "min_mean_heads": per["rollout_min_mean_heads"]}, per["fidelity"]
+    )
     beta_np = np.asarray(beta)
     layers = []
     for l in range(sizes["num_layers"]):
@@ -251,6 +263,8 @@ def analyze_params(
                 "best_single_fidelity_pct_std": float(best.std()),
                 "combined_beats_best_share": float(per["beats"][l].mean()),
                 "head_weights": [float(b) for b in beta_np[l]],
+                **rolled_layers[l],
+                **(ablated[l] if ablated else {}),
             }
         )
     result = {
@@ -258,8 +272,9 @@ def analyze_params(
         "task": task,
         "num_sequences": int(N),
         "seq_len": int(T),
-        "accuracy": float(correct.mean()),
+        **full,
         "accuracy_excluding_first": float(correct[:, 1:].mean()),
+        **rolled,
         "conventions": conventions,
         "model": sizes,
         "layers": layers,
@@ -267,6 +282,7 @@ def analyze_params(
     if keep_attention:
         result["attention"] = example  # (L, H, T, T)
         result["combined"] = np.einsum("lh,lhij->lij", beta_np, example)
+        result["rollout_sink_row"] = per["rollout_sink_row"].mean(axis=1)
     return result
 
 

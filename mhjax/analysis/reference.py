@@ -29,6 +29,7 @@ PATTERN = re.compile(r"(\d+)_heads_([a-z]+)\.pt")
 CONVENTION_KEYS = ("horizon", "max_steps", "include_sink", "chain")
 DEFAULT_SEQUENCES = 50  # mhjax analyze's defaults: 50 random sequences from seed 0
 DEFAULT_SEED = 0
+FIELDS = "ablation+rollout"  # what an entry holds: a cache written before these were added is stale
 
 
 def find_checkpoints(directory) -> dict[tuple[str, int], str]:
@@ -82,6 +83,7 @@ def _cache_key(checkpoints: dict, tokens: np.ndarray, conventions: dict) -> str:
         hashlib.sha256(np.ascontiguousarray(tokens, np.int32).tobytes()).hexdigest(),
         str(tokens.shape),
         json.dumps(conventions, sort_keys=True),
+        FIELDS,
     ]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()
 

@@ -17,13 +17,14 @@ from mhjax.analysis.metrics import analyze_checkpoint, analyze_params, one_line,
 from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
 from mhjax.io import compile_cache
-from mhjax.io.checkpoint import METADATA, SweepCheckpointer
 from mhjax.io.lock import WorkdirLock
-from mhjax.io.results import read_workdir_json, write_json
+from mhjax.io.results import write_json, write_text
 from mhjax.io.tensorboard import log_to_run
+from mhjax.io.workdir import Workdir, analysis_paths
 from mhjax.models.probe import config_sizes
 from mhjax.plotting.analysis import format_analysis, plot_analysis
-from mhjax.plotting.images import attention_grid
+from mhjax.plotting.images import attention_grid, sink_row_image
+from mhjax.plotting.style import heads_label
 from mhjax.train.engine import unstack
 from mhjax.train.loop import Sweep
 
@@ -47,23 +48,20 @@ def analyze_torch_checkpoint(
     return result
 
 
-def _workdir_sweep(workdir: str):
+def _workdir_sweep(workdir: Workdir):
     """(experiment, Sweep, latest step, states) restored from a trained sweep workdir."""
-    meta = read_workdir_json(workdir, METADATA, "not a mhjax sweep workdir")
     try:
-        config = ml_collections.ConfigDict(meta["config"])
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ConfigError(
-            f"--workdir: {os.path.join(workdir, METADATA)} is unreadable ({type(exc).__name__})"
-        ) from None
+        config = ml_collections.ConfigDict(workdir.config())
+    except (TypeError, AttributeError) as exc:
+        raise ConfigError(f"--workdir: {workdir.metadata_path} is unreadable ({type(exc).__name__})") from None
     experiment = make_experiment(config)
     if not experiment.analyzable:
         raise ConfigError(
             f"--workdir: analyze needs a sequence (copy/cycle/zero) sweep; {workdir} holds a {experiment.kind!r} sweep"
         )
-    if not os.path.isdir(os.path.join(workdir, "checkpoints")):
-        raise ConfigError(f"--workdir: {workdir} has no checkpoints/; train it first")
-    checkpointer = SweepCheckpointer(workdir)
+    if not workdir.has_checkpoints():
+        raise ConfigError(f"--workdir: {workdir} has no {os.path.basename(workdir.checkpoints_dir)}/; train it first")
+    checkpointer = workdir.checkpointer()
     try:
         step = checkpointer.latest_step()
         if step is None:
@@ -102,7 +100,7 @@ def analyze_workdir(
     heatmaps (all heads + the combined operator, evaluation sequence 0) to each
     member's run ``W/tb/<member>`` at the checkpoint's step.
     """
-    workdir = str(workdir)
+    workdir = Workdir.of(workdir)
     experiment, sweep, step, states = _workdir_sweep(workdir)
     m = experiment.config.model
     tokens, source = tokens_for(sequences, num_sequences, seed, m.seq_len, m.vocab_size)
@@ -115,6 +113,7 @@ def analyze_workdir(
             state.params, member["heads"], member["task"], tokens, sizes, keep_attention=tensorboard, **kwargs
         )
         attention, combined = res.pop("attention", None), res.pop("combined", None)
+        sink_rows = res.pop("rollout_sink_row", None)
         entry = {
             "name": member.name,
             **{k: v for k, v in member.hparams.items()},
@@ -125,15 +124,19 @@ def analyze_workdir(
         if log is not None:
             log(f"{member.name}: accuracy {res['accuracy']:.4f}")
         if tensorboard:
-            log_to_run(workdir, member.name, *_tensorboard_entry(entry, attention, combined), step)
+            scalars, images = _tensorboard_entry(entry, attention, combined)
+            scalars.update(_head_scalars(entry))
+            if sink_rows is not None:
+                images["analysis/rollout/sink_row"] = sink_row_image(sink_rows)
+            log_to_run(workdir.run_dir(member.name), scalars, images, step)
     result = {
-        "workdir": os.path.abspath(workdir),
+        "workdir": os.path.abspath(workdir.path),
         "step": int(step),
         "source": source,
         "conventions": next(iter(members.values()))["conventions"] if members else None,
         "members": members,
     }
-    out = os.path.join(workdir, "analysis") if out is None else str(out)
+    out = workdir.analysis_dir if out is None else str(out)
     result["files"] = write_analysis(out, result, plot=plot)
     return result
 
@@ -163,6 +166,17 @@ def _tensorboard_entry(entry: dict, attention, combined) -> tuple[dict, dict]:
     return scalars, images
 
 
+def _head_scalars(entry: dict) -> dict:
+    """Head ablation and rollout scalars: ``analysis/loss``, ``analysis/rollout_min``,
+    ``analysis/layer{l}/rollout_min`` and ``analysis/layer{l}/accuracy_synergy`` (when ablated)."""
+    scalars = {"analysis/loss": entry["loss"], "analysis/rollout_min": entry["rollout_min"]}
+    for layer in entry["layers"]:
+        for key in ("rollout_min", "rollout_fidelity_spearman", "accuracy_synergy"):
+            if layer.get(key) is not None:
+                scalars[f"analysis/layer{layer['layer']}/{key}"] = layer[key]
+    return scalars
+
+
 def write_analysis(out, result: dict, plot: bool = True) -> dict[str, str]:
     """Write ``analysis.json``, ``analysis.md`` and (``plot``) ``analysis.png`` under ``out``."""
     out = Path(out)
@@ -170,11 +184,11 @@ def write_analysis(out, result: dict, plot: bool = True) -> dict[str, str]:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--out: cannot create {out} ({type(exc).__name__}: {one_line(exc)})") from None
-    files = {"json": str(out / "analysis.json"), "md": str(out / "analysis.md")}
-    if plot:
-        files["png"] = str(out / "analysis.png")
+    files = analysis_paths(out)
+    if not plot:
+        del files["png"]
     write_json(files["json"], {**{k: v for k, v in result.items() if k != "files"}, "files": files})
-    (out / "analysis.md").write_text(format_analysis(result))
+    write_text(files["md"], format_analysis(result))
     if plot:
         plot_analysis(result, files["png"])
     return files
@@ -195,6 +209,7 @@ def _run(args) -> int:
         chain=args.chain,
         include_sink=not args.exclude_sink,
         batch_size=args.batch_size,
+        ablate=not args.no_ablation,
     )
     if args.torch_checkpoint is not None:
         if args.heads is None:
@@ -209,20 +224,16 @@ def _run(args) -> int:
         for option, value in (("--heads", args.heads), ("--task", args.task)):
             if value is not None:
                 raise ConfigError(f"{option}: not used with --workdir (each member's own value is used)")
-        with WorkdirLock(args.workdir, "analyze"):
-            result = analyze_workdir(
-                args.workdir,
-                args.out,
-                tensorboard=not args.no_tensorboard,
-                log=lambda m: print(m, file=sys.stderr),
-                **common,
-            )
+        workdir = Workdir(args.workdir)
+        with WorkdirLock(workdir, "analyze"):
+            result = analyze_workdir(workdir, args.out, tensorboard=not args.no_tensorboard, **common)
         entries = list(result["members"].items())
+    if entries:
+        e = entries[0][1]
+        print(f"token accuracy in eval mode on {sequences_text(result['source'], e['num_sequences'], e['seq_len'])}")
     for label, e in entries:
-        print(
-            f"{label}: {e['heads']} heads, {e['task']}, accuracy {100 * e['accuracy']:.2f}% "
-            f"({e['num_sequences']} sequences of length {e['seq_len']})"
-        )
+        diverged = " (diverged)" if e.get("status", "ok") != "ok" else ""
+        print(f"{label}: {heads_label(e['heads'])}, {e['task']}, accuracy {100 * e['accuracy']:.2f}%{diverged}")
         for layer in e["layers"]:
             print(
                 f"  layer {layer['layer']}: "
@@ -231,8 +242,29 @@ def _run(args) -> int:
                 f"  best head {layer['best_single_fidelity_pct_mean']:.3f}%"
                 f"  combined > best {100 * layer['combined_beats_best_share']:.0f}%"
             )
+    if args.workdir is not None:
+        print(held_out_note(workdir))
     print("wrote " + ", ".join(result["files"].values()))
     return 0
+
+
+def sequences_text(source: dict, count: int, length: int) -> str:
+    """Which sequences the accuracy and metrics are measured on, in words."""
+    if source.get("sequences") == "random":
+        return f"{count} random sequences of length {length} (--seed {source.get('seed')})"
+    if source.get("sequences") == "array":
+        return f"{count} given sequences of length {length}"
+    return f"the {count} sequences of length {length} in {source.get('sequences')}"
+
+
+def held_out_note(workdir: Workdir) -> str:
+    """Why these accuracies differ from train's eval_accuracy (results.json, report)."""
+    data = Workdir.of(workdir).config().get("data", {})
+    held_out = f"{data['num_eval']} sequences" if "num_eval" in data else "sequences"
+    return (
+        f"train's eval_accuracy ({Workdir.RESULTS}, report) is the same token accuracy on the run's own held-out set, "
+        f"{held_out} per task and seed: other samples, so the numbers differ a little"
+    )
 
 
 def run_analyze(args) -> int:

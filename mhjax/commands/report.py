@@ -19,59 +19,39 @@ PNG figures an experiment writes at the top of ``W`` are embedded as they are.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import sys
 
 from mhjax.commands.reproduction import reproduction_markdown
-from mhjax.config import ConfigError
-from mhjax.io.curves import read_curves
 from mhjax.io.lock import WorkdirLock
-from mhjax.io.results import load_analysis, markdown_table, read_workdir_json
+from mhjax.io.results import markdown_table, write_text
+from mhjax.io.workdir import Workdir
+from mhjax.plotting.heads import head_tables
 from mhjax.plotting.report import analysis_tables, plot_curves, plot_mixing_fidelity, plot_synergy, summary_table
 
-REPORT_DIR = "report"
+
+def training_curves(workdir: Workdir, names: list[str]) -> dict:
+    """{member: {tag: (steps, values)}}: ``train/loss`` and every ``eval/...`` curve of the
+    members' TensorBoard runs; no curves for a workdir without TensorBoard runs."""
+    out = {}
+    for name in names:
+        found = workdir.curves(name) if workdir.has_curves() else {}
+        out[name] = {t: c for t, c in found.items() if t == "train/loss" or t.startswith("eval/")}
+    return out
 
 
-# ---------------------------------------------------------------------- #
-# Reading
-# ---------------------------------------------------------------------- #
-def load_results(workdir: str) -> dict:
-    results = read_workdir_json(
-        workdir, "results.json", f"train it first (mhjax train --config ... --workdir {workdir})"
-    )
-    if not isinstance(results.get("members"), list):
-        raise ConfigError(f"--workdir: {os.path.join(workdir, 'results.json')} has no member list")
-    return results
-
-
-def load_sweep_fields(workdir: str) -> list[str]:
-    """The config's swept fields (from W/mhjax.json), or [] when unreadable."""
-    try:
-        with open(os.path.join(workdir, "mhjax.json")) as f:
-            return list(json.load(f)["config"]["sweep"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-
-
-def load_curves(workdir: str, names: list[str], tags=None) -> dict:
-    """{member: {tag: (steps, values)}}; see mhjax.io.curves.read_curves."""
-    return read_curves(workdir, names, tags)
-
-
-# ---------------------------------------------------------------------- #
-# Tables
 # ---------------------------------------------------------------------- #
 # The report
 # ---------------------------------------------------------------------- #
-def write_report(workdir: str, log=None, reference: str | None = None) -> dict:
+def write_report(workdir, log=None, reference: str | None = None) -> dict:
     """Write ``W/report.md`` and ``W/report/*.png``; returns {"md": path, "figures": [paths]}.
+    ``workdir``: a Workdir (or its path), each of whose files is read once.
     ``reference``: a folder of released checkpoints to compare with (mhjax.commands.reproduction)."""
-    workdir = str(workdir)
-    results = load_results(workdir)
+    workdir = Workdir.of(workdir)
+    results = workdir.results()
     members = results["members"]
-    analysis = load_analysis(workdir)
-    out_dir = os.path.join(workdir, REPORT_DIR)
+    analysis = workdir.analysis() if workdir.has_analysis() else None
+    out_dir, link_dir = workdir.report_dir, os.path.relpath(workdir.report_dir, workdir.path)
     os.makedirs(out_dir, exist_ok=True)
     figures = []
 
@@ -79,7 +59,7 @@ def write_report(workdir: str, log=None, reference: str | None = None) -> dict:
         path = os.path.join(out_dir, name)
         if fn(*args, path):
             figures.append(path)
-            return f"![{os.path.splitext(name)[0]}]({REPORT_DIR}/{name})"
+            return f"![{os.path.splitext(name)[0]}]({link_dir}/{name})"
         return None
 
     title = results.get("title", "mhjax sweep")
@@ -90,13 +70,13 @@ def write_report(workdir: str, log=None, reference: str | None = None) -> dict:
         f"{len(members)} members, {results.get('steps')} steps each{backend}"
         + (f", resumed from step {resumed}" if resumed else "")
         + ". "
-        f"TensorBoard: `tensorboard --logdir {os.path.join(workdir, 'tb')}`.",
+        f"TensorBoard: `tensorboard --logdir {workdir.tensorboard_dir}`.",
         "",
     ]
-    summary = summary_table(members, load_sweep_fields(workdir))
+    summary = summary_table(members, workdir.sweep_fields())
     if summary:
         lines += ["## Results", "", "Final metrics; mean ± std over seeds.", "", summary]
-    curves = load_curves(workdir, [m["name"] for m in members])
+    curves = training_curves(workdir, [m["name"] for m in members])
     link = figure("curves.png", plot_curves, members, curves)
     if link:
         lines += ["## Training curves", "", link, ""]
@@ -113,26 +93,24 @@ def write_report(workdir: str, log=None, reference: str | None = None) -> dict:
             ]
     else:
         lines += [analysis_tables(analysis), ""]
+        lines += [head_tables(analysis), ""]  # empty for an analysis without ablation and rollout
         for name, fn in (("mixing_fidelity.png", plot_mixing_fidelity), ("synergy.png", plot_synergy)):
             link = figure(name, fn, analysis)
             if link:
                 lines += [link, ""]
 
     if reference is not None:
-        more, paths = reproduction_markdown(workdir, reference, out_dir, REPORT_DIR)
+        more, paths = reproduction_markdown(workdir, reference, out_dir, link_dir)
         lines, figures = lines + more, figures + paths
 
-    extra = sorted(glob.glob(os.path.join(workdir, "*.png")))
+    extra = sorted(glob.glob(workdir.file("*.png")))
     if extra:
         lines += ["## Experiment figures", ""]
         lines += [f"![{os.path.splitext(os.path.basename(p))[0]}]({os.path.basename(p)})" for p in extra] + [""]
 
     lines += ["## Every member", "", markdown_table(members, "Members").split("\n", 2)[2]]
-    path = os.path.join(workdir, "report.md")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("\n".join(lines).rstrip() + "\n")
-    os.replace(tmp, path)
+    path = workdir.report_path
+    write_text(path, "\n".join(lines).rstrip() + "\n")
     if log is not None:
         log(f"wrote {path} and {len(figures)} figure(s) in {out_dir}")
     return {
@@ -152,8 +130,9 @@ def is_analyzable(results: dict) -> bool:
 
 
 def command(args, overrides) -> int:
-    with WorkdirLock(args.workdir, "report"):
-        result = write_report(args.workdir, reference=args.reference)
+    workdir = Workdir(args.workdir)
+    with WorkdirLock(workdir, "report"):
+        result = write_report(workdir, reference=args.reference)
     print(f"wrote {result['md']} ({len(result['figures'])} figures)")
     if result["needs_analysis"]:
         print(

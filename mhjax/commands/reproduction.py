@@ -10,13 +10,11 @@ paper's claims decided on both (:mod:`mhjax.analysis.claims`).
 
 from __future__ import annotations
 
-import json
 import os
 
 from mhjax.analysis import claims
 from mhjax.analysis.reference import PAPER_STEPS, analyze_reference, evaluation_setup, find_checkpoints
-from mhjax.io.curves import read_curves
-from mhjax.io.results import load_analysis, read_workdir_json
+from mhjax.io.workdir import Workdir
 from mhjax.plotting.report import mean_sd
 from mhjax.plotting.reproduction import CURVE_PANELS, plot_beside_released, plot_curve_bands
 
@@ -25,17 +23,9 @@ METRICS = (
     ("mixing time (expected steps to the sink)", "mixing_time_mean", "{:.2f}", 1.0),
     ("minimax fidelity %", "fidelity_pct_mean", "{:.2f}", 1.0),
     ("combined operator beats the best single head, % of sequences", "combined_beats_best_share", "{:.0f}", 100.0),
+    ("accuracy synergy: full model minus the best single head kept alone, points", "accuracy_synergy", "{:.2f}", 100.0),
+    ("attention rollout through the layer, min share at the sink %", "rollout_min", "{:.3f}", 100.0),
 )
-
-
-def _sizes(workdir: str) -> tuple[int, int]:
-    """(vocab_size, seq_len) of the sweep's config."""
-    try:
-        with open(os.path.join(workdir, "mhjax.json")) as f:
-            model = json.load(f)["config"]["model"]
-        return int(model["vocab_size"]), int(model["seq_len"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 256, 100  # the paper's
 
 
 def learnt_steps(members: list[dict], curves: dict, seq_len: int) -> dict:
@@ -69,7 +59,9 @@ def _values(entries: list[dict], task: str, heads: int, layer: int, key: str, sc
     return [
         scale * e["layers"][layer][key]
         for e in entries
-        if (e["task"], e["heads"]) == (task, heads) and layer < len(e["layers"])
+        if (e["task"], e["heads"]) == (task, heads)
+        and layer < len(e["layers"])
+        and e["layers"][layer].get(key) is not None  # an analysis from before a metric existed
     ]
 
 
@@ -132,25 +124,26 @@ def _checklist(ours: list[claims.Verdict] | None, theirs: list[claims.Verdict], 
 
 
 def reproduction_markdown(
-    workdir: str, reference_dir: str, out_dir: str, link_dir: str = "report"
+    workdir, reference_dir: str, out_dir: str, link_dir: str = "report"
 ) -> tuple[list[str], list[str]]:
     """Markdown lines and written figure paths of the reproduction section (figures go to ``out_dir``,
-    linked as ``link_dir/NAME.png``). A missing or empty ``reference_dir`` is a ConfigError naming --reference."""
+    linked as ``link_dir/NAME.png``); ``workdir``: a Workdir (or its path). A missing or empty
+    ``reference_dir`` is a ConfigError naming --reference."""
     find_checkpoints(reference_dir)  # fail before any work
-    results = read_workdir_json(
-        workdir, "results.json", f"train it first (mhjax train --config ... --workdir {workdir})"
-    )
-    members = results.get("members") or []
+    workdir = Workdir.of(workdir)
+    results = workdir.results()
+    members = results["members"]
     steps = int(results.get("steps") or max((m.get("steps", 0) for m in members), default=0))
-    analysis = load_analysis(workdir)
-    vocab_size, seq_len = _sizes(workdir)
-    tokens, conventions, how = evaluation_setup(workdir, analysis, vocab_size, seq_len)
+    analysis = workdir.analysis() if workdir.has_analysis() else None
+    vocab_size, seq_len = int(workdir.config_field("model.vocab_size")), int(workdir.config_field("model.seq_len"))
+    tokens, conventions, how = evaluation_setup(workdir.path, analysis, vocab_size, seq_len)
     os.makedirs(out_dir, exist_ok=True)
     released = analyze_reference(reference_dir, tokens, conventions, cache=os.path.join(out_dir, CACHE))
     ours = (
         [e for e in (analysis or {}).get("members", {}).values() if e.get("status", "ok") == "ok"] if analysis else None
     )
-    curves = read_curves(workdir, [m["name"] for m in members], [tag for tag, _, _ in CURVE_PANELS])
+    tags = [tag for tag, _, _ in CURVE_PANELS]
+    curves = {m["name"]: workdir.curves(m["name"], tags) if workdir.has_curves() else {} for m in members}
     intro = (
         'The paper: "Beyond Parallelism: Synergistic Computational Graph Effects in Multi-Head Attention" '
         f"(arXiv 2507.02944), Section 4. Released models: `{reference_dir}` ({len(released)} checkpoints, "

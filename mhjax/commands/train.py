@@ -15,6 +15,8 @@ from mhjax.config import ConfigError, apply_overrides, load_config_file
 from mhjax.experiments import make_experiment
 from mhjax.io import compile_cache
 from mhjax.io.lock import WorkdirLock
+from mhjax.io.results import WriteFailed
+from mhjax.io.workdir import Workdir
 from mhjax.train.console import next_commands, summary_lines
 from mhjax.train.loop import Interrupted, run
 from mhjax.train.placement import maybe_initialize_distributed
@@ -35,6 +37,11 @@ def describe(experiment, backend: str) -> str:
     return "\n".join([header, machine] + experiment.describe(backend))
 
 
+class _QuietFileHandler(logging.FileHandler):
+    def handleError(self, record):  # a full disk loses these logs, not the command's one-line error
+        pass
+
+
 @contextlib.contextmanager
 def library_logs(path: str):
     """Python logging (absl, orbax) off the console: its warnings mean nothing to a user. Records
@@ -44,7 +51,7 @@ def library_logs(path: str):
     saved = root.handlers[:], root.level
     for handler in saved[0]:
         root.removeHandler(handler)
-    file = logging.FileHandler(path, delay=True)  # the file appears with its first record
+    file = _QuietFileHandler(path, delay=True)  # the file appears with its first record
     file.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     memory = logging.handlers.MemoryHandler(capacity=1000, flushLevel=logging.CRITICAL + 1, target=file)
     root.addHandler(memory)
@@ -77,26 +84,33 @@ def command(args, overrides) -> int:
     if args.dry_run:
         print(describe(experiment, jax.default_backend()))
         return 0
-    workdir = args.workdir or os.path.join(
-        "runs", f"{os.path.splitext(os.path.basename(args.config))[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
+    workdir = Workdir(
+        args.workdir
+        or os.path.join(
+            "runs", f"{os.path.splitext(os.path.basename(args.config))[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
+        )
     )
     compile_cache.configure()  # before the first compile: a repeated or resumed sweep compiles nothing
     maybe_initialize_distributed(args.coordinator, args.num_processes, args.process_id, args.distributed)
     # Several processes of one distributed run share the workdir: process 0 holds the lock and the log.
     primary = jax.process_index() == 0
     lock = WorkdirLock(workdir, "train", create=True) if primary else contextlib.nullcontext()
-    logs = library_logs(os.path.join(workdir, "mhjax.log")) if primary else contextlib.nullcontext()
+    logs = library_logs(workdir.log_path) if primary else contextlib.nullcontext()
     with lock, logs:
         try:
             payload = run(experiment, workdir, progress=not args.no_progress, log=lambda m: print(m, file=sys.stderr))
         except Interrupted as exc:
             print(f"mhjax: {exc}", file=sys.stderr)
             return 130
-    print(f"results: {os.path.join(workdir, 'results.json')} ({len(payload['members'])} members)")
+        except WriteFailed as exc:  # a full disk: one line naming the file; the last checkpoint holds
+            print(f"mhjax: error: {exc}", file=sys.stderr)
+            return 1
+    print(f"results: {workdir.results_path} ({len(payload['members'])} members)")
     table = summary_lines(experiment.summary_table(), payload["members"])
     if table:
         print(f"\nfinal results, mean over seeds (step {payload['steps']}):")
         print("\n".join(f"  {line}" for line in table))
     print("\nnext:")
-    print("\n".join(f"  {line}" for line in next_commands(workdir, experiment.analyzable)))
+    commands = next_commands(str(workdir), workdir.tensorboard_dir, experiment.analyzable)
+    print("\n".join(f"  {line}" for line in commands))
     return 0

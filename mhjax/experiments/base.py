@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from mhjax.io.workdir import Workdir
 from mhjax.train.console import SummaryTable
-from mhjax.train.engine import Program
+from mhjax.train.engine import Program, TrainedProgram
 from mhjax.train.sweep import Member
 
 
@@ -43,8 +44,10 @@ class Experiment:
         return [f"{m.name:<28} {self.member_info(m)}" for m in self.members]
 
     # -- optional hooks (no-op defaults) ------------------------------------------
-    def extra_results(self, sweep, states) -> dict[int, dict]:
-        """{member index: extra results.json fields} computed from the final states."""
+    def extra_results(self, trained: list[TrainedProgram], loss_curves: dict[int, dict]) -> dict[int, dict]:
+        """{member index: extra results.json fields} computed from the final states: ``trained``
+        holds every program with its stacked constants and states, ``loss_curves`` the exact
+        losses the trainer recorded at ``loss_steps()`` ({member index: {"steps", "values"}})."""
         return {}
 
     def metric_tags(self) -> list[str]:
@@ -58,7 +61,7 @@ class Experiment:
 
     def loss_steps(self) -> list[int]:
         """Steps k at which the trainer records the exact train loss L(theta_k) of every member
-        (results field ``loss_curve``; ``Sweep.loss_curves`` during ``extra_results``)."""
+        (results field ``loss_curve``; handed to ``extra_results``)."""
         return []
 
     def images(self, member_states: dict, step: int) -> dict[str, dict[str, np.ndarray]]:
@@ -77,5 +80,6 @@ class Experiment:
         more = [f for f, values in self.config.sweep.items() if len(values) > 1 and f not in (*first, "seed")]
         return (*first, *more)
 
-    def finalize(self, workdir: str, payload: dict) -> None:
-        """Experiment-specific files (figures, summaries) once results.json is written."""
+    def finalize(self, workdir: Workdir, payload: dict) -> None:
+        """Experiment-specific files (figures, summaries: ``workdir.file(name)``) once the results
+        are written (``payload``: what results.json holds)."""

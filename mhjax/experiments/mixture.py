@@ -61,10 +61,11 @@ from mhjax.analysis import ntk
 from mhjax.data.mixture import DATA_FIELDS, HostSampler, MixtureConfigError, validate_mixture_config
 from mhjax.experiments import mixture_results
 from mhjax.experiments.base import Experiment
+from mhjax.io.workdir import Workdir
 from mhjax.models import classifier
 from mhjax.plotting.mixture import write_figures_and_summary
 from mhjax.train.console import Column, SummaryTable
-from mhjax.train.engine import Program
+from mhjax.train.engine import Program, Recipe, TrainedProgram
 from mhjax.train.sweep import Member, derive_key, expand
 
 STRATEGIES = ("auto", "unrolled", "fused", "grouped", "one_program")  # accepted for the CLI's sake; always one program
@@ -187,7 +188,7 @@ def loss_steps(total: int, points: int) -> list[int]:
 # ---------------------------------------------------------------------- #
 # Recipe: one member, traced
 # ---------------------------------------------------------------------- #
-class MixtureRecipe:
+class MixtureRecipe(Recipe):
     """The engine's recipe for every member of a mixture sweep (padded to ``max_heads`` heads
     and ``max_train`` examples)."""
 
@@ -345,8 +346,8 @@ class MixtureExperiment(Experiment):
     def loss_steps(self) -> list[int]:
         return loss_steps(int(self.config.train.steps), int(self.config.train.get("loss_points", 0) or 0))
 
-    def extra_results(self, sweep, states) -> dict:
-        return mixture_results.extra_results(self, sweep, states)
+    def extra_results(self, trained: list[TrainedProgram], loss_curves: dict[int, dict]) -> dict:
+        return mixture_results.extra_results(self, trained, loss_curves)
 
     def summary_table(self) -> SummaryTable:
         return SummaryTable(
@@ -373,7 +374,7 @@ class MixtureExperiment(Experiment):
             )
         ]
 
-    def finalize(self, workdir: str, payload: dict) -> None:
+    def finalize(self, workdir: Workdir, payload: dict) -> None:
         """Figures (PNG) and mixture_summary.md in the workdir."""
         write_figures_and_summary(
             workdir, payload["members"], chunk_steps=int(self.config.train.chunk_steps), init=self.config.init.scheme

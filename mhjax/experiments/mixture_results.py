@@ -65,17 +65,19 @@ def _ratio(margin, radius) -> float:
     return float(margin) / float(radius) if radius > 0 else float("nan")
 
 
-def extra_results(experiment, sweep, states) -> dict:
-    """{member index: fields} for every member of the sweep (see the module docstring)."""
+def extra_results(experiment, trained, loss_curves: dict[int, dict]) -> dict:
+    """{member index: fields} for every member of the sweep (see the module docstring);
+    ``trained``: the trainer's TrainedProgram list, ``loss_curves``: {member index: recorded curve}."""
     a = experiment.config.analysis
     solver = dict(num_iters=int(a.margin_iters), tol=float(a.margin_tol))
     out, linear = {}, {}
-    for name, idx, recipe in sweep.programs:
+    for done in trained:
+        recipe = done.program.recipe
         fn = jax.jit(
             lambda params, consts, recipe=recipe: jax.lax.map(lambda pc: _member_pieces(recipe, *pc), (params, consts))
         )
-        grams, distances, spreads, final = jax.device_get(fn(states[name].params, sweep.consts[name]))
-        for j, i in enumerate(idx):
+        grams, distances, spreads, final = jax.device_get(fn(done.states.params, done.consts))
+        for j, i in enumerate(done.program.members):
             member = experiment.members[i]
             n, seed, eta = member["num_train"], member["seed"], float(member["step_size"])
             total = experiment.member_info(member)["own_steps"]
@@ -99,7 +101,7 @@ def extra_results(experiment, sweep, states) -> dict:
                 "head_spread": float(spreads[j]),
                 "margin_loss_product": float(margin) ** 2 * eta * total * float(final[j]),
             }
-            curve = sweep.loss_curves.get(i)
+            curve = loss_curves.get(i)
             if curve is not None:
                 kept = [(k, v) for k, v in zip(curve["steps"], curve["values"]) if k < total]  # frozen after K
                 steps = [k for k, _ in kept] + [total]

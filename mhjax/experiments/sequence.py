@@ -18,7 +18,7 @@ from mhjax.models import Transformer, cost, count_params, flops
 from mhjax.models.probe import config_sizes, predict
 from mhjax.plotting.images import attention_grid, diffusion_image
 from mhjax.train.console import Column, SummaryTable
-from mhjax.train.engine import Program, Unrolled
+from mhjax.train.engine import Program, Recipe, Unrolled, recipe_groups
 from mhjax.train.sweep import Member, derive_key, expand
 
 STRATEGIES = ("auto", "unrolled", "fused", "grouped", "one_program")
@@ -85,7 +85,7 @@ FIELDS = {
 }
 
 
-class SequenceRecipe:
+class SequenceRecipe(Recipe):
     """How one member of a program trains: the model at ``fine_heads`` heads (static); with
     ``static_heads=False`` the program mixes head counts and a member's own head count is a
     traced constant (fine heads summed per coarse head, models/attention.py). With a
@@ -248,13 +248,13 @@ class SequenceExperiment(Experiment):
         """Per program, its groups as (members, fine heads, mixed): what models/cost.py prices."""
         out = []
         for program in programs:
-            recipe = program.recipe
-            if isinstance(recipe, Unrolled):
-                out.append([(n, r.model.num_heads, not r.static_heads) for n, r in zip(recipe.sizes, recipe.recipes)])
-            elif recipe.model.layout is not None:  # attention at each group's own head count
-                out.append([(n, h, False) for n, h in recipe.model.layout])
-            else:
-                out.append([(len(program.members), recipe.model.num_heads, not recipe.static_heads)])
+            groups = []
+            for size, recipe in recipe_groups(program):
+                if recipe.model.layout is not None:  # attention at each group's own head count
+                    groups += [(n, h, False) for n, h in recipe.model.layout]
+                else:
+                    groups.append((size, recipe.model.num_heads, not recipe.static_heads))
+            out.append(groups)
         return out
 
     def predict(self, strategy: str, backend: str, devices: int | None = None) -> dict:
@@ -307,9 +307,10 @@ class SequenceExperiment(Experiment):
         )
 
     def metric_tags(self) -> list[str]:
-        tags = ["analysis/accuracy"]  # logged by `mhjax analyze --workdir W`
+        tags = ["analysis/accuracy", "analysis/loss", "analysis/rollout_min"]  # logged by `mhjax analyze --workdir W`
         for layer in range(int(self.config.model.num_layers)):
             tags += [f"analysis/layer{layer}/mixing_time", f"analysis/layer{layer}/fidelity_pct"]
+            tags += [f"analysis/layer{layer}/accuracy_synergy", f"analysis/layer{layer}/rollout_min"]
         return tags
 
     def images(self, member_states: dict, step: int) -> dict:

@@ -1,13 +1,11 @@
-"""Sweep checkpoints with orbax: atomic step directories under W/checkpoints.
+"""Sweep checkpoints with orbax: atomic step directories (a workdir's checkpoints folder, io/workdir.py).
 
-One checkpoint holds every program's stacked member states plus per-program
-training seconds. W/mhjax.json records the mhjax version and the resolved config;
-a workdir written with another version or config is refused rather than mixed.
+One checkpoint holds every member's own state and training seconds, and beside them, in the
+same step directory, the host records (train/records.py).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -16,28 +14,79 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from mhjax import __version__
 from mhjax.config import ConfigError
+from mhjax.io.results import WriteFailed, os_error_in
 
-METADATA = "mhjax.json"
+RECORDS = "records"  # the host records' item in a step directory, beside the states ("default")
+
+
+def member_key(member_name: str) -> str:
+    """Checkpoint key of a member: orbax joins nested keys with '.', so none may contain one."""
+    return member_name.replace(".", "_")
 
 
 class SweepCheckpointer:
-    def __init__(self, workdir: str, keep: int = 2):
-        self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    def __init__(self, directory: str, keep: int = 2):
+        self.directory = os.path.abspath(directory)
         # A save killed before its final rename leaves only a *.orbax-checkpoint-tmp dir, never a
         # step: latest_step() ignores it, and it is removed here and when that step is saved again.
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, enable_async_checkpointing=False, create=True, cleanup_tmp_directories=True
         )
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        # Named items (the states, "default", and the host records) also read a checkpoint saved
+        # before the records existed: its states are the same "default" item.
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("default", RECORDS))
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def save(self, step: int, tree) -> None:
-        self.manager.save(step, args=ocp.args.StandardSave(tree), force=True)
-        self.manager.wait_until_finished()
+    def save(self, step: int, tree, records: dict | None = None) -> None:
+        """Checkpoint ``step``: ``tree`` (the states) and ``records`` (a JSON object: what the host
+        accumulated) in one step directory, renamed into place only once both are written."""
+        items = {"default": ocp.args.StandardSave(tree)}
+        if records is not None:
+            items[RECORDS] = ocp.args.JsonSave(records)
+        previous = self.latest_step()
+        try:
+            self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+            self.manager.wait_until_finished()
+        except Exception as exc:
+            cause = os_error_in(exc)
+            if cause is None:
+                raise
+            # orbax writes into a temporary folder renamed into place only when complete: the
+            # previous checkpoint is still the latest, and the next run removes the leftovers.
+            kept = f"checkpoint {previous} stays the latest" if previous is not None else "no checkpoint yet"
+            hint = f"; {kept}: free some space and run the same command to resume"
+            raise WriteFailed(os.path.join(self.directory, str(step)), cause, hint) from None
+
+    def has_records(self, step: int) -> bool:
+        """Whether checkpoint ``step`` holds host records (checkpoints of mhjax before them do not)."""
+        return os.path.isdir(os.path.join(self.directory, str(step), RECORDS))
+
+    def restore_records(self, step: int) -> dict | None:
+        """The host records saved with checkpoint ``step``, or None when it has none."""
+        if not self.has_records(step):
+            return None
+        where = os.path.join(self.directory, str(step), RECORDS)
+        try:
+            records = self.manager.restore(step, args=ocp.args.Composite(**{RECORDS: ocp.args.JsonRestore()}))[RECORDS]
+        except Exception as exc:
+            detail = " ".join(str(exc).split())[:300]
+            raise ConfigError(f"checkpoint {where}: unreadable ({type(exc).__name__}: {detail})") from None
+        if not isinstance(records, dict):
+            raise ConfigError(f"checkpoint {where}: not a JSON object")
+        return records
+
+    def restore_raw(self, step: int):
+        """Checkpoint ``step``'s tree as saved (numpy leaves), read without a template."""
+        where = os.path.join(self.directory, str(step))
+        _quiet_abandoned_reads()
+        try:
+            return self.manager.restore(step, args=ocp.args.Composite(default=ocp.args.StandardRestore()))["default"]
+        except Exception as exc:
+            detail = " ".join(str(exc).split())[:300]
+            raise ConfigError(f"checkpoint {where}: unreadable ({type(exc).__name__}: {detail})") from None
 
     def restore(self, step: int, abstract_tree):
         """Restore into the structure/shapes of abstract_tree; a mismatch is a one-line ConfigError."""
@@ -56,7 +105,9 @@ class SweepCheckpointer:
         if mismatch:
             raise ConfigError(f"checkpoint {where}: does not match this sweep: {mismatch}")
         try:
-            return self.manager.restore(step, args=ocp.args.StandardRestore(target))
+            return self.manager.restore(step, args=ocp.args.Composite(default=ocp.args.StandardRestore(target)))[
+                "default"
+            ]
         except Exception as exc:  # orbax raises many types for corrupt/mismatched files
             detail = " ".join(str(exc).split())[:300]
             raise ConfigError(
@@ -135,51 +186,3 @@ def describe_mismatch(stored, target) -> str | None:
         if have[name][1] is not None and dtype is not None and have[name][1] != dtype:
             return f"{name} has dtype {have[name][1]} in the checkpoint, this config needs {dtype}"
     return None
-
-
-def check_or_write_metadata(workdir: str, config_dict: dict, kind: str) -> bool:
-    """True if the workdir already belongs to this exact config (resume); writes it if new."""
-    path = os.path.join(workdir, METADATA)
-    current = {"mhjax_version": __version__, "experiment": kind, "config": config_dict}
-    if os.path.exists(path):
-        try:
-            with open(path) as f:
-                stored = json.load(f)
-            if not isinstance(stored, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, ValueError) as exc:  # ValueError: JSON and UTF-8 decoding errors
-            raise ConfigError(
-                f"--workdir: {path} is unreadable ({exc.__class__.__name__}); use a new workdir"
-            ) from None
-        if stored.get("mhjax_version") != __version__:
-            raise ConfigError(
-                f"--workdir: {workdir} was written by mhjax {stored.get('mhjax_version')}, this is {__version__}; "
-                "use a new workdir"
-            )
-        if stored.get("config") != json.loads(json.dumps(config_dict)):
-            diff = _first_difference(stored.get("config", {}), json.loads(json.dumps(config_dict)))
-            raise ConfigError(
-                f"--workdir: {workdir} holds a run of another config ({diff}); use a new workdir or the same config"
-            )
-        return True
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise ConfigError(f"--workdir: {workdir} exists and is not a folder")
-    tmp = path + ".tmp"
-    try:
-        os.makedirs(workdir, exist_ok=True)
-        with open(tmp, "w") as f:  # atomic: a kill leaves at most the .tmp, never a half mhjax.json
-            json.dump(current, f, indent=2, sort_keys=True)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise ConfigError(f"--workdir: cannot write {path} ({type(exc).__name__}: {exc.strerror or exc})") from None
-    return False
-
-
-def _first_difference(a, b, prefix="config") -> str:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            if key not in a or key not in b:
-                return f"{prefix}.{key} present in only one"
-            if a[key] != b[key]:
-                return _first_difference(a[key], b[key], f"{prefix}.{key}")
-    return f"{prefix}: stored {a!r}, now {b!r}"

@@ -1,4 +1,4 @@
-"""One command per workdir: an exclusive lock on W/.mhjax.lock for train, analyze and report.
+"""One command per workdir: an exclusive lock on its lock file (io/workdir.py) for train, analyze and report.
 
 Two commands writing one workdir delete each other's checkpoints and corrupt the one being
 written, so a second command on a busy workdir stops with a one-line error naming the
@@ -15,16 +15,16 @@ import os
 import struct
 
 from mhjax.config import ConfigError
-
-LOCK = ".mhjax.lock"
+from mhjax.io.workdir import Workdir
 
 
 class WorkdirLock:
     """``create``: make the workdir if missing (train); else a missing workdir is left to the
     command's own error message (analyze, report) and nothing is locked."""
 
-    def __init__(self, workdir: str, command: str, create: bool = False):
-        self.workdir, self.command, self.create, self.file = workdir, command, create, None
+    def __init__(self, workdir, command: str, create: bool = False):
+        self.wd = Workdir.of(workdir)
+        self.workdir, self.command, self.create, self.file = self.wd.path, command, create, None
 
     def __enter__(self):
         if os.path.exists(self.workdir) and not os.path.isdir(self.workdir):
@@ -33,7 +33,7 @@ class WorkdirLock:
             return self
         try:
             os.makedirs(self.workdir, exist_ok=True)
-            self.file = open(os.path.join(self.workdir, LOCK), "a")
+            self.file = open(self.wd.lock_path, "a")
         except OSError as exc:
             raise ConfigError(
                 f"--workdir: cannot use {self.workdir} ({type(exc).__name__}: {exc.strerror or exc})"

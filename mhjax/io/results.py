@@ -1,14 +1,13 @@
-"""results.json and results.md of a sweep."""
+"""The results of a sweep as JSON and a Markdown table, and atomic file writes (names: io/workdir.py)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 
 import numpy as np
-
-from mhjax.config import ConfigError
 
 CORE_COLUMNS = (
     "name",
@@ -25,33 +24,6 @@ CORE_COLUMNS = (
 )
 
 
-def read_workdir_json(workdir: str, name: str, missing_hint: str) -> dict:
-    """A JSON object from a sweep workdir; every problem is a one-line ConfigError."""
-    path = os.path.join(workdir, name)
-    if not os.path.isdir(workdir):
-        raise ConfigError(f"--workdir: no such directory: {workdir}")
-    if not os.path.isfile(path):
-        raise ConfigError(f"--workdir: {workdir} has no {name}; {missing_hint}")
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--workdir: {path} is unreadable ({type(exc).__name__})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"--workdir: {path} is not a JSON object")
-    return data
-
-
-def load_analysis(workdir: str) -> dict | None:
-    """W/analysis/analysis.json (written by ``mhjax analyze --workdir W``), or None if absent or unreadable."""
-    path = os.path.join(workdir, "analysis", "analysis.json")
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 def json_ready(value):
     """``value`` with non-finite floats as None (JSON has no NaN) and numpy scalars as Python ones."""
     if isinstance(value, np.generic):
@@ -65,19 +37,54 @@ def json_ready(value):
     return value
 
 
-def write_json(path: str, payload) -> None:
+def write_json(path: str, payload, sort_keys: bool = False) -> None:
     """Write ``payload`` (made JSON-ready) atomically: a kill leaves the old file or the new one."""
+    write_text(path, json.dumps(json_ready(payload), indent=2, sort_keys=sort_keys))
+
+
+def write_text(path: str, text: str) -> None:
+    """Write ``text`` atomically (a temporary file renamed into place): a kill or a full disk
+    leaves the old file (the temporary one is removed); failing raises WriteFailed naming ``path``."""
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(json_ready(payload), f, indent=2)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise WriteFailed(path, exc) from None
 
 
-def write_results(workdir: str, payload: dict) -> None:
-    members = [{k: json_ready(v) for k, v in m.items()} for m in payload["members"]]
-    write_json(os.path.join(workdir, "results.json"), {**payload, "members": members})
-    with open(os.path.join(workdir, "results.md"), "w") as f:
-        f.write(markdown_table(members, payload.get("title", "Results")))
+class WriteFailed(OSError):
+    """A file could not be written (a full disk, a quota, permissions): one line naming it and
+    what still holds (``hint``). ``errno`` is the cause's (ENOSPC for a full disk)."""
+
+    def __init__(self, path: str, cause: BaseException, hint: str = ""):
+        code = getattr(cause, "errno", None) or (errno.ENOSPC if _disk_full(cause) else errno.EIO)
+        super().__init__(code, os.strerror(code), str(path))
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename} ({self.strerror}){self.hint}"
+
+
+def _disk_full(exc: BaseException) -> bool:
+    return "No space left on device" in str(exc)
+
+
+def os_error_in(exc: BaseException) -> BaseException | None:
+    """The OSError behind ``exc`` (itself, its cause or context), or an error that reports a full
+    disk in words (tensorstore's); None when ``exc`` is not about the file system."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) or _disk_full(exc):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _fmt(value) -> str:

@@ -1,4 +1,4 @@
-"""One TensorBoard run per sweep member at W/tb/<member-name>, written without TensorFlow.
+"""One TensorBoard run per sweep member (W/tb/<member-name>: io/workdir.py), written without TensorFlow.
 
 The writer takes names, numbers, text and images only (it knows nothing of models or
 analysis). Each run holds, besides the training/evaluation scalars the host loop logs:
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -28,17 +29,40 @@ _NOT_METRICS = {"name", "program", "status", "steps", "params", "diverged_at_ste
 
 
 class MemberWriters:
-    def __init__(self, workdir: str, names: list[str]):
-        self.root = os.path.join(workdir, "tb")
-        self.writers = {name: SummaryWriter(os.path.join(self.root, name), flush_secs=30) for name in names}
+    def __init__(self, root: str, names: list[str], log=None):
+        """``root``: the folder of the runs (``Workdir.tensorboard_dir``). A run that cannot be
+        written (a full disk) loses its events from then on, says so once through ``log`` and
+        never stops the training: TensorBoard is a view of it, not its record."""
+        self.root = root
+        self.log = log or (lambda message: print(message, file=sys.stderr))
+        self.lost: dict[str, str] = {}  # member -> why its events are no longer written
+        self.writers = {name: self._open(name) for name in names}
 
-    def __getitem__(self, name: str) -> SummaryWriter:
-        return self.writers[name]
+    def _open(self, name: str) -> SummaryWriter:
+        path = os.path.join(self.root, name)
+        try:
+            writer = SummaryWriter(path, flush_secs=30)
+        except OSError as exc:
+            self._lose(name, exc)
+            return SummaryWriter(path, write_to_disk=False)  # the same methods, writing nothing
+        _guard(writer, lambda exc: self._lose(name, exc))
+        return writer
+
+    def _lose(self, name: str, exc: BaseException) -> None:
+        if name not in self.lost:
+            self.lost[name] = f"{type(exc).__name__}: {exc}"
+            self.log(
+                f"tensorboard: events of {name} are lost from here on ({self.lost[name]}); "
+                "training goes on, checkpoints and results are not affected"
+            )
 
     def scalars(self, name: str, values: dict, step: int) -> None:
         writer = self.writers[name]
         for tag, value in values.items():
             writer.add_scalar(tag, float(value), step)
+
+    def text(self, name: str, tag: str, text: str, step: int) -> None:
+        self.writers[name].add_text(tag, text, step)
 
     def images(self, name: str, images: dict, step: int) -> None:
         """``images``: {tag: RGB uint8 array (H, W, 3)}."""
@@ -88,9 +112,74 @@ class MemberWriters:
         self.flush()
 
 
-def log_to_run(workdir: str, name: str, scalars: dict, images: dict, step: int) -> None:
-    """Append scalars and images ({tag: RGB uint8 (H, W, 3)}) to member ``name``'s run of ``workdir``."""
-    writer = SummaryWriter(os.path.join(workdir, "tb", name), flush_secs=30)
+class _GuardedEvents:
+    """A run's event file whose failing write (a full disk) reports once and drops the run's
+    later events. Unguarded, tensorboardX's writer thread dies with a traceback, and its queue,
+    no longer emptied, blocks the training loop once full; a failed flush raises in the loop."""
+
+    def __init__(self, events, on_error):
+        self.events, self.on_error, self.failed = events, on_error, False
+
+    def _guarded(self, write) -> None:
+        if self.failed:
+            return
+        try:
+            write()
+        except OSError as exc:
+            self.failed = True
+            self.on_error(exc)
+
+    def write_event(self, event) -> None:
+        self._guarded(lambda: self.events.write_event(event))
+
+    def flush(self) -> None:
+        self._guarded(self.events.flush)
+
+    def close(self) -> None:
+        self._guarded(self.events.close)
+
+
+def _guard(writer: SummaryWriter, on_error) -> None:
+    """Route every write of ``writer``'s event file, from its thread and from ours, through
+    _GuardedEvents (tensorboardX 2.x: FileWriter.event_writer is the EventFileWriter whose
+    ``_ev_writer`` the caller and whose ``_worker._record_writer`` the thread write to)."""
+    events = writer._get_file_writer().event_writer
+    guarded = _GuardedEvents(events._ev_writer, on_error)
+    events._ev_writer = guarded
+    events._worker._record_writer = guarded
+
+
+class NoWriters:
+    """MemberWriters' stand-in where nothing is written (the non-primary processes of a
+    distributed run): the same methods, each doing nothing."""
+
+    def scalars(self, name: str, values: dict, step: int) -> None:
+        pass
+
+    def text(self, name: str, tag: str, text: str, step: int) -> None:
+        pass
+
+    def images(self, name: str, images: dict, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def start(self, config: dict, hparams: dict[str, dict], step: int = 0) -> None:
+        pass
+
+    def finish(
+        self, records: list[dict], hparams: dict[str, dict], later_tags: list[str], step: int, description: str = ""
+    ) -> None:
+        pass
+
+
+def log_to_run(run_dir: str, scalars: dict, images: dict, step: int) -> None:
+    """Append scalars and images ({tag: RGB uint8 (H, W, 3)}) to the run at ``run_dir`` (``Workdir.run_dir``)."""
+    writer = SummaryWriter(run_dir, flush_secs=30)
     try:
         for tag, value in scalars.items():
             writer.add_scalar(tag, float(value), step)

@@ -145,10 +145,14 @@ class CausalSelfAttention(nn.Module):
     layout: Layout | None = None  # the program's member groups (the one_program strategy)
 
     @nn.compact
-    def __call__(self, x, heads=None, deterministic: bool = True):
+    def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None):
         """x: (B, T, D) -> (out (B, T, D), probs (B, F, T, T)); probs[b, f, i, j] is query i
         (receiver) attending to key j (sender); on fine heads, the fine heads of one coarse head
-        carry identical rows. probs are computed only if used (dead code otherwise)."""
+        carry identical rows. probs are computed only if used (dead code otherwise).
+
+        ``head_mask`` (F,) scales each head's output at the input of the output projection (0
+        removes a head, leaving the others untouched: head ablation); None (the default) adds
+        nothing to the program."""
         width = x.shape[-1]
         fine = self.num_heads
         # One (D, 3D) matmul for the three projections (parameters stay query/key/value).
@@ -171,6 +175,8 @@ class CausalSelfAttention(nn.Module):
             probs = attention_probs(q, k, fine, heads)
         else:
             out, probs = jax_attention(q, k, v, fine, heads, seeds, threshold, inv_keep)
+        if head_mask is not None:
+            out = out * jnp.repeat(jnp.asarray(head_mask, out.dtype), width // fine)
         return dense(width, width, "out")(out), probs
 
 

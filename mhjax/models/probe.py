@@ -43,11 +43,17 @@ def config_sizes(model) -> dict[str, int]:
     }
 
 
+def eval_model(vocab_size: int, max_len: int, width: int, num_layers: int, mlp_dim: int, heads: int) -> Transformer:
+    """The plain H-head Transformer of these sizes, without dropout (eval mode). Its ``apply``
+    takes ``head_mask`` (L, H) to scale heads at the input of each layer's output projection."""
+    return Transformer(vocab_size, max_len, width, num_layers, mlp_dim, heads, 0.0)
+
+
 @lru_cache(maxsize=32)
 def forward_fn(vocab_size: int, max_len: int, width: int, num_layers: int, mlp_dim: int, heads: int):
     """jit(params, tokens (B, T)) -> (predictions (B, T) int32, attention (L, B, H, T, T)),
     compiled once per model shape."""
-    model = Transformer(vocab_size, max_len, width, num_layers, mlp_dim, heads, 0.0)
+    model = eval_model(vocab_size, max_len, width, num_layers, mlp_dim, heads)
 
     @jax.jit
     def forward(params, tokens):

@@ -40,10 +40,10 @@ class Block(nn.Module):
     layout: Layout | None = None
 
     @nn.compact
-    def __call__(self, x, heads=None, deterministic: bool = True):
+    def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None):
         h = RMSNorm(name="ln1")(x)
         attn_out, probs = CausalSelfAttention(self.width, self.num_heads, self.dropout_rate, self.layout, name="attn")(
-            h, heads, deterministic
+            h, heads, deterministic, head_mask
         )
         x = x + attn_out
         h = RMSNorm(name="ln2")(x)
@@ -58,7 +58,9 @@ class Transformer(nn.Module):
 
     ``num_heads`` is static; pass ``heads`` (traced int dividing num_heads) to run a member
     with fewer, coarser heads in the same program (see attention.py); ``layout`` names the
-    program's member groups when the model is vmapped over them (the one_program strategy).
+    program's member groups when the model is vmapped over them (the one_program strategy);
+    ``head_mask`` (L, num_heads) scales each head's output at the input of its layer's output
+    projection (head ablation, mhjax.analysis.ablation); None leaves the program as it was.
     """
 
     vocab_size: int = 256
@@ -71,7 +73,7 @@ class Transformer(nn.Module):
     layout: Layout | None = None
 
     @nn.compact
-    def __call__(self, tokens, heads=None, deterministic: bool = True, return_attention: bool = False):
+    def __call__(self, tokens, heads=None, deterministic: bool = True, return_attention: bool = False, head_mask=None):
         length = tokens.shape[-1]
         embed = nn.initializers.normal(stddev=1.0)
         x = nn.Embed(self.vocab_size, self.width, embedding_init=embed, name="token_emb")(tokens)
@@ -81,7 +83,7 @@ class Transformer(nn.Module):
         for layer in range(self.num_layers):
             x, probs = Block(
                 self.width, self.num_heads, self.mlp_dim, self.dropout_rate, self.layout, name=f"block_{layer}"
-            )(x, heads, deterministic)
+            )(x, heads, deterministic, None if head_mask is None else head_mask[layer])
             attention.append(probs)
         logits = dense(self.vocab_size, self.width, "readout")(x)
         if return_attention:

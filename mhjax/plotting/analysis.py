@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mhjax.plotting.style import pyplot
+from mhjax.plotting.heads import member_lines
+from mhjax.plotting.style import heads_colours, heads_label, pyplot
 
 
 def _entries(result: dict) -> list[tuple[str, dict]]:
@@ -50,32 +51,51 @@ def format_analysis(result: dict) -> str:
                 f"| {100 * layer['combined_beats_best_share']:.0f}% | {weights} |"
             )
         lines.append("")
+        lines += member_lines(e)
     return "\n".join(lines)
 
 
 def plot_analysis(result: dict, path: str) -> None:
-    """Mixing time and minimax fidelity per layer (mean ± std over sequences), one series per model."""
+    """Mixing time and minimax fidelity per layer (mean ± std over sequences): a row per task, a
+    colour per head count (plotting/style.py), a line style per seed; the legend right of the panels."""
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
-    entries = _entries(result)
-    fig, (ax_mix, ax_fid) = plt.subplots(1, 2, figsize=(11, 4.2))
-    n = len(entries)
-    width = 0.6 / max(n, 1)
-    for k, (label, e) in enumerate(entries):
-        x = np.array([layer["layer"] for layer in e["layers"]], float) + (k - (n - 1) / 2) * width
-        mix = [layer["mixing_time_mean"] for layer in e["layers"]]
-        mix_sd = [layer["mixing_time_std"] for layer in e["layers"]]
-        fid = [layer["fidelity_pct_mean"] for layer in e["layers"]]
-        fid_sd = [layer["fidelity_pct_std"] for layer in e["layers"]]
-        ax_mix.errorbar(x, mix, yerr=mix_sd, marker="o", capsize=3, label=label)
-        ax_fid.errorbar(x, fid, yerr=fid_sd, marker="o", capsize=3, label=label)
-    ax_mix.set(xlabel="layer", ylabel="mixing time (steps to sink)", title="Mixing time (mean ± std)")
-    ax_fid.set(xlabel="layer", ylabel="minimax fidelity (%)", title="Minimax fidelity (mean ± std)")
-    for ax in (ax_mix, ax_fid):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-    ax_fid.legend(fontsize="small", loc="best")
+    entries = [e for _, e in _entries(result)]
+    tasks = sorted({str(e.get("task")) for e in entries})
+    colours = heads_colours(e.get("heads") for e in entries)
+    seeds = sorted({e.get("seed") for e in entries}, key=str)
+    styles = ["-", "--", ":", "-."]
+    fig, axes = plt.subplots(len(tasks), 2, figsize=(10, 3.6 * len(tasks)), squeeze=False)
+    offsets = {h: (k - (len(colours) - 1) / 2) * 0.5 / max(len(colours), 1) for k, h in enumerate(colours)}
+    labelled = set()
+    for row, task in enumerate(tasks):
+        ax_mix, ax_fid = axes[row]
+        for e in sorted(
+            (e for e in entries if str(e.get("task")) == task), key=lambda e: (e.get("heads"), str(e.get("seed")))
+        ):
+            heads = e.get("heads")
+            x = np.array([layer["layer"] for layer in e["layers"]], float) + offsets[heads]
+            style = dict(
+                marker="o",
+                capsize=3,
+                color=colours[heads],
+                ls=styles[seeds.index(e.get("seed")) % len(styles)],
+                label=None if heads in labelled else heads_label(heads),
+            )
+            labelled.add(heads)
+            for ax, key in ((ax_mix, "mixing_time"), (ax_fid, "fidelity_pct")):
+                mean = [layer[f"{key}_mean"] for layer in e["layers"]]
+                sd = [layer[f"{key}_std"] for layer in e["layers"]]
+                ax.errorbar(x, mean, yerr=sd, **style)
+                style["label"] = None
+        ax_mix.set(xlabel="layer", ylabel="mixing time (steps to sink)", title=f"{task}: mixing time (mean ± std)")
+        ax_fid.set(xlabel="layer", ylabel="minimax fidelity (%)", title=f"{task}: minimax fidelity (mean ± std)")
+        for ax in (ax_mix, ax_fid):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    legend_title = "seeds: line style" if len(seeds) > 1 else None
+    fig.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small", title=legend_title)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)

@@ -20,12 +20,15 @@ measure a learning-rate effect of H, not width.
 from __future__ import annotations
 
 import math
-import os
 import sys
 
 import numpy as np
 
-from mhjax.io.curves import read_curves
+from mhjax.io.curves import train_window
+from mhjax.io.results import write_text
+from mhjax.io.workdir import Workdir
+
+SUMMARY = "mixture_summary.md"
 
 
 class NothingToDraw(Exception):
@@ -112,14 +115,18 @@ def flat_threshold(records, slope_tol: float = 0.2) -> dict:
     return out
 
 
-def edge_crossings(workdir: str, records: list[dict]) -> dict:
+def _curves(workdir: Workdir, name: str, tags) -> dict:
+    """A member's TensorBoard curves ({} when the workdir has no TensorBoard runs at all)."""
+    return workdir.curves(name, tags) if workdir.has_curves() else {}
+
+
+def edge_crossings(workdir: Workdir, records: list[dict]) -> dict:
     """{(eta, H): the last evaluated step k with eta lambda_max(theta_k) > 2 in any seed}, from
     the members' eval/step_times_hessian_max curves (empty without evaluations)."""
     tag = "eval/step_times_hessian_max"
-    curves = read_curves(workdir, [r["name"] for r in records], [tag])
     out = {}
     for r in records:
-        steps, values = curves[r["name"]].get(tag, (np.zeros(0), np.zeros(0)))
+        steps, values = _curves(workdir, r["name"], [tag]).get(tag, (np.zeros(0), np.zeros(0)))
         above = steps[values > 2]
         if above.size:
             key = (r.get("step_size"), r.get("heads"))
@@ -185,15 +192,15 @@ def summary_markdown(records: list[dict], init: str = "?", crossings: dict | Non
 
 
 def write_figures_and_summary(
-    workdir: str, records: list[dict], chunk_steps: int = 1, log=None, init: str = "?"
+    workdir: Workdir, records: list[dict], chunk_steps: int = 1, log=None, init: str = "?"
 ) -> list[str]:
     """loss_vs_K.png, test_loss_vs_n.png, ntk_margin_vs_H.png and mixture_summary.md; returns
-    the paths written. A figure that fails is skipped with a message (results are already saved)."""
+    the paths written. A figure that fails is skipped with a message (results are already saved).
+    The members' TensorBoard runs are read once (``workdir`` keeps them)."""
     log = log or (lambda m: print(m, file=sys.stderr))
     written = []
-    path = os.path.join(workdir, "mixture_summary.md")
-    with open(path, "w") as f:
-        f.write(summary_markdown(records, init, edge_crossings(workdir, records)))
+    path = workdir.file(SUMMARY)
+    write_text(path, summary_markdown(records, init, edge_crossings(workdir, records)))
     written.append(path)
     for filename, draw in (
         ("loss_vs_K.png", lambda fig: _plot_loss_vs_K(fig, workdir, records, chunk_steps, init)),
@@ -206,7 +213,7 @@ def write_figures_and_summary(
 
             fig = Figure(figsize=(11, 4.2), layout="constrained")
             draw(fig)
-            path = os.path.join(workdir, filename)
+            path = workdir.file(filename)
             fig.savefig(path, dpi=110)
             written.append(path)
         except NothingToDraw:  # e.g. no evaluations along the path: not a failure
@@ -226,15 +233,16 @@ def _colors(heads):
 
 def _curve(workdir, record, chunk_steps):
     """(steps, values) of a member's train loss: the exact recorded curve, else TensorBoard's
-    chunk means (at step s the mean of L(theta_k), k = s-c..s-1, placed at s - (c+1)/2)."""
+    train/loss (at step s the mean of L(theta_k), k = s-w..s-1 for the trainer's window w, placed
+    at s - (w+1)/2)."""
     curve = record.get("loss_curve")
     if curve:
         values = np.array([np.nan if v is None else v for v in curve["values"]], float)
         return np.asarray(curve["steps"], float), values
-    found = read_curves(workdir, [record["name"]], ["train/loss"])[record["name"]].get("train/loss")
+    found = _curves(workdir, record["name"], ["train/loss"]).get("train/loss")
     if found is None:
         return np.zeros(0), np.zeros(0)
-    return found[0] - (chunk_steps + 1) / 2, found[1]
+    return found[0] - (train_window(chunk_steps) + 1) / 2, found[1]
 
 
 def _plot_loss_vs_K(fig, workdir, records, chunk_steps, init):
@@ -351,7 +359,7 @@ PATH_TAGS = ("eval/distance_from_init", "eval/min_hessian_eig_over_loss_sqrtH", 
 
 def _plot_path(fig, workdir, records, init):
     (n, eta), group = next(iter(group_by(records, ("num_train", "step_size")).items()))
-    curves = read_curves(workdir, [r["name"] for r in group], list(PATH_TAGS))
+    curves = {r["name"]: _curves(workdir, r["name"], PATH_TAGS) for r in group}
     if all(len(curves[r["name"]].get(PATH_TAGS[0], ((),))[0]) < 3 for r in group):
         raise NothingToDraw("fewer than 3 evaluations along the path (set train.eval_points)")
     colors = _colors(r["heads"] for r in records)

@@ -190,7 +190,6 @@ def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
     styles = ["-", "--", ":", "-."]
     for n, (task, tag, label) in enumerate(panels):
         ax = axes.flat[n]
-        c = n % ncols
         labelled = set()
         for m in members:
             if str(m.get("task", "")) != task or tag not in curves.get(m["name"], {}):
@@ -203,7 +202,7 @@ def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
             ax.plot(
                 steps,
                 values * (100 if "accuracy" in tag else 1),
-                marker="o",
+                marker="o" if len(steps) <= 30 else None,  # per-step training losses: a line
                 ms=3,
                 color=colours.get(heads),
                 ls=styles[seeds.index(m.get("seed")) % len(styles)],
@@ -214,11 +213,23 @@ def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
             ylabel=label + (" %" if "accuracy" in tag else ""),
             title=f"{task}: {label}" if task else label,
         )
+        if "accuracy" in tag:
+            ax.set_ylim(top=100)
         ax.grid(alpha=0.3)
-        if c == ncols - 1 or n == len(panels) - 1:
-            ax.legend(fontsize="small")
+    # one legend for every panel, right of them: inside, it covers the curves' ends
+    legend = {}
+    for ax in axes.flat[: len(panels)]:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(text, handle)
+    if len(seeds) > 1:
+        from matplotlib.lines import Line2D
+
+        for k, seed in enumerate(seeds):
+            legend[f"seed {seed}"] = Line2D([], [], color="0.3", ls=styles[k % len(styles)])
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    if legend:
+        fig.legend(legend.values(), legend.keys(), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -233,14 +244,9 @@ def _per_layer(ax, by_heads: dict, key: str, scale: float, colours: dict, bars: 
         sd = np.nanstd(values, axis=0) if len(entries) > 1 else None
         if bars:
             width = 0.8 / n
-            ax.bar(
-                layers + (k - (n - 1) / 2) * width,
-                mean,
-                width,
-                yerr=sd,
-                color=colours[heads],
-                label=heads_label(heads),
-            )
+            x = layers + (k - (n - 1) / 2) * width
+            ax.bar(x, mean, width, yerr=sd, color=colours[heads], label=heads_label(heads))
+            ax.plot(x, mean, ls="none", marker="o", ms=3, color=colours[heads], clip_on=False)  # a 0% bar shows too
         else:
             ax.errorbar(layers, mean, yerr=sd, marker="o", capsize=3, color=colours[heads], label=heads_label(heads))
     ax.set_xticks(np.arange(max(len(e["layers"]) for entries in by_heads.values() for e in entries)))
@@ -260,26 +266,36 @@ def plot_mixing_fidelity(analysis: dict, path: str) -> bool:
         axes[r][0].set(ylabel="mixing time (steps to sink)", title=f"{task}: mixing time")
         _per_layer(axes[r][1], by_heads, "fidelity_pct_mean", 1.0, colours)
         axes[r][1].set(ylabel="minimax fidelity %", title=f"{task}: minimax fidelity")
-        axes[r][1].legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    legend = {}  # every head count once, right of the panels
+    for ax in axes[:, 1]:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(text, handle)
+    fig.legend(legend.values(), legend.keys(), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
 
 
 def plot_synergy(analysis: dict, path: str) -> bool:
-    by_task = _analysis_by_task_heads(analysis)
+    """Bars per layer and head count of more than one head (with one, the combined operator is that
+    head: it never beats it, and a bar of 0 would stand for nothing)."""
+    every = _analysis_by_task_heads(analysis)
+    colours = heads_colours([h for by_heads in every.values() for h in by_heads])  # as in the other figures
+    by_task = {task: {h: entries for h, entries in by_heads.items() if h != 1} for task, by_heads in every.items()}
+    by_task = {task: by_heads for task, by_heads in by_task.items() if by_heads}
     if not by_task:
         return False
     plt = pyplot()
-    colours = heads_colours([h for by_heads in by_task.values() for h in by_heads])
     fig, axes = plt.subplots(1, len(by_task), figsize=(5 * len(by_task), 3.4), squeeze=False)
     for c, (task, by_heads) in enumerate(by_task.items()):
         ax = axes[0][c]
         _per_layer(ax, by_heads, "combined_beats_best_share", 100.0, colours, bars=True)
-        ax.set(ylabel="% of sequences", ylim=(0, 105), title=f"{task}: combined operator beats best single head")
+        ax.set(ylabel="% of sequences", ylim=(0, 100), title=f"{task}: combined operator beats best single head")
         ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    if any(1 in by_heads for by_heads in every.values()):
+        fig.text(0.01, -0.01, "1 head not shown: its combined operator is that head.", fontsize="small", va="top")
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True

@@ -117,9 +117,8 @@ def summary_lines(table: SummaryTable | None, records: list[dict]) -> list[str]:
     return [line(header)] + [line(row) for row in body]
 
 
-def next_commands(workdir: str, analyzable: bool) -> list[str]:
-    """The commands that apply to a trained workdir, with its actual path."""
+def next_commands(workdir: str, tensorboard_dir: str, analyzable: bool) -> list[str]:
+    """The commands that apply to a trained workdir, with its actual paths."""
     quoted = shlex.quote(workdir)
     commands = [f"mhjax analyze --workdir {quoted}"] if analyzable else []
-    commands += [f"mhjax report --workdir {quoted}", f"tensorboard --logdir {shlex.quote(os.path.join(workdir, 'tb'))}"]
-    return commands
+    return commands + [f"mhjax report --workdir {quoted}", f"tensorboard --logdir {shlex.quote(tensorboard_dir)}"]

@@ -1,13 +1,11 @@
 """The pure training step, vmapped over members and scanned over a chunk of steps.
 
-A *recipe* says how ONE member trains (see experiments/): it supplies
-``init_params(consts)``, ``optimizer(consts)``, ``loss(params, consts, step)`` and
-``evaluate(params, consts)``, all for ONE member; ``consts`` holds that member's numeric
-settings (keys, head count, learning rate, ...). The engine vmaps them over the member
-axis and jits once per program and chunk length, donating the state buffers. A recipe
-whose model batches over the member axis itself (``vmap_inside_grad``: the one_program
-strategy's attention layout) has the vmap moved inside one gradient of the summed member
-losses (members_step): the same gradients, members being independent.
+A *recipe* (the ``Recipe`` protocol below) says how ONE member trains; ``consts`` holds that
+member's numeric settings (keys, head count, learning rate, ...). The engine vmaps it over
+the member axis and jits once per program and chunk length, donating the state buffers. A
+recipe whose model batches over the member axis itself (``vmap_inside_grad``: the
+one_program strategy's attention layout) has the vmap moved inside one gradient of the
+summed member losses (members_step): the same gradients, members being independent.
 
 A program may instead be ``Unrolled(recipes, sizes)``: groups of members written out one
 after another in the same program, each group with its own recipe (vmapped inside the
@@ -20,7 +18,7 @@ everything outside the engine is the same.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import flax.struct
 import jax
@@ -29,13 +27,47 @@ import numpy as np
 import optax
 
 
+class Recipe(Protocol):
+    """How ONE member trains (optax ``GradientTransformation`` style: the engine calls nothing
+    else). Every function takes one member's ``consts`` and is traced, vmapped by the engine."""
+
+    # True when the model batches over the whole member axis itself (one gradient of the summed
+    # member losses, vmap inside it: members_step); recipes subclass Recipe to inherit False.
+    vmap_inside_grad: bool = False
+
+    def init_params(self, consts) -> Any:
+        """theta_0 of the member."""
+        ...
+
+    def optimizer(self, consts) -> optax.GradientTransformation:
+        """The member's optimizer (hyperparameters may come from ``consts``)."""
+        ...
+
+    def loss(self, params, consts, step) -> tuple[jax.Array, dict]:
+        """(scalar training loss at ``step``, {metric: scalar} logged as train/<metric>)."""
+        ...
+
+    def evaluate(self, params, consts) -> dict:
+        """{metric: scalar} of the member's evaluation (logged as eval/<metric>)."""
+        ...
+
+
 class Program(NamedTuple):
     """One compiled program of a sweep: its name, the indices of its members in
     ``experiment.members`` (in member-axis order), and its recipe (or ``Unrolled``)."""
 
     name: str
     members: list[int]
-    recipe: Any
+    recipe: Recipe | Unrolled
+
+
+class TrainedProgram(NamedTuple):
+    """One program at the end of training, as the trainer hands it to an experiment
+    (``Experiment.extra_results``): its stacked member constants and states (on device)."""
+
+    program: Program
+    consts: Any
+    states: MemberState
 
 
 @flax.struct.dataclass
@@ -72,10 +104,18 @@ def unstack(programs, trees: dict) -> dict[int, Any]:
     """{member index: its own (unstacked) numpy tree} from per-program host trees stacked on the
     member axis: position j of program p is member ``p.members[j]``."""
     out = {}
-    for name, members, _ in programs:
-        for j, i in enumerate(members):
-            out[i] = jax.tree_util.tree_map(lambda x, j=j: np.asarray(x[j]), trees[name])
+    for program in programs:
+        for j, i in enumerate(program.members):
+            out[i] = jax.tree_util.tree_map(lambda x, j=j: np.asarray(x[j]), trees[program.name])
     return out
+
+
+def recipe_groups(program: Program) -> list[tuple[int, Recipe]]:
+    """(members, recipe) of each group of a program, in member-axis order: one group unless the
+    program is ``Unrolled``."""
+    if isinstance(program.recipe, Unrolled):
+        return list(zip(program.recipe.sizes, program.recipe.recipes))
+    return [(len(program.members), program.recipe)]
 
 
 def _concat(trees):
@@ -141,7 +181,7 @@ def members_step(recipe, states: MemberState, consts):
     over the whole member axis itself, attention.layout_attention) has every member's
     gradient taken as ONE gradient of the summed member losses, the vmap inside it; members
     are independent, so the gradient of the sum is each member's own gradient (tested)."""
-    if not getattr(recipe, "vmap_inside_grad", False):
+    if not recipe.vmap_inside_grad:
         return jax.vmap(lambda s, c: train_step(recipe, s, c))(states, consts)
 
     def total(params):

@@ -27,6 +27,7 @@ class StopOnSignal:
     def __init__(self, where: str = "", stream=None):
         self.raised = False
         self.where = where
+        self._presses = 0
         self._stream = stream
         self._active = False
 
@@ -38,7 +39,10 @@ class StopOnSignal:
 
     def start(self) -> StopOnSignal:
         try:
-            self._previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+            # The Python-level handler sets the flag in the main thread's own order of events (a
+            # signal raised by the main thread is seen by its next statement); the watcher thread
+            # below counts presses and speaks, whatever the main thread is doing.
+            self._previous = signal.signal(signal.SIGINT, self._handle)
         except ValueError:  # not the main thread: leave default handling
             return self
         self._reader, writer = socket.socketpair()
@@ -48,6 +52,9 @@ class StopOnSignal:
         self._active = True
         threading.Thread(target=self._watch, name="mhjax-sigint", daemon=True).start()
         return self
+
+    def _handle(self, signum, frame) -> None:
+        self.raised = True
 
     def _say(self, text: str) -> None:
         stream = self._stream or sys.stderr
@@ -67,8 +74,9 @@ class StopOnSignal:
                     self._on_sigint()
 
     def _on_sigint(self) -> None:
-        if not self.raised:
-            self.raised = True
+        self._presses += 1
+        self.raised = True
+        if self._presses == 1:
             self._say(
                 "Ctrl-C: stopping once a checkpoint can be written"
                 + (f" ({self.where})" if self.where else "")

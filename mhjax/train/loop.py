@@ -10,13 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from mhjax.io.checkpoint import SweepCheckpointer, check_or_write_metadata
-from mhjax.io.results import write_results
-from mhjax.io.tensorboard import MemberWriters
+from mhjax.io.checkpoint import member_key
+from mhjax.io.curves import train_window
+from mhjax.io.tensorboard import MemberWriters, NoWriters
+from mhjax.io.workdir import Workdir
 from mhjax.train import ahead, engine
 from mhjax.train.console import Console
 from mhjax.train.interrupt import StopOnSignal
 from mhjax.train.placement import Placement
+from mhjax.train.records import HostRecords
 
 
 class Interrupted(Exception):
@@ -41,9 +43,9 @@ class Sweep:
             p.name: self.placement.put(stack_constants(experiment, p.members), len(p.members)) for p in self.programs
         }
         self._chunks = {}
-        # {member index: {"steps": [...], "values": [...]}}: the exact L(theta_k) at the
-        # experiment's ``loss_steps()``, picked from the chunks' per-step losses on the host.
-        self.loss_curves = {}
+        # What the host accumulates for results.json (the exact losses at the experiment's
+        # loss_steps()), saved with every checkpoint.
+        self.records = HostRecords([m.name for m in experiment.members], experiment.loss_steps())
         self._evaluate = {p.name: engine.make_evaluate(p.recipe) for p in self.programs}
         self._init = {
             p.name: engine.make_init(p.recipe, self.placement.sharding(len(p.members))) for p in self.programs
@@ -83,32 +85,34 @@ class Sweep:
         return {self.experiment.members[i].name: state for i, state in members.items()}
 
     def stack_members(self, members: dict):
+        names = [m.name for m in self.experiment.members]
         return {
-            name: self.placement.put(
-                jax.tree_util.tree_map(
-                    lambda *xs: np.stack(xs), *[members[self.experiment.members[i].name] for i in idx]
-                ),
-                len(idx),
+            p.name: self.placement.put(
+                jax.tree_util.tree_map(lambda *xs: np.stack(xs), *[members[names[i]] for i in p.members]),
+                len(p.members),
             )
-            for name, idx, _ in self.programs
+            for p in self.programs
         }
 
     def save(self, checkpointer, step: int, states, seconds: dict) -> None:
-        members = {_key(k): v for k, v in self.member_states(states).items()}
-        checkpointer.save(step, {"members": members, "seconds": {_key(k): np.float32(v) for k, v in seconds.items()}})
+        members = {member_key(k): v for k, v in self.member_states(states).items()}
+        tree = {"members": members, "seconds": {member_key(k): np.float32(v) for k, v in seconds.items()}}
+        checkpointer.save(step, tree, records=self.records.to_json())
 
     def restore(self, checkpointer, step: int):
-        """(stacked states, {member name: training seconds}) from checkpoint ``step``."""
+        """(stacked states, {member name: training seconds}) from checkpoint ``step``; the host
+        records saved with it replace ``records``."""
         names = [m.name for m in self.experiment.members]
         unstacked = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), self.abstract_states())
         abstract = {}
-        for name, idx, _ in self.programs:
-            for i in idx:
-                abstract[_key(self.experiment.members[i].name)] = unstacked[name]
-        template = {"members": abstract, "seconds": {_key(n): jax.ShapeDtypeStruct((), jnp.float32) for n in names}}
-        tree = checkpointer.restore(step, template)
-        members = {n: tree["members"][_key(n)] for n in names}
-        return self.stack_members(members), {n: float(tree["seconds"][_key(n)]) for n in names}
+        for p in self.programs:
+            for i in p.members:
+                abstract[member_key(self.experiment.members[i].name)] = unstacked[p.name]
+        seconds = {member_key(n): jax.ShapeDtypeStruct((), jnp.float32) for n in names}
+        tree = checkpointer.restore(step, {"members": abstract, "seconds": seconds})
+        self.records.load_json(checkpointer.restore_records(step), step)
+        members = {n: tree["members"][member_key(n)] for n in names}
+        return self.stack_members(members), {n: float(tree["seconds"][member_key(n)]) for n in names}
 
     def run_chunk(self, program, states, length: int):
         fn = self._chunks.get((program.name, length))
@@ -116,45 +120,56 @@ class Sweep:
             fn = self._chunks[(program.name, length)] = engine.make_train_chunk(program.recipe, length)
         return fn(states, self.consts[program.name])
 
+    def record(self, program, losses, start: int) -> None:
+        """Keep the wanted exact losses of a chunk that started at step ``start`` (host ``losses``:
+        (chunk, members))."""
+        self.records.record_losses(program.members, losses, start)
+
     def train(self, states, steps: int, chunk: int):
-        """Plain training without I/O: advance every program by ``steps``."""
+        """Plain training without I/O: advance every program by ``steps``, recording the losses
+        at the experiment's loss steps like the host loop does."""
+        start = int(np.max(self.host(states[self.programs[0].name].step))) if self.records.wanted.size else 0
         done = 0
         while done < steps:
             n = min(chunk, steps - done)
             for p in self.programs:
-                states[p.name], _ = self.run_chunk(p, states[p.name], n)
+                states[p.name], metrics = self.run_chunk(p, states[p.name], n)
+                if self.records.wanted.size:
+                    self.record(p, self.host(metrics["loss"]), start + done)
             done += n
         return states
 
     def evaluate(self, states):
         out = {}
-        for name, idx, _ in self.programs:
-            metrics = self.host(self._evaluate[name](states[name], self.consts[name]))
-            for j, i in enumerate(idx):
+        for p in self.programs:
+            metrics = self.host(self._evaluate[p.name](states[p.name], self.consts[p.name]))
+            for j, i in enumerate(p.members):
                 out[i] = {k: float(v[j]) for k, v in metrics.items()}
         return out
 
 
-def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
-    """Train (or resume) the sweep in ``workdir``; returns the results payload."""
+def run(experiment, workdir, progress: bool = True, log=print) -> dict:
+    """Train (or resume) the sweep in ``workdir`` (a Workdir or its path); returns the results payload."""
+    workdir = Workdir.of(workdir)
     config = experiment.config
     # With several processes (jax.distributed) only process 0 writes metadata, logs and results;
     # every process takes part in checkpoints (orbax coordinates them).
     primary = jax.process_index() == 0
     console = Console(log, progress and primary)
     log = console.log
-    resuming = check_or_write_metadata(workdir, config.to_dict(), experiment.kind) if primary else True
+    resuming = workdir.check_or_write_metadata(config.to_dict(), experiment.kind) if primary else True
     sweep = Sweep(experiment)
     if jax.process_count() > 1:
-        for name, idx, _ in sweep.programs:
-            mine = [experiment.members[idx[j]].name for j in sweep.placement.local_members(len(idx))]
-            log(f"process {jax.process_index()}/{jax.process_count()} computes program {name}: {', '.join(mine)}")
+        for p in sweep.programs:
+            mine = [experiment.members[p.members[j]].name for j in sweep.placement.local_members(len(p.members))]
+            log(f"process {jax.process_index()}/{jax.process_count()} computes program {p.name}: {', '.join(mine)}")
     members = experiment.members
     total, chunk = config.train.steps, config.train.chunk_steps
-    checkpointer = SweepCheckpointer(workdir)
+    checkpointer = workdir.checkpointer()
     latest = checkpointer.latest_step() if resuming else None
     step = int(latest or 0)
-    writers = MemberWriters(workdir, [m.name for m in members]) if primary else _NoWriters()
+    names = [m.name for m in members]
+    writers = MemberWriters(workdir.tensorboard_dir, names, log=log) if primary else NoWriters()
     hparams = {m.name: m.hparams for m in members}
     writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
     stop = StopOnSignal(where="after the compile: nothing is trained before the programs are ready")
@@ -165,11 +180,11 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
         if latest is not None:
             states, seconds = sweep.restore(checkpointer, latest)
             log(f"resuming from checkpoint at step {latest}")
+            if sweep.records.starts_at and sweep.records.wanted.size:
+                log(f"checkpoint {latest} predates recorded loss points: loss_curve starts at step {latest}")
         else:
             states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
         reported_divergence, evaluation = set(), None
-        # A resumed run records only the steps after its checkpoint.
-        wanted = np.array(sorted(set(experiment.loss_steps())), dtype=np.int64)
         started, trained = time.perf_counter(), 0
         evals = sorted(set(experiment.eval_steps()))
         if 0 in evals and step == 0:
@@ -193,7 +208,7 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
                     seconds[members[i].name] += elapsed
                 chunk_time += elapsed
                 _log_chunk(writers, members, idx, metrics, status, step + n, reported_divergence, log)
-                _record_losses(sweep.loss_curves, idx, metrics["loss"], step, wanted)
+                sweep.record(program, metrics["loss"], step)
             rate = n * len(members) / max(chunk_time, 1e-9)
             for m in members:
                 writers.scalars(m.name, {"perf/member_steps_per_s": rate}, step + n)
@@ -223,7 +238,7 @@ def run(experiment, workdir: str, progress: bool = True, log=print) -> dict:
             evaluation = sweep.evaluate(states)
         payload = _results(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
         if primary:
-            write_results(workdir, payload)
+            workdir.write_results(payload)
         description = f"{payload['title']}: {len(members)} members, {step} steps"
         writers.finish(payload["members"], hparams, experiment.metric_tags(), step, description)
         # Host copies are gathered by EVERY process (a collective); then only process 0 draws.
@@ -257,54 +272,35 @@ def _images(experiment, writers, member_states: dict, step: int, log) -> None:
         log(f"tensorboard: end-of-training images skipped ({type(exc).__name__}: {exc})")
 
 
-class _NoWriters:
-    """TensorBoard stand-in for non-primary processes."""
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
-
-    def __getitem__(self, name):
-        return self
-
-
-def _key(member_name: str) -> str:
-    """Checkpoint key of a member: orbax joins nested keys with '.', so none may contain one."""
-    return member_name.replace(".", "_")
-
-
 def _crossed(previous: int, step: int, every: int) -> bool:
     return every > 0 and previous // every != step // every
 
 
 def _log_chunk(writers, members, idx, metrics, status, step, reported, log):
+    """TensorBoard scalars of a chunk that ended at ``step``: ``train/...`` from the scan's per-step
+    rows, every step for chunks of up to io.curves.TRAIN_POINTS_PER_CHUNK steps, else means over
+    windows of ``train_window(n)`` steps (curves with points between chunks). At step s: the loss of
+    update s on its own batch, L(theta_{s-1}) (the window's mean); ``train/learning_rate`` at the chunk's end."""
     diverged, diverged_at, lr = status["diverged"], status["diverged_at"], status.get("learning_rate")
+    n = metrics["loss"].shape[0]
+    window = train_window(n)
     for j, i in enumerate(idx):
-        losses = metrics["loss"][:, j]
-        finite = losses[np.isfinite(losses)]
-        values = {"train/loss": float(finite.mean()) if finite.size else float("nan")}
-        values.update({f"train/{k}": float(np.nanmean(v[:, j])) for k, v in metrics.items() if k != "loss"})
+        for end in range(window, n + window, window):
+            rows = slice(end - window, min(end, n))
+            losses = metrics["loss"][rows, j]
+            finite = losses[np.isfinite(losses)]
+            values = {"train/loss": float(finite.mean()) if finite.size else float("nan")}
+            values.update({f"train/{k}": float(np.nanmean(v[rows, j])) for k, v in metrics.items() if k != "loss"})
+            writers.scalars(members[i].name, values, step - n + min(end, n))
         if lr is not None:
-            values["train/learning_rate"] = float(lr[j])
-        writers.scalars(members[i].name, values, step)
+            writers.scalars(members[i].name, {"train/learning_rate": float(lr[j])}, step)
         if diverged[j] and i not in reported:
             reported.add(i)
             log(
                 f"member {members[i].name} diverged at step {int(diverged_at[j])} "
                 "(non-finite loss or parameters); frozen, others continue"
             )
-            writers[members[i].name].add_text("status", f"diverged at step {int(diverged_at[j])}", step)
-
-
-def _record_losses(curves, idx, losses, start, wanted):
-    """Append L(theta_k) for the wanted k in [start, start + chunk): the scan's row t holds the
-    loss of the step's input, theta_{start+t}."""
-    if not wanted.size:
-        return
-    inside = wanted[(wanted >= start) & (wanted < start + losses.shape[0])]
-    for j, i in enumerate(idx):
-        curve = curves.setdefault(i, {"steps": [], "values": []})
-        curve["steps"] += [int(k) for k in inside]
-        curve["values"] += [float(losses[k - start, j]) for k in inside]
+            writers.text(members[i].name, "status", f"diverged at step {int(diverged_at[j])}", step)
 
 
 def _log_eval(writers, members, evaluation, step):
@@ -314,26 +310,27 @@ def _log_eval(writers, members, evaluation, step):
 
 def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from):
     records = [None] * len(experiment.members)
-    for name, idx, _ in sweep.programs:
-        s = states[name]
+    for p in sweep.programs:
+        s = states[p.name]
         diverged, diverged_at, steps, losses = sweep.host((s.diverged, s.diverged_at, s.step, s.last_loss))
-        for j, i in enumerate(idx):
+        for j, i in enumerate(p.members):
             member = experiment.members[i]
             record = {"name": member.name, **member.hparams, **experiment.member_info(member)}
-            if i in sweep.loss_curves:
-                record["loss_curve"] = sweep.loss_curves[i]
+            if i in sweep.records.loss_curves:
+                record["loss_curve"] = sweep.records.loss_curves[i]
             record.update(
                 steps=int(steps[j]),
                 train_loss=float(losses[j]),
                 **evaluation[i],
                 wall_time_s=seconds[member.name],
-                program=name,
+                program=p.name,
             )
             record["status"] = "diverged" if diverged[j] else "ok"
             if diverged[j]:
                 record["diverged_at_step"] = int(diverged_at[j])
             records[i] = record
-    for i, extra in experiment.extra_results(sweep, states).items():
+    trained = [engine.TrainedProgram(p, sweep.consts[p.name], states[p.name]) for p in sweep.programs]
+    for i, extra in experiment.extra_results(trained, sweep.records.loss_curves).items():
         records[i].update(extra)
     return {
         "experiment": experiment.kind,
@@ -342,6 +339,6 @@ def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from)
         "steps": step,
         "resumed_from_step": resumed_from,
         "backend": jax.default_backend(),
-        "programs": {name: [experiment.members[i].name for i in idx] for name, idx, _ in sweep.programs},
+        "programs": {p.name: [experiment.members[i].name for i in p.members] for p in sweep.programs},
         "members": records,
     }

@@ -1,0 +1,302 @@
+"""A sweep's workdir: every file name in it and every reader of it.
+
+    W/mhjax.json              metadata: mhjax version, experiment kind, resolved config (written first)
+    W/.mhjax.lock             one command at a time (io/lock.py)
+    W/mhjax.log               library logs of `mhjax train`
+    W/checkpoints/<step>/     orbax step directories: member states and host records (io/checkpoint.py)
+    W/tb/<member>/            each member's TensorBoard run (io/tensorboard.py)
+    W/results.json, .md       written when training ends (io/results.py)
+    W/analysis/analysis.*     `mhjax analyze --workdir W`
+    W/report.md, W/report/    `mhjax report --workdir W`
+    W/<figure>.png, <name>.md an experiment's own figures and summaries (Experiment.finalize)
+
+No other module of mhjax names these files: they ask a ``Workdir``. Its readers keep what they
+read, so a command holding one Workdir reads each file once. A missing or unreadable file is a
+one-line ConfigError naming it, never a default: a workdir without an analysis or without
+TensorBoard runs says so through ``has_analysis()`` and ``has_curves()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from mhjax import __version__
+from mhjax.config import ConfigError
+from mhjax.io.results import WriteFailed, json_ready, markdown_table, write_json, write_text
+
+ANALYSIS_FILES = {"json": "analysis.json", "md": "analysis.md", "png": "analysis.png"}
+
+
+def analysis_paths(folder) -> dict[str, str]:
+    """{"json", "md", "png": path} of an analysis written to ``folder`` (a workdir's or --out)."""
+    return {kind: os.path.join(str(folder), name) for kind, name in ANALYSIS_FILES.items()}
+
+
+class Workdir:
+    METADATA = "mhjax.json"
+    LOCK = ".mhjax.lock"
+    LOG = "mhjax.log"
+    CHECKPOINTS = "checkpoints"
+    TENSORBOARD = "tb"
+    RESULTS = "results.json"
+    RESULTS_TABLE = "results.md"
+    ANALYSIS = "analysis"
+    REPORT = "report.md"
+    REPORT_FIGURES = "report"
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._read: dict = {}  # what the readers have read: {key: value}
+        self._runs: dict[str, dict] = {}  # member -> {tag: (steps, values)}
+
+    @classmethod
+    def of(cls, workdir) -> Workdir:
+        return workdir if isinstance(workdir, Workdir) else cls(workdir)
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def __str__(self) -> str:
+        return self.path
+
+    def __repr__(self) -> str:
+        return f"Workdir({self.path!r})"
+
+    # ------------------------------------------------------------------ #
+    # Paths
+    # ------------------------------------------------------------------ #
+    def file(self, name: str) -> str:
+        """A file at the top of the workdir (an experiment's figures and summaries)."""
+        return os.path.join(self.path, name)
+
+    @property
+    def metadata_path(self) -> str:
+        return self.file(self.METADATA)
+
+    @property
+    def lock_path(self) -> str:
+        return self.file(self.LOCK)
+
+    @property
+    def log_path(self) -> str:
+        return self.file(self.LOG)
+
+    @property
+    def checkpoints_dir(self) -> str:
+        return os.path.abspath(self.file(self.CHECKPOINTS))
+
+    @property
+    def tensorboard_dir(self) -> str:
+        return self.file(self.TENSORBOARD)
+
+    def run_dir(self, member: str) -> str:
+        """The TensorBoard run of ``member``."""
+        return os.path.join(self.tensorboard_dir, member)
+
+    @property
+    def results_path(self) -> str:
+        return self.file(self.RESULTS)
+
+    @property
+    def analysis_dir(self) -> str:
+        return self.file(self.ANALYSIS)
+
+    @property
+    def analysis_path(self) -> str:
+        return analysis_paths(self.analysis_dir)["json"]
+
+    @property
+    def report_path(self) -> str:
+        return self.file(self.REPORT)
+
+    @property
+    def report_dir(self) -> str:
+        return self.file(self.REPORT_FIGURES)
+
+    # ------------------------------------------------------------------ #
+    # Readers (each file read once per Workdir)
+    # ------------------------------------------------------------------ #
+    def require(self) -> None:
+        if not os.path.isdir(self.path):
+            raise ConfigError(f"--workdir: no such directory: {self.path}")
+
+    def _json(self, path: str, missing_hint: str) -> dict:
+        if path not in self._read:
+            self.require()
+            if not os.path.isfile(path):
+                raise ConfigError(f"--workdir: {self.path} has no {os.path.relpath(path, self.path)}; {missing_hint}")
+            try:
+                with open(path) as f:
+                    data = json.load(f)
+            except (OSError, ValueError) as exc:  # ValueError: JSON and UTF-8 decoding errors
+                raise ConfigError(f"--workdir: {path} is unreadable ({type(exc).__name__})") from None
+            if not isinstance(data, dict):
+                raise ConfigError(f"--workdir: {path} is not a JSON object")
+            self._read[path] = data
+        return self._read[path]
+
+    def metadata(self) -> dict:
+        """W/mhjax.json: {"mhjax_version", "experiment", "config"}."""
+        return self._json(self.metadata_path, "not a mhjax sweep workdir")
+
+    def config(self) -> dict:
+        """The resolved config the sweep was trained with (a plain dict)."""
+        config = self.metadata().get("config")
+        if not isinstance(config, dict):
+            raise ConfigError(f"--workdir: {self.metadata_path} has no config object")
+        return config
+
+    def config_field(self, dotted: str):
+        """One field of the config, e.g. ``model.seq_len``; missing: a one-line error naming it."""
+        node = self.config()
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise ConfigError(f"--workdir: {self.metadata_path} has no config.{dotted}")
+            node = node[part]
+        return node
+
+    def sweep_fields(self) -> list[str]:
+        """The config's swept fields, in order."""
+        return list(self.config_field("sweep"))
+
+    def results(self) -> dict:
+        """W/results.json, with its ``members`` list."""
+        results = self._json(self.results_path, f"train it first (mhjax train --config ... --workdir {self.path})")
+        if not isinstance(results.get("members"), list):
+            raise ConfigError(f"--workdir: {self.results_path} has no member list")
+        return results
+
+    def member_names(self) -> list[str]:
+        return [m["name"] for m in self.results()["members"]]
+
+    def has_analysis(self) -> bool:
+        return os.path.exists(self.analysis_path)
+
+    def analysis(self) -> dict:
+        """W/analysis/analysis.json (``mhjax analyze --workdir W``)."""
+        return self._json(self.analysis_path, f"run `mhjax analyze --workdir {self.path}` first")
+
+    def has_curves(self) -> bool:
+        """Whether the workdir has TensorBoard runs at all (W/tb)."""
+        return os.path.isdir(self.tensorboard_dir)
+
+    def curves(self, member: str, tags=None) -> dict:
+        """{tag: (steps, values)} of ``member``'s TensorBoard scalars, ``tags`` (absent ones left
+        out) or all; the run is read once. A resumed run may log a step twice: the last value wins."""
+        if member not in self._runs:
+            from mhjax.io.curves import read_run  # tensorboard's reader imports slowly: only here
+
+            path = self.run_dir(member)
+            if not os.path.isdir(path):
+                raise ConfigError(f"--workdir: {self.path} has no TensorBoard run {path}")
+            self._runs[member] = read_run(path)
+        run = self._runs[member]
+        return dict(run) if tags is None else {t: run[t] for t in tags if t in run}
+
+    # ------------------------------------------------------------------ #
+    # Checkpoints
+    # ------------------------------------------------------------------ #
+    def checkpointer(self, keep: int = 2):
+        """The workdir's SweepCheckpointer (close it when done)."""
+        from mhjax.io.checkpoint import SweepCheckpointer  # orbax imports slowly: only here
+
+        return SweepCheckpointer(self.checkpoints_dir, keep=keep)
+
+    def has_checkpoints(self) -> bool:
+        return os.path.isdir(self.checkpoints_dir)
+
+    def latest_step(self) -> int | None:
+        """The step of the latest complete checkpoint, or None."""
+        if "latest_step" not in self._read:
+            if not self.has_checkpoints():
+                self._read["latest_step"] = None
+            else:
+                checkpointer = self.checkpointer()
+                try:
+                    self._read["latest_step"] = checkpointer.latest_step()
+                finally:
+                    checkpointer.close()
+        return self._read["latest_step"]
+
+    def member_states(self, step: int | None = None) -> dict:
+        """{member name: its raw saved state (numpy: params, opt_state, step, diverged, ...)} of
+        checkpoint ``step`` (default: the latest), read without any model code."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise ConfigError(f"--workdir: {self.path} has no checkpoint yet; train it first")
+        key = ("member_states", step)
+        if key not in self._read:
+            from mhjax.io.checkpoint import member_key
+
+            checkpointer = self.checkpointer()
+            try:
+                tree = checkpointer.restore_raw(step)
+            finally:
+                checkpointer.close()
+            names = self.member_names() if os.path.isfile(self.results_path) else None
+            members = tree["members"]
+            if names is not None:
+                members = {name: members[member_key(name)] for name in names if member_key(name) in members}
+            self._read[key] = members
+        return self._read[key]
+
+    def params(self, member: str, step: int | None = None):
+        """``member``'s parameters (numpy tree) at checkpoint ``step`` (default: the latest)."""
+        states = self.member_states(step)
+        if member not in states:
+            raise ConfigError(f"--workdir: no member {member!r} in {self.checkpoints_dir} (have {', '.join(states)})")
+        return states[member]["params"]
+
+    # ------------------------------------------------------------------ #
+    # Writers
+    # ------------------------------------------------------------------ #
+    def write_results(self, payload: dict) -> None:
+        """results.json (atomically) and its Markdown table results.md."""
+        members = [{k: json_ready(v) for k, v in m.items()} for m in payload["members"]]
+        try:
+            write_json(self.results_path, {**payload, "members": members})
+            write_text(self.file(self.RESULTS_TABLE), markdown_table(members, payload.get("title", "Results")))
+        except WriteFailed as exc:
+            exc.hint = "; training is done and checkpointed: free some space and run the same command to write it"
+            raise
+        self._read.pop(self.results_path, None)
+
+    def check_or_write_metadata(self, config_dict: dict, kind: str) -> bool:
+        """True if the workdir already belongs to this exact config (resume); writes it if new."""
+        current = {"mhjax_version": __version__, "experiment": kind, "config": config_dict}
+        if os.path.exists(self.metadata_path):
+            stored = self.metadata()
+            if stored.get("mhjax_version") != __version__:
+                raise ConfigError(
+                    f"--workdir: {self.path} was written by mhjax {stored.get('mhjax_version')}, this is "
+                    f"{__version__}; use a new workdir"
+                )
+            if stored.get("config") != json.loads(json.dumps(config_dict)):
+                diff = _first_difference(stored.get("config", {}), json.loads(json.dumps(config_dict)))
+                raise ConfigError(
+                    f"--workdir: {self.path} holds a run of another config ({diff}); use a new workdir or the same "
+                    "config"
+                )
+            return True
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise ConfigError(f"--workdir: {self.path} exists and is not a folder")
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            write_json(self.metadata_path, current, sort_keys=True)  # atomic: never a half mhjax.json
+        except OSError as exc:
+            raise ConfigError(
+                f"--workdir: cannot write {self.metadata_path} ({type(exc).__name__}: {exc.strerror or exc})"
+            ) from None
+        self._read[self.metadata_path] = json.loads(json.dumps(current))
+        return False
+
+
+def _first_difference(a, b, prefix="config") -> str:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            if key not in a or key not in b:
+                return f"{prefix}.{key} present in only one"
+            if a[key] != b[key]:
+                return _first_difference(a[key], b[key], f"{prefix}.{key}")
+    return f"{prefix}: stored {a!r}, now {b!r}"

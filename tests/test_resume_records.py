@@ -1,0 +1,145 @@
+"""Nothing results.json reports is lost on resume: a sweep stopped in the middle (killed: no
+checkpoint at the stop; or Ctrl-C: a checkpoint at the stop) and run again writes the results of
+the uninterrupted run, the recorded loss points (loss_curve, loss_slope) included. In process:
+the kill is an exception out of a training chunk, Ctrl-C a real SIGINT to this process."""
+
+import json
+import os
+import signal
+
+import pytest
+
+from mhjax.experiments import make_experiment
+from mhjax.train import loop
+from mhjax.train.loop import Interrupted, Sweep, run
+from tests.conftest import tiny_sequence_config, tiny_train
+from tests.test_mixture_sweep import tiny_mixture_config
+
+
+class Killed(Exception):
+    """Stands for SIGKILL: the run ends where it is, nothing more is written."""
+
+
+def mixture_config():
+    config = tiny_mixture_config(heads=(1, 2), num_train=(8,))
+    with config.train.unlocked():
+        config.train.update(dict(steps=20, chunk_steps=5, eval_every=10, checkpoint_every=10, loss_points=12))
+    return config
+
+
+def sequence_config():
+    return tiny_train(tiny_sequence_config(heads=(1, 2)), 9, 3, 3, 6)  # grouped: 2 programs
+
+
+def stop_at_chunk(monkeypatch, calls: int, how: str):
+    """Stop the run when its ``calls``-th training chunk (over all programs) has run."""
+    original, count = Sweep.run_chunk, [0]
+
+    def run_chunk(self, program, states, length):
+        out = original(self, program, states, length)
+        count[0] += 1
+        if count[0] == calls:
+            if how == "kill":
+                raise Killed
+            signal.raise_signal(signal.SIGINT)  # handled between chunks: checkpoint, then Interrupted
+        return out
+
+    monkeypatch.setattr(Sweep, "run_chunk", run_chunk)
+
+
+def comparable(payload):
+    out = {k: v for k, v in payload.items() if k != "resumed_from_step"}
+    out["members"] = [{k: v for k, v in m.items() if k != "wall_time_s"} for m in payload["members"]]
+    return out
+
+
+def assert_same(a, b, path="results"):
+    if isinstance(a, dict):
+        assert sorted(a) == sorted(b), path
+        for k in a:
+            assert_same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert b == pytest.approx(a, rel=1e-6, abs=1e-6, nan_ok=True), path
+    else:
+        assert a == b, path
+
+
+def results(workdir):
+    with open(os.path.join(workdir, "results.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted runs of both experiments: {kind: results.json}."""
+    out = {}
+    for kind, config in (("sequence", sequence_config()), ("mixture", mixture_config())):
+        workdir = str(tmp_path_factory.mktemp(kind))
+        run(make_experiment(config), workdir, progress=False, log=lambda m: None)
+        out[kind] = results(workdir)
+    return out
+
+
+@pytest.mark.parametrize(
+    "kind, how, chunk, resumed_from",
+    [
+        # sequence: 2 programs (h1, h2), chunks of 3 steps, checkpoints at 6 and 9
+        ("sequence", "kill", 5, 6),  # killed during steps 6-9
+        pytest.param("sequence", "sigint", 2, 3, marks=pytest.mark.slow),  # Ctrl-C after steps 0-3 (test_cli too)
+        # mixture: 1 program, chunks of 5 steps, checkpoints at 10 and 20, loss points up to 20
+        ("mixture", "kill", 3, 10),  # killed after the first checkpoint
+        ("mixture", "sigint", 3, 15),  # Ctrl-C after the first checkpoint
+    ],
+)
+def test_an_interrupted_sweep_resumed_writes_the_uninterrupted_results(
+    reference, tmp_path, monkeypatch, kind, how, chunk, resumed_from
+):
+    config = sequence_config() if kind == "sequence" else mixture_config()
+    workdir = str(tmp_path / "w")
+    lines = []
+    with monkeypatch.context() as patch:
+        stop_at_chunk(patch, chunk, how)
+        with pytest.raises(Killed if how == "kill" else Interrupted):
+            run(make_experiment(config), workdir, progress=False, log=lines.append)
+    assert not os.path.exists(os.path.join(workdir, "results.json"))
+    run(make_experiment(config), workdir, progress=False, log=lines.append)
+    assert f"resuming from checkpoint at step {resumed_from}" in lines
+    got = results(workdir)
+    assert got["resumed_from_step"] == resumed_from
+    assert_same(comparable(reference[kind]), comparable(got))
+    if kind == "mixture":  # the points before the checkpoint are there, as in the uninterrupted run
+        for member in got["members"]:
+            assert member["loss_curve"]["steps"][0] == 0 and len(member["loss_curve"]["steps"]) > 5
+            assert member["loss_slope"] is not None
+
+
+def test_sweep_train_records_the_loss_points_like_the_host_loop(reference):
+    """Sweep.train (no host loop) records L(theta_k) at the same k with the same values."""
+    experiment = make_experiment(mixture_config())
+    sweep = Sweep(experiment)
+    sweep.train(sweep.init_states(), 20, 5)
+    for i, member in enumerate(reference["mixture"]["members"]):
+        curve = sweep.records.loss_curves[i]
+        want = member["loss_curve"]  # the loop's curve, with k = K appended
+        assert curve["steps"] == want["steps"][:-1] and curve["steps"] == experiment.loss_steps()
+        assert curve["values"] == pytest.approx(want["values"][:-1], rel=1e-6)
+
+
+def test_a_checkpoint_without_records_still_resumes_and_says_where_the_curve_starts(tmp_path, monkeypatch):
+    """Checkpoints written before the host records existed (the states alone) stay resumable."""
+    config = mixture_config()
+    workdir = str(tmp_path / "w")
+    monkeypatch.setattr(loop.HostRecords, "to_json", lambda self: None)  # save the states alone
+    with monkeypatch.context() as patch:
+        stop_at_chunk(patch, 3, "kill")
+        with pytest.raises(Killed):
+            run(make_experiment(config), workdir, progress=False, log=lambda m: None)
+    assert not os.path.isdir(os.path.join(workdir, "checkpoints", "10", "records"))
+    lines = []
+    run(make_experiment(config), workdir, progress=False, log=lines.append)
+    assert "checkpoint 10 predates recorded loss points: loss_curve starts at step 10" in lines
+    assert all(m["loss_curve"]["steps"][0] >= 10 for m in results(workdir)["members"])
