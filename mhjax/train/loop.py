@@ -168,21 +168,22 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     checkpointer = workdir.checkpointer()
     latest = checkpointer.latest_step() if resuming else None
     step = int(latest or 0)
-    names = [m.name for m in members]
-    writers = MemberWriters(workdir.tensorboard_dir, names, log=log) if primary else NoWriters()
-    hparams = {m.name: m.hparams for m in members}
-    writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
+    writers = NoWriters()
     stop = StopOnSignal(where="after the compile: nothing is trained before the programs are ready")
     try:
         stop.start()
-        _compile_ahead(sweep, console, ahead.chunk_lengths(step, total, chunk), init=latest is None)
-        stop.where = "at the end of the running chunk"
-        if latest is not None:
+        if latest is not None:  # before compiling: a corrupt checkpoint is reported at once
             states, seconds = sweep.restore(checkpointer, latest)
             log(f"resuming from checkpoint at step {latest}")
             if sweep.records.starts_at and sweep.records.wanted.size:
                 log(f"checkpoint {latest} predates recorded loss points: loss_curve starts at step {latest}")
-        else:
+        names = [m.name for m in members]
+        writers = MemberWriters(workdir.tensorboard_dir, names, log=log) if primary else NoWriters()
+        hparams = {m.name: m.hparams for m in members}
+        writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
+        _compile_ahead(sweep, console, ahead.chunk_lengths(step, total, chunk), init=latest is None)
+        stop.where = "at the end of the running chunk"
+        if latest is None:
             states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
         reported_divergence, evaluation = set(), None
         started, trained = time.perf_counter(), 0
