@@ -131,7 +131,7 @@ def test_a_repeated_run_loads_every_program_from_the_compile_cache(tmp_path):
         outputs.append((proc, _files(cache / "xla")))
     (first, after_first), (second, after_second) = outputs
     assert after_first and after_second == after_first
-    assert "compiling 1 program (1 members): training chunks of 2 steps, evaluation, initial state" in first.stderr
+    assert "compiling 1 program (1 member): training chunks of 2 steps, evaluation, initial state" in first.stderr
     assert "3 of 3 loaded from the compile cache" in second.stderr
     # the end of the console: the results table (task x heads) and the next commands
     result = json.load(open(tmp_path / "second" / "results.json"))["members"][0]

@@ -72,7 +72,7 @@ def describe(sweep, lengths: list[int], init: bool) -> str:
     parts.append("evaluation")
     if init:
         parts.append("initial state")
-    return f"{programs} program{'s' * (programs != 1)} ({members} members): {', '.join(parts)}"
+    return f"{programs} program{'s' * (programs != 1)} ({members} member{'s' * (members != 1)}): {', '.join(parts)}"
 
 
 def _build(job: Job):
