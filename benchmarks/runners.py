@@ -4,6 +4,7 @@ count: seconds}; memory(steps) -> bytes."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -41,6 +42,35 @@ def make_config(heads, length=100, seeds=(0,), strategy="grouped"):
     config.model.seq_len = length
     config.strategy = strategy
     return config
+
+
+# The pre-config names of the module global MHJAX_ATTENTION set (mhjax/models/attention.py).
+_LEGACY_ATTENTION = {"auto": "auto", "jax": "jax", "cpu_kernel": "kernel", "kernel": "kernel"}
+
+
+@contextlib.contextmanager
+def attention_choice(config, impl: str | None):
+    """Run the block (which must trace the programs: warm-up) with attention implementation
+    ``impl`` ("auto", "jax", "cpu_kernel", "pallas"; None: the config's own): as
+    ``config.attention``, or, in older versions that have no such field, through the attention
+    module's global (which has no "pallas")."""
+    from mhjax.models import attention
+
+    legacy = "attention" not in config and hasattr(attention, "IMPLEMENTATION")
+    if not impl or not legacy:
+        if impl:
+            with config.unlocked():
+                config.attention = impl
+        yield
+        return
+    if impl not in _LEGACY_ATTENTION:
+        raise SystemExit(f"attention: {impl!r} needs config.attention (this checkout has auto, jax, cpu_kernel)")
+    saved = attention.IMPLEMENTATION
+    attention.IMPLEMENTATION = _LEGACY_ATTENTION[impl]
+    try:
+        yield
+    finally:
+        attention.IMPLEMENTATION = saved
 
 
 def model_flops(config) -> float:
@@ -199,41 +229,50 @@ class SequentialRunner:
         return None if None in sizes else max(sizes)
 
 
+def torch_device() -> str:
+    """Where the PyTorch peers run: CUDA when PyTorch sees a GPU, else the CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _torch_model_args(config) -> dict:
+    m, d = config.model, config.data
+    return dict(
+        vocab_size=m.vocab_size,
+        length=m.seq_len,
+        width=m.width,
+        num_layers=m.num_layers,
+        mlp_dim=m.mlp_dim,
+        dropout=m.dropout,
+        batch_size=d.batch_size,
+        learning_rate=1e-3,
+    )
+
+
 class TorchRunner:
-    def __init__(self, config, threads, label="torch"):
+    """PyTorch, one model at a time (benchmarks/torch_model.Trainer): one member per head count,
+    trained one after another, as the paper's reference code trains."""
+
+    def __init__(self, config, threads, label="torch", device="cpu"):
         from torch_model import Trainer
 
-        m, d = config.model, config.data
-        self.label, self.threads = label, threads
-        self.trainers = [
-            (
-                h,
-                Trainer(
-                    h,
-                    vocab_size=m.vocab_size,
-                    length=m.seq_len,
-                    width=m.width,
-                    num_layers=m.num_layers,
-                    mlp_dim=m.mlp_dim,
-                    dropout=m.dropout,
-                    batch_size=d.batch_size,
-                    learning_rate=1e-3,
-                ),
-            )
-            for h in config.sweep.heads
-        ]
+        self.label, self.threads, self.device = label, threads, device
+        args = _torch_model_args(config)
+        self.trainers = [(h, Trainer(h, device=device, **args)) for h in config.sweep.heads]
         self.members = len(self.trainers)
         self.rss_rise = 0
 
     def run(self, steps):
         import torch
 
-        torch.set_num_threads(self.threads)
+        if self.threads:
+            torch.set_num_threads(self.threads)
         out = {}
         for h, trainer in self.trainers:
             start = time.perf_counter()
             with RSSSampler() as rss:
-                self.last_loss = trainer.run(steps)
+                self.last_loss = trainer.run(steps)  # ends in float(loss): waits for the device
             out[h] = out.get(h, 0.0) + time.perf_counter() - start
             self.rss_rise = max(self.rss_rise, rss.rise)
         return out
@@ -242,7 +281,31 @@ class TorchRunner:
         self.run(steps)
 
     def memory(self, steps):
-        return float(self.rss_rise)
+        return _torch_memory(self.device, self.rss_rise)
+
+
+class TorchEnsembleRunner(TorchRunner):
+    """PyTorch's strongest plain way (benchmarks/torch_model.EnsembleTrainer): per head count,
+    all its members (the config's seeds) in one vmapped functional model with one Adam over the
+    stacked parameters; head counts one after another."""
+
+    def __init__(self, config, threads, label="torch_ensemble", device="cpu"):
+        from torch_model import EnsembleTrainer
+
+        self.label, self.threads, self.device = label, threads, device
+        args = _torch_model_args(config)
+        seeds = tuple(config.sweep.seed)
+        self.trainers = [(h, EnsembleTrainer(h, seeds, device=device, **args)) for h in config.sweep.heads]
+        self.members = len(self.trainers) * len(seeds)
+        self.rss_rise = 0
+
+
+def _torch_memory(device, rss_rise) -> float:
+    if device == "cuda":
+        import torch
+
+        return float(torch.cuda.max_memory_allocated())
+    return float(rss_rise)
 
 
 class MatmulPeak:
@@ -250,8 +313,9 @@ class MatmulPeak:
 
     N = 2048
 
-    def __init__(self, use_torch=True):
+    def __init__(self, use_torch=True, device="cpu"):
         key = jax.random.PRNGKey(0)
+        self.device = device
         self.a = jax.random.normal(key, (self.N, self.N), jnp.float32)
         self.b = jax.random.normal(jax.random.fold_in(key, 1), (self.N, self.N), jnp.float32)
         self.dot = jax.jit(jnp.dot)
@@ -259,15 +323,20 @@ class MatmulPeak:
         if use_torch:
             import torch
 
-            self.torch = (torch.from_numpy(np.array(self.a)), torch.from_numpy(np.array(self.b)))
+            self.torch = tuple(torch.from_numpy(np.array(x)).to(device) for x in (self.a, self.b))
         self.times = {"jax": [], "torch": []}
 
     def warm(self, _steps=None):
         self.dot(self.a, self.b).block_until_ready()
         if self.torch is not None:
-            import torch
+            self._torch_mm()
 
-            torch.mm(*self.torch)
+    def _torch_mm(self):
+        import torch
+
+        torch.mm(*self.torch)
+        if self.device == "cuda":
+            torch.cuda.synchronize()
 
     def run(self, threads=None):
         for _ in range(2):
@@ -281,7 +350,7 @@ class MatmulPeak:
                 torch.set_num_threads(threads)
             for _ in range(2):
                 start = time.perf_counter()
-                torch.mm(*self.torch)
+                self._torch_mm()
                 self.times["torch"].append(time.perf_counter() - start)
 
     def flops(self):

@@ -7,25 +7,35 @@ The paper model (width 64, 4 layers, MLP 128, vocab 256, batch 50, length 100, d
   grouped     one program per head count (strategy "grouped", Sweep.run_chunk)
   sequential  each member alone: the engine's train_step jitted per head count, called
               once per step from Python (no vmap, no scan): a plain JAX loop
-  torch       the same model and step in PyTorch (benchmarks/torch_model.py), members
-              one after another
-and an fp32 matmul (2048^2, jax and torch) for the machine's peak. Everything is timed in
-ONE process, interleaved (every repetition runs every strategy once, in turn), and the
-medians over repetitions are reported, so ratios stay honest on a noisy, shared machine.
+  torch       the same model and step in PyTorch (benchmarks/torch_model.py), one model
+              at a time, members one after another (as the paper's reference code trains)
+  torch_ensemble  PyTorch's strongest plain way: per head count, its members (--seeds) in
+              one torch.func ensemble (stack_module_state + functional_call + vmap with
+              randomness="different", Adam on the stacked parameters), head counts one
+              after another
+PyTorch runs on CUDA when it sees a GPU, else on the CPU. And an fp32 matmul (2048^2, jax
+and torch) for the machine's peak. Everything is timed in ONE process, interleaved (every
+repetition runs every strategy once, in turn), and the medians over repetitions are
+reported, so ratios stay honest on a noisy, shared machine.
 
 Reported per strategy: member-steps/s, tokens/s, model FLOPs per member-step (analytic,
 mhjax.models.flops: matmuls only, causal attention counted as half; independent of the
 head count), achieved FLOP/s, MFU (achieved / the best fp32 matmul FLOP/s measured in
 this run), per-head-count ms per member-step, and memory (mhjax: peak of the compiled
 program's buffers from XLA's memory analysis; torch: sampled process-RSS rise during a
-step). JSON keys ``ratio_vs_torch`` (best mhjax strategy's sweep member-steps/s over
-torch's) and ``mfu`` (that strategy's sweep MFU: all its FLOPs over all its time).
+step, on CUDA the peak of allocated memory). JSON keys ``ratio_vs_torch`` (best mhjax
+strategy's sweep member-steps/s over the one-model PyTorch trainer's),
+``ratio_vs_torch_ensemble`` (the same over the torch.func ensemble's) and ``mfu`` (that
+strategy's sweep MFU: all its FLOPs over all its time). ``--seeds N`` trains N members per
+head count in every runner but the one-model one (whose rate does not depend on N);
+``--strategies one_program:pallas`` pins the attention implementation (config.attention
+where the config has it).
 
 Then scaling with work, for one head count (4): members per program (1, 2, 4, 8, ...:
 seeds), vmapped in one grouped program ("members=N") and unrolled ("unrolled=N"), and
 sequence length (50, 100, 200).
 
-    python benchmarks/throughput.py [--json OUT] [--quick] [--reps N] [--steps N]
+    python benchmarks/throughput.py [--json OUT] [--quick] [--reps N] [--steps N] [--seeds N]
 """
 
 from __future__ import annotations
@@ -51,15 +61,34 @@ from runners import (  # noqa: E402
     ProgramView,
     SequentialRunner,
     SweepRunner,
+    TorchEnsembleRunner,
     TorchRunner,
+    attention_choice,
     make_config,
     model_flops,
     pick_torch_threads,
+    torch_device,
 )
 
 from mhjax.models import attention as attention_module  # noqa: E402
 
+TORCH_LABELS = ("torch", "torch_ensemble")
+
 # ---------------------------------------------------------------- measurement
+
+
+def _cpu_kernel_on():
+    """Whether "auto" attention uses the CPU kernel here (None where this checkout cannot say)."""
+    try:
+        return bool(attention_module.use_cpu_kernel())
+    except (AttributeError, TypeError):
+        return None
+
+
+def _memory_kind(label, device):
+    if label not in TORCH_LABELS:
+        return "xla_program_peak"
+    return "cuda_max_allocated" if device == "cuda" else "rss_rise"
 
 
 def interleaved(runners, steps, reps, log, extra=None):
@@ -114,7 +143,9 @@ def main(argv=None):
     parser.add_argument(
         "--lengths", default=None, help="sequence lengths for the scaling part (default 50,100,200; quick 50,100)"
     )
-    parser.add_argument("--no-torch", action="store_true", help="skip PyTorch")
+    parser.add_argument("--length", type=int, default=100, help="sequence length of the main part (paper: 100)")
+    parser.add_argument("--seeds", type=int, default=1, help="members per head count (default 1: four members)")
+    parser.add_argument("--no-torch", action="store_true", help="skip PyTorch (both peers)")
     parser.add_argument("--no-scaling", action="store_true", help="skip the scaling part")
     parser.add_argument(
         "--strategies",
@@ -140,25 +171,29 @@ def main(argv=None):
         print(f"[{time.perf_counter() - t0:6.0f}s] {msg}", flush=True)
 
     backend = jax.default_backend()
-    kernel = attention_module.use_cpu_kernel()
+    kernel = _cpu_kernel_on()
     log(
         f"jax {jax.__version__} on {backend} ({len(jax.devices())} device(s)), {os.cpu_count()} cores; "
         f"CPU attention kernel: {'on' if kernel else 'off'}"
     )
-    config = make_config(HEADS)
+    seeds = tuple(range(args.seeds))
+    config = make_config(HEADS, length=args.length, seeds=seeds)
     flops = model_flops(config)
     tokens = config.data.batch_size * config.model.seq_len
 
     use_torch = not args.no_torch
-    torch_threads, torch_thread_times = (None, {})
+    torch_threads, torch_thread_times, device = (None, {}, None)
     if use_torch:
         try:
-            import torch  # noqa: F401
+            import torch
         except ImportError:
             log("torch not installed (pip install -e '.[bench]'); skipping it")
             use_torch = False
     if use_torch:
-        torch_threads, torch_thread_times = pick_torch_threads(config, log)
+        device = torch_device()
+        log(f"torch {torch.__version__} on {device}")
+        if device == "cpu":
+            torch_threads, torch_thread_times = pick_torch_threads(config, log)
 
     runners = []
     for label in args.strategies.split(","):
@@ -167,25 +202,31 @@ def main(argv=None):
         # setting sticks to this runner's compiled programs.
         name, _, impl = label.partition(":")
         log(f"compiling {label} ...")
-        saved = attention_module.IMPLEMENTATION
-        attention_module.IMPLEMENTATION = impl or saved
-        try:
+        runner_config = make_config(
+            HEADS, length=args.length, seeds=seeds, strategy="grouped" if name == "sequential" else name
+        )
+        with attention_choice(runner_config, impl):
             if name == "sequential":
-                runner = SequentialRunner(config, label)
+                runner = SequentialRunner(runner_config, label)
             else:
-                runner = SweepRunner(make_config(HEADS, strategy=name), label)
+                runner = SweepRunner(runner_config, label)
             start = time.perf_counter()
             runner.warm(steps)
-        finally:
-            attention_module.IMPLEMENTATION = saved
         runner.compile_s = time.perf_counter() - start
         runners.append(runner)
         log(f"  {name}: first chunk (compile + run) {runner.compile_s:.1f} s")
+        if args.json:  # what is known so far, in case the run is stopped before the end
+            partial = {"completed": False, "first_chunk_s": {r.label: r.compile_s for r in runners}}
+            Path(args.json).write_text(json.dumps(partial, indent=2))
     if use_torch:
-        runner = TorchRunner(config, torch_threads)
-        runner.warm(1)
-        runners.append(runner)
-    peak = MatmulPeak(use_torch)
+        for cls in (TorchRunner, TorchEnsembleRunner):
+            runner = cls(config, torch_threads, device=device)
+            start = time.perf_counter()
+            runner.warm(1)
+            runner.compile_s = time.perf_counter() - start  # first step: allocation, kernel selection
+            runners.append(runner)
+            log(f"  {runner.label}: {runner.members} members, first step {runner.compile_s:.1f} s")
+    peak = MatmulPeak(use_torch, device or "cpu")
     peak.warm()
 
     log(f"timing: {reps} repetitions x {steps} steps per member, interleaved")
@@ -197,11 +238,16 @@ def main(argv=None):
         results[r.label] = summarise(r, samples[r.label], steps, flops, peak_flops, tokens)
         mem = r.memory(steps)
         results[r.label]["memory_bytes"] = mem
-        results[r.label]["memory_kind"] = "rss_rise" if r.label == "torch" else "xla_program_peak"
+        results[r.label]["memory_kind"] = _memory_kind(r.label, device)
         results[r.label]["compile_s"] = getattr(r, "compile_s", None)
-    mhjax_labels = [r.label for r in runners if r.label != "torch"]
+    mhjax_labels = [r.label for r in runners if r.label not in TORCH_LABELS]
     best = max(mhjax_labels, key=lambda k: results[k]["member_steps_per_s"])
-    ratio = results[best]["member_steps_per_s"] / results["torch"]["member_steps_per_s"] if "torch" in results else None
+    ratios = {
+        peer: results[best]["member_steps_per_s"] / results[peer]["member_steps_per_s"]
+        for peer in TORCH_LABELS
+        if peer in results
+    }
+    ratio = ratios.get("torch")
 
     print()
     print(
@@ -226,8 +272,9 @@ def main(argv=None):
             f"{r['achieved_flops_per_s'] / 1e9:8.1f} "
             f"{r['mfu']:6.2f} {mem:>10s}   {by}"
         )
-    if ratio is not None:
-        print(f"\nbest mhjax strategy: {best}; ratio_vs_torch = {ratio:.2f}; mfu = {results[best]['mfu']:.2f}")
+    if ratios:
+        said = "; ".join(f"ratio_vs_{peer} = {value:.2f}" for peer, value in ratios.items())
+        print(f"\nbest mhjax strategy: {best}; {said}; mfu = {results[best]['mfu']:.2f}")
 
     scaling = {}
     if not args.no_scaling:
@@ -269,6 +316,7 @@ def main(argv=None):
             )
 
     payload = {
+        "completed": True,
         "date": datetime.date.today().isoformat(),
         "machine": {
             "platform": platform.platform(),
@@ -289,6 +337,8 @@ def main(argv=None):
             "dropout": config.model.dropout,
         },
         "cpu_attention_kernel": kernel,
+        "seeds": args.seeds,
+        "torch_device": device,
         "reps": reps,
         "steps_per_rep": steps,
         "flops_per_member_step": flops,
@@ -299,6 +349,7 @@ def main(argv=None):
         "strategies": results,
         "best_strategy": best,
         "ratio_vs_torch": ratio,
+        "ratio_vs_torch_ensemble": ratios.get("torch_ensemble"),
         "mfu": results[best]["mfu"],
         "scaling": scaling,
         "wall_s": time.perf_counter() - t0,

@@ -6,7 +6,7 @@ shrink (arXiv 2310.12680). Only theta_0 matters here: K = 1 GD step (the trainer
 figure ntk_margin_vs_H.png shows mean and std over the 6 seeds per H. Same data sizes as
 configs/mixture_rates.py (T = 4, d = 6). Seeds vary both the data and theta_0, so the std over
 seeds keeps the data's share however large H is.
-Measured (2 shared CPU cores, upper bound): 1 min 21 s wall.
+Measured at tau = 0.1 (2 CPU cores shared with ~8 other jobs, an upper bound): 1 min 10 s wall.
 """
 
 import os

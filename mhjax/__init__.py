@@ -1,1 +1,36 @@
+"""mhjax: sweeps over the number of attention heads in JAX.
+
+The Python API (imported on first use, so ``import mhjax`` stays fast):
+``load_config``, ``sweep`` (trains; ``mhjax.train`` is the trainer's subpackage), ``load``,
+``Run``, ``ConfigError``, and tasks as plug-ins: ``task``, ``register_task``, ``registered_tasks``.
+"""
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "load_config": ("mhjax.api", "load_config"),
+    "sweep": ("mhjax.api", "sweep"),
+    "load": ("mhjax.api", "load"),
+    "Run": ("mhjax.api", "Run"),
+    "ConfigError": ("mhjax.config", "ConfigError"),
+    "task": ("mhjax.data.tasks", "task"),
+    "register_task": ("mhjax.data.tasks", "register_task"),
+    "registered_tasks": ("mhjax.data.tasks", "registered"),
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'mhjax' has no attribute {name!r}")
+    import importlib
+
+    module, attribute = _LAZY[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

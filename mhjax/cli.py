@@ -134,7 +134,9 @@ def register_analyze(subparsers) -> argparse.ArgumentParser:
         help="a trained sweep workdir: analyse every member of its latest checkpoint",
     )
     p.add_argument("--heads", type=int, default=None, help="number of attention heads of --torch-checkpoint")
-    p.add_argument("--task", default=None, help="task of --torch-checkpoint: copy, cycle or zero")
+    p.add_argument(
+        "--task", default=None, help="task of --torch-checkpoint: a registered task (copy, cycle, zero, ...)"
+    )
     p.add_argument(
         "--out",
         metavar="DIR",

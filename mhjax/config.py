@@ -13,6 +13,8 @@ import os
 
 import ml_collections
 
+CONFIG_MODULE = "mhjax_user_config"  # the module name a config file is loaded under (tasks record it)
+
 
 class ConfigError(ValueError):
     """A bad config or input; the message is one line naming the field."""
@@ -21,8 +23,8 @@ class ConfigError(ValueError):
 def load_config_file(path: str) -> ml_collections.ConfigDict:
     if not os.path.isfile(path):
         raise ConfigError(f"--config: file not found: {path}")
-    loader = importlib.machinery.SourceFileLoader("mhjax_user_config", path)  # any file name, not only *.py
-    spec = importlib.util.spec_from_loader("mhjax_user_config", loader)
+    loader = importlib.machinery.SourceFileLoader(CONFIG_MODULE, os.path.abspath(path))  # any name, not only *.py
+    spec = importlib.util.spec_from_loader(CONFIG_MODULE, loader)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)

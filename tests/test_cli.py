@@ -128,8 +128,10 @@ def test_configs_lists_bundled_configs_with_descriptions_in_aligned_columns(caps
 def test_dry_run_prints_members_and_compiles_nothing(tmp_path, capsys, monkeypatch):
     import jax
 
-    import mhjax.commands.train  # noqa: F401  (its imports define jitted functions: defining is not compiling)
-    import mhjax.experiments.sequence  # noqa: F401  (so do the experiment's: analysis/dag.py)
+    # Importing defines jitted functions (defining is not compiling): import what the command loads first.
+    import mhjax.commands.train  # noqa: F401
+    import mhjax.experiments.mixture  # noqa: F401
+    import mhjax.experiments.sequence  # noqa: F401
     from mhjax.train import engine, loop
 
     def forbidden(*args, **kwargs):

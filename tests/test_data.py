@@ -34,6 +34,7 @@ def test_fresh_protocol_draws_new_sequences_and_eval_is_separate():
     a = np.asarray(sequences.train_batch(_keys(0), 1, 0, **kw)[0])
     b = np.asarray(sequences.train_batch(_keys(0), 1, 1, **kw)[0])
     assert not np.array_equal(a, b)
-    x, y = sequences.eval_batch(jax.random.PRNGKey(9), 1, 5, 6, 50)
+    x, y, w = sequences.eval_batch(jax.random.PRNGKey(9), 1, 5, 6, 50)
     assert x.shape == (5, 6) and x.dtype == jnp.int32 and int(x.max()) < 50
     np.testing.assert_array_equal(y, np.roll(np.asarray(x), 1, axis=-1))
+    np.testing.assert_array_equal(w, np.ones((5, 6)))

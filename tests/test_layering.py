@@ -15,6 +15,7 @@ LAYERS = {
     "train": 5,
     "experiments": 6,
     "commands": 7,
+    "api": 8,
     "cli": 8,
     "__main__": 9,
 }

@@ -29,6 +29,7 @@ import numpy as np
 from mhjax.analysis import ablation, dag, rollout
 from mhjax.config import ConfigError
 from mhjax.data import sequences as seqdata
+from mhjax.data.tasks import Batch, Task, get_task
 from mhjax.io.torch_import import CheckpointFormatError, UnsafeCheckpointError, load_reference_params
 from mhjax.models.probe import forward_fn, model_sizes
 
@@ -99,11 +100,15 @@ def learned_head_weights(params, heads: int) -> np.ndarray:
 
 def random_tokens(num: int, length: int, vocab_size: int, seed: int = 0) -> np.ndarray:
     """(num, length) int32 uniform random tokens from ``PRNGKey(seed)``."""
+    _check_count_and_seed(num, seed)
+    return np.asarray(seqdata.random_sequences(jax.random.PRNGKey(int(seed)), int(num), length, vocab_size))
+
+
+def _check_count_and_seed(num, seed) -> None:
     if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or num <= 0:
         raise ConfigError(f"--num-sequences: must be a positive integer, got {num!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ConfigError(f"--seed: must be a non-negative integer, got {seed!r}")
-    return np.asarray(seqdata.random_sequences(jax.random.PRNGKey(int(seed)), int(num), length, vocab_size))
 
 
 def load_sequences(path, max_len: int, vocab_size: int) -> np.ndarray:
@@ -133,10 +138,23 @@ def load_sequences(path, max_len: int, vocab_size: int) -> np.ndarray:
     return arr.astype(np.int32)
 
 
-def check_task(task: str) -> int:
-    if task not in seqdata.TASKS:
-        raise ConfigError(f"--task: must be one of {', '.join(seqdata.TASKS)}; got {task!r}")
-    return seqdata.TASKS.index(task)
+def check_task(task: str) -> Task:
+    """The registered task named ``task`` (ConfigError naming --task and the registered ones)."""
+    return get_task(task, "--task")
+
+
+def task_batch(task: str, tokens) -> Batch:
+    """Given (N, T) tokens -> a Batch with the task's targets(tokens), every position weighted."""
+    t = check_task(task)
+    if isinstance(tokens, Batch):
+        return Batch(*(np.asarray(a) for a in tokens))
+    if t.targets is None:
+        raise ConfigError(
+            f"--sequences: task {task!r} defines no targets(tokens); analyse it on sequences from its sampler "
+            "(leave out --sequences)"
+        )
+    tokens = np.asarray(tokens)
+    return Batch(tokens, np.asarray(t.targets(tokens)), np.ones(tokens.shape, np.float32))
 
 
 def check_conventions(horizon, max_steps, include_sink, chain) -> dict:
@@ -179,39 +197,41 @@ def analyze_params(
     Args:
       params: Flax param tree of :class:`mhjax.models.transformer.Transformer`.
       heads: H (the plain H-head model is run).
-      task: one of ``copy``, ``cycle``, ``zero`` (targets from
-        :func:`mhjax.data.sequences.targets_for`).
-      tokens: (N, T) int sequences.
+      task: a registered task's name (mhjax.data.tasks).
+      tokens: (N, T) int sequences (targets from the task's ``targets(tokens)``), or a
+        :class:`mhjax.data.tasks.Batch` of tokens, targets and weights (its sampler's).
       sizes: model sizes; read off ``params`` when None (:func:`model_sizes`).
       batch_size: sequences per forward/metrics call (bounds memory).
       keep_attention: also return ``attention`` (L, H, T, T) and ``combined``
         (L, T, T) numpy arrays of sequence 0 (for heatmaps) and ``rollout_sink_row`` (L, T),
         the rollout's sink row through each layer, mean over sequences (not JSON-serialisable).
       ablate: also run every head removed / kept alone (:mod:`mhjax.analysis.ablation`).
-      weights: (N, T) position weights of ``loss`` and ``accuracy`` (None: every position).
+      weights: (N, T) position weights of ``loss`` and ``accuracy`` (None: the task's; every
+        position for tokens given to a task with ``targets(tokens)``).
 
     Returns a JSON-ready dict: ``loss`` and ``accuracy`` (cross-entropy and token accuracy,
-    weighted over positions), ``accuracy_excluding_first`` (positions 1..T-1),
+    weighted over positions), ``accuracy_excluding_first`` (weighted positions 1..T-1),
     ``rollout_min`` and ``rollout_min_mean_heads`` (:mod:`mhjax.analysis.rollout`), ``layers``
     (one dict per layer with ``layer``, ``mixing_time_mean/std``, ``fidelity_pct_mean/std``,
     ``best_single_fidelity_pct_mean/std``, ``combined_beats_best_share``, ``head_weights``,
     ``rollout_min``, ``rollout_min_mean_heads``, ``rollout_fidelity_spearman`` and, with
     ``ablate``, ``ablation`` and ``accuracy_synergy``), and the conventions used.
     """
-    task_id = check_task(task)
+    check_task(task)
     conventions = check_conventions(horizon, max_steps, include_sink, chain)
     sizes = dict(sizes or model_sizes(params))
     if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads < 1 or sizes["width"] % heads:
         raise ConfigError(f"--heads: must be a positive divisor of the model width {sizes['width']}, got {heads!r}")
     heads = int(heads)
-    tokens = np.asarray(tokens)
+    tokens, targets, task_weights = task_batch(task, tokens)
+    weights = task_weights if weights is None else np.asarray(weights)
     if tokens.ndim != 2 or not 2 <= tokens.shape[1] <= sizes["max_len"]:
         raise ConfigError(
             f"--sequences: expected (N, T) tokens with 2 <= T <= {sizes['max_len']}, got shape {tokens.shape}"
         )
     tokens = tokens.astype(np.int32)
+    weights = weights.astype(np.float64)  # 0/1 sums are exact: uniform weights give today's plain means
     N, T = tokens.shape
-    targets = np.asarray(seqdata.targets_for(task_id, tokens))
     forward = forward_fn(
         sizes["vocab_size"], sizes["max_len"], sizes["width"], sizes["num_layers"], sizes["mlp_dim"], heads
     )
@@ -273,7 +293,7 @@ def analyze_params(
         "num_sequences": int(N),
         "seq_len": int(T),
         **full,
-        "accuracy_excluding_first": float(correct[:, 1:].mean()),
+        "accuracy_excluding_first": float((correct * weights)[:, 1:].sum() / max(weights[:, 1:].sum(), 1e-300)),
         **rolled,
         "conventions": conventions,
         "model": sizes,
@@ -302,6 +322,19 @@ def tokens_for(sequences, num_sequences, seed, max_len, vocab_size) -> tuple[np.
     return random_tokens(num_sequences, max_len, vocab_size, seed), {"sequences": "random", "seed": int(seed)}
 
 
+def task_sequences(task: str, sequences, num_sequences, seed, max_len, vocab_size) -> tuple[Batch, dict]:
+    """The evaluation Batch of ``task``: the given ``sequences`` with the task's targets, or
+    ``num_sequences`` drawn by its sampler from PRNGKey(seed) (for copy, cycle and zero the
+    same tokens as :func:`random_tokens`)."""
+    if sequences is not None:
+        tokens, source = tokens_for(sequences, num_sequences, seed, max_len, vocab_size)
+        return task_batch(task, tokens), source
+    t = check_task(task)
+    _check_count_and_seed(num_sequences, seed)
+    batch = t.draw(jax.random.PRNGKey(int(seed)), int(num_sequences), max_len, vocab_size)
+    return Batch(*(np.asarray(a) for a in batch)), {"sequences": "random", "seed": int(seed)}
+
+
 def analyze_checkpoint(
     path, heads: int, task: str, sequences=None, num_sequences: int = 50, seed: int = 0, **kwargs
 ) -> dict:
@@ -324,7 +357,7 @@ def analyze_checkpoint(
         raise ConfigError(f"{option}: {one_line(exc)}") from None
     sizes = {k: info[k] for k in ("vocab_size", "max_len", "num_layers", "mlp_dim")}
     sizes["width"] = info["d_model"]
-    tokens, source = tokens_for(sequences, num_sequences, seed, sizes["max_len"], sizes["vocab_size"])
-    result = analyze_params(params, int(heads), task, tokens, sizes, **kwargs)
+    batch, source = task_sequences(task, sequences, num_sequences, seed, sizes["max_len"], sizes["vocab_size"])
+    result = analyze_params(params, int(heads), task, batch, sizes, **kwargs)
     result = {"source": {"torch_checkpoint": os.path.abspath(path), **source}, **result}
     return result

@@ -13,8 +13,9 @@ from typing import Any
 
 import ml_collections
 
-from mhjax.analysis.metrics import analyze_checkpoint, analyze_params, one_line, tokens_for
+from mhjax.analysis.metrics import analyze_checkpoint, analyze_params, one_line, task_sequences
 from mhjax.config import ConfigError
+from mhjax.data import tasks
 from mhjax.experiments import make_experiment
 from mhjax.io import compile_cache
 from mhjax.io.lock import WorkdirLock
@@ -54,11 +55,10 @@ def _workdir_sweep(workdir: Workdir):
         config = ml_collections.ConfigDict(workdir.config())
     except (TypeError, AttributeError) as exc:
         raise ConfigError(f"--workdir: {workdir.metadata_path} is unreadable ({type(exc).__name__})") from None
+    tasks.restore(workdir.metadata().get("tasks"), workdir.metadata_path)  # plug-in tasks, from where they came
     experiment = make_experiment(config)
     if not experiment.analyzable:
-        raise ConfigError(
-            f"--workdir: analyze needs a sequence (copy/cycle/zero) sweep; {workdir} holds a {experiment.kind!r} sweep"
-        )
+        raise ConfigError(f"--workdir: analyze needs a sequence sweep; {workdir} holds a {experiment.kind!r} sweep")
     if not workdir.has_checkpoints():
         raise ConfigError(f"--workdir: {workdir} has no {os.path.basename(workdir.checkpoints_dir)}/; train it first")
     checkpointer = workdir.checkpointer()
@@ -103,14 +103,19 @@ def analyze_workdir(
     workdir = Workdir.of(workdir)
     experiment, sweep, step, states = _workdir_sweep(workdir)
     m = experiment.config.model
-    tokens, source = tokens_for(sequences, num_sequences, seed, m.seq_len, m.vocab_size)
+    batches = {}  # {task: (its evaluation Batch, source)}
     sizes = config_sizes(m)
     member_states = sweep.member_states(states)
     members = {}
     for member in experiment.members:
         state = member_states[member.name]
+        if member["task"] not in batches:
+            batches[member["task"]] = task_sequences(
+                member["task"], sequences, num_sequences, seed, m.seq_len, m.vocab_size
+            )
+        batch, source = batches[member["task"]]
         res = analyze_params(
-            state.params, member["heads"], member["task"], tokens, sizes, keep_attention=tensorboard, **kwargs
+            state.params, member["heads"], member["task"], batch, sizes, keep_attention=tensorboard, **kwargs
         )
         attention, combined = res.pop("attention", None), res.pop("combined", None)
         sink_rows = res.pop("rollout_sink_row", None)
@@ -132,7 +137,7 @@ def analyze_workdir(
     result = {
         "workdir": os.path.abspath(workdir.path),
         "step": int(step),
-        "source": source,
+        "source": source if batches else None,
         "conventions": next(iter(members.values()))["conventions"] if members else None,
         "members": members,
     }
@@ -215,7 +220,7 @@ def _run(args) -> int:
         if args.heads is None:
             raise ConfigError("--heads: required with --torch-checkpoint")
         if args.task is None:
-            raise ConfigError("--task: required with --torch-checkpoint (copy, cycle or zero)")
+            raise ConfigError("--task: required with --torch-checkpoint (e.g. copy, cycle or zero)")
         if args.out is None:
             raise ConfigError("--out: required with --torch-checkpoint")
         result = analyze_torch_checkpoint(args.torch_checkpoint, args.heads, args.task, args.out, **common)

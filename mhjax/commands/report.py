@@ -23,6 +23,8 @@ import os
 import sys
 
 from mhjax.commands.reproduction import reproduction_markdown
+from mhjax.config import ConfigError
+from mhjax.data import tasks
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.results import markdown_table, write_text
 from mhjax.io.workdir import Workdir
@@ -49,6 +51,11 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
     ``reference``: a folder of released checkpoints to compare with (mhjax.commands.reproduction)."""
     workdir = Workdir.of(workdir)
     results = workdir.results()
+    try:  # plug-in tasks, registered again from where W/mhjax.json says they came from
+        recorded = workdir.metadata().get("tasks")
+    except ConfigError:  # no or an unreadable mhjax.json: nothing to register
+        recorded = None
+    tasks.restore(recorded, workdir.metadata_path)
     members = results["members"]
     analysis = workdir.analysis() if workdir.has_analysis() else None
     out_dir, link_dir = workdir.report_dir, os.path.relpath(workdir.report_dir, workdir.path)

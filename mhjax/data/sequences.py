@@ -1,10 +1,11 @@
-"""Copy, cycle and zero tasks as pure functions of a PRNG key (the tasks of arXiv 2507.02944, Section 4).
+"""Copy, cycle and zero tasks (arXiv 2507.02944, Section 4) and the two training protocols,
+for any registered task (mhjax.data.tasks).
 
-Two training protocols, both pure functions of (key, step) so a member's data does
-not depend on the program it runs in and a resumed run sees the same batches:
+Both protocols are pure functions of (key, step) so a member's data does not depend on the
+program it runs in and a resumed run sees the same batches:
 - "fixed": the paper's N fixed sequences, reshuffled every epoch. Sequence i is
-  generated from fold_in(dataset_key, i), so the dataset is never stored.
-- "fresh": new sequences every step.
+  ``sample(fold_in(dataset_key, i))``, so the dataset is never stored.
+- "fresh": new sequences every step (the task's batched form when it has one).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-TASKS = ("copy", "cycle", "zero")
+from mhjax.data.tasks import Batch, Task, get_task, register_task
+
+TASKS = ("copy", "cycle", "zero")  # the paper's tasks (its released checkpoints)
 PROTOCOLS = ("fixed", "fresh")
 
 
@@ -32,13 +35,27 @@ def random_sequences(key, num: int, length: int, vocab_size: int):
     return jax.random.randint(key, (num, length), 0, vocab_size, dtype=jnp.int32)
 
 
-def dataset_sequences(dataset_key, indices, length: int, vocab_size: int):
-    """Sequences of a fixed dataset by index: row i is a function of (dataset_key, i) alone."""
+def _uniform_task(task_id: int):
+    """The sample, batched and targets forms of a task on uniform random tokens."""
 
-    def one(i):
-        return jax.random.randint(jax.random.fold_in(dataset_key, i), (length,), 0, vocab_size, dtype=jnp.int32)
+    def targets(tokens):
+        return targets_for(task_id, tokens)
 
-    return jax.vmap(one)(indices)
+    def sample(key, length, vocab_size):
+        tokens = jax.random.randint(key, (length,), 0, vocab_size, dtype=jnp.int32)
+        return tokens, targets(tokens), jnp.ones((length,), jnp.float32)
+
+    def batch(key, num, length, vocab_size):
+        tokens = random_sequences(key, num, length, vocab_size)
+        return tokens, targets(tokens), jnp.ones((num, length), jnp.float32)
+
+    sample.__qualname__ = sample.__name__ = TASKS[task_id]  # its source: mhjax.data.sequences:copy, ...
+    return sample, batch, targets
+
+
+for _id, _name in enumerate(TASKS):
+    _sample, _batch, _targets = _uniform_task(_id)
+    register_task(_name, _sample, batch=_batch, targets=_targets)
 
 
 def epoch_batch_indices(shuffle_key, step, num_train: int, batch_size: int):
@@ -49,17 +66,39 @@ def epoch_batch_indices(shuffle_key, step, num_train: int, batch_size: int):
     return jax.lax.dynamic_slice_in_dim(order, within * batch_size, batch_size)
 
 
-def train_batch(keys, task_id, step, *, protocol: str, num_train: int, batch_size: int, length: int, vocab_size: int):
-    """keys: dict with 'dataset', 'shuffle' and 'fresh' keys. Returns (inputs, targets), (B, T) each."""
+def _tasks(tasks) -> list[Task]:
+    return [t if isinstance(t, Task) else get_task(t) for t in tasks]
+
+
+def _switch(task_id, tasks: list[Task], draw) -> Batch:
+    """draw(task) for the member's task: ``task_id`` (maybe traced) indexes ``tasks``."""
+    if len(tasks) == 1:
+        return draw(tasks[0])
+    return Batch(*jax.lax.switch(jnp.asarray(task_id, jnp.int32), [lambda t=t: tuple(draw(t)) for t in tasks]))
+
+
+def train_batch(
+    keys,
+    task_id,
+    step,
+    *,
+    protocol: str,
+    num_train: int,
+    batch_size: int,
+    length: int,
+    vocab_size: int,
+    tasks=TASKS,
+) -> Batch:
+    """keys: dict with 'dataset', 'shuffle' and 'fresh' keys; ``task_id`` indexes ``tasks``
+    (names or Task objects). Returns a Batch of (B, T) arrays."""
+    tasks = _tasks(tasks)
     if protocol == "fixed":
         idx = epoch_batch_indices(keys["shuffle"], step, num_train, batch_size)
-        tokens = dataset_sequences(keys["dataset"], idx, length, vocab_size)
-    else:
-        tokens = random_sequences(jax.random.fold_in(keys["fresh"], step), batch_size, length, vocab_size)
-    return tokens, targets_for(task_id, tokens)
+        return _switch(task_id, tasks, lambda t: t.dataset(keys["dataset"], idx, length, vocab_size))
+    fresh = jax.random.fold_in(keys["fresh"], step)
+    return _switch(task_id, tasks, lambda t: t.draw(fresh, batch_size, length, vocab_size))
 
 
-def eval_batch(eval_key, task_id, num: int, length: int, vocab_size: int):
+def eval_batch(eval_key, task_id, num: int, length: int, vocab_size: int, tasks=TASKS) -> Batch:
     """Held-out sequences from their own key (never the training keys)."""
-    tokens = random_sequences(eval_key, num, length, vocab_size)
-    return tokens, targets_for(task_id, tokens)
+    return _switch(task_id, _tasks(tasks), lambda t: t.draw(eval_key, num, length, vocab_size))

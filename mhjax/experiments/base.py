@@ -44,6 +44,10 @@ class Experiment:
         return [f"{m.name:<28} {self.member_info(m)}" for m in self.members]
 
     # -- optional hooks (no-op defaults) ------------------------------------------
+    def metadata(self) -> dict:
+        """Extra fields of W/mhjax.json (e.g. where plug-in tasks came from)."""
+        return {}
+
     def extra_results(self, trained: list[TrainedProgram], loss_curves: dict[int, dict]) -> dict[int, dict]:
         """{member index: extra results.json fields} computed from the final states: ``trained``
         holds every program with its stacked constants and states, ``loss_curves`` the exact

@@ -16,7 +16,10 @@ seed trains on the same examples, and a smaller n is a prefix of a larger one. T
 from the same distribution, the same for every member of a seed.
 
 theta_0. ``init.scheme`` (head h's random values from fold_in(member key, h): independent
-of H_max; ``init.tau`` is their standard deviation):
+of H_max; ``init.tau`` is their standard deviation, or the member's ``sweep.init_tau`` value when
+that is swept: tau is a per-member constant of the one program and stays out of the key, so
+members differing only in tau start from the same random directions at different scales;
+tau = 0 makes every draw zero, so all heads start equal and stay equal):
   * "random_decoders" (default): U_h ~ N(0, tau^2), W_h = 0. The heads differ from the start,
     so GD moves them apart and an H-head member is a genuine width-H network; its NTK at
     theta_0 is an average over H random heads, which converges as H grows (arXiv 2310.12680).
@@ -64,13 +67,14 @@ from mhjax.experiments.base import Experiment
 from mhjax.io.workdir import Workdir
 from mhjax.models import classifier
 from mhjax.plotting.mixture import write_figures_and_summary
+from mhjax.plotting.mixture_init import write_init_comparison
 from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program, Recipe, TrainedProgram
-from mhjax.train.sweep import Member, derive_key, expand
+from mhjax.train.sweep import Member, derive_key, expand, member_name
 
 STRATEGIES = ("auto", "unrolled", "fused", "grouped", "one_program")  # accepted for the CLI's sake; always one program
 INIT_SCHEMES = ("random_decoders", "antisymmetric", "zero_plus_step", "random")
-SWEEP_FIELDS = ("heads", "seed", "num_train", "step_size")
+SWEEP_FIELDS = ("heads", "seed", "num_train", "step_size", "init_tau")
 MAX_HEADS = 4096
 
 # Every field a mixture config may have (a typo in a config file is an error, not ignored).
@@ -144,7 +148,10 @@ def validate(config) -> None:
     first = cfg._get(config, "init.first_step")
     if first is not None and not (_is_number(first) and first >= 0 and math.isfinite(first)):
         raise cfg.ConfigError(f"config.init.first_step: must be None or a number >= 0 (0 = no step); got {first!r}")
-    cfg.require_range(config, "init.tau", 0.0, math.inf, inclusive_low=False)
+    cfg.require_range(config, "init.tau", 0.0, math.inf)  # 0: every random draw is zero (W = 0, U = 0)
+    if "init_tau" in config.sweep:  # replaces init.tau: one value per member (a vmapped constant)
+        taus = cfg.require_nonempty_tuple(config, "sweep.init_tau")
+        _require_each(taus, "sweep.init_tau", lambda t: _is_number(t) and 0 <= t < math.inf, "a finite number >= 0")
     for field in ("train.steps", "train.chunk_steps"):
         cfg.require_positive(config, field, int)
     if config.train.steps > 2**31 - 1:  # the per-member step counter is int32
@@ -185,6 +192,22 @@ def loss_steps(total: int, points: int) -> list[int]:
     return [0] + [int(k) for k in ks if 0 < k < total]
 
 
+def init_tau(config, member: Member) -> float:
+    """The member's tau: its sweep.init_tau value when that is swept, else init.tau."""
+    return float(member.hparams.get("init_tau", config.init.tau))
+
+
+def key_names(axes, members: list[Member]) -> dict[str, str]:
+    """{member name: the name its PRNG key derives from} (axes: config.sweep): the name without init_tau, so members
+    differing only in tau draw the same random directions (at different scales) and a member of
+    a tau sweep equals itself trained alone with init.tau at that value."""
+    swept_many = {f for f in axes.keys() if f != "init_tau" and len(axes[f]) > 1}
+    return {
+        m.name: member_name({k: v for k, v in m.hparams.items() if k in axes and k != "init_tau"}, swept_many, None)
+        for m in members
+    }
+
+
 # ---------------------------------------------------------------------- #
 # Recipe: one member, traced
 # ---------------------------------------------------------------------- #
@@ -195,7 +218,6 @@ class MixtureRecipe(Recipe):
     def __init__(self, config, max_heads: int, max_train: int):
         self.query = config.model.query
         self.scheme = config.init.scheme
-        self.tau = float(config.init.tau)
         first = config.init.first_step
         self.takes_step = self.scheme == "zero_plus_step" or (first is not None and first > 0)
         self.lanczos_iters = int(config.analysis.lanczos_iters)
@@ -221,7 +243,7 @@ class MixtureRecipe(Recipe):
         base = "zero" if self.scheme == "zero_plus_step" else self.scheme
         key = jax.random.fold_in(consts["key"], 0)
         params = classifier.init_params(
-            key, self.shape, self.max_heads, base, self.tau, query=self.query, head_mask=consts["head_mask"]
+            key, self.shape, self.max_heads, base, consts["tau"], query=self.query, head_mask=consts["head_mask"]
         )
         if self.takes_step:
             params, _ = classifier.gd_step(
@@ -278,7 +300,12 @@ class MixtureExperiment(Experiment):
     def __init__(self, config):
         validate(config)
         self.config = config
-        self.members: list[Member] = expand(dict(config.sweep))
+        # init_tau and init_scheme join every member's hparams (results.json, HParams) even when not swept.
+        self.members: list[Member] = [
+            Member(m.name, {**m.hparams, "init_tau": init_tau(config, m), "init_scheme": config.init.scheme})
+            for m in expand(dict(config.sweep))
+        ]
+        self._key_names = key_names(config.sweep, self.members)
         self.max_heads = max(m["heads"] for m in self.members)
         self.max_train = max(m["num_train"] for m in self.members)
         self._train_data, self._test_data = {}, {}  # seed -> (X, y): sampled once per experiment
@@ -313,7 +340,8 @@ class MixtureExperiment(Experiment):
         n, eta = member["num_train"], float(member["step_size"])
         first = self.config.init.first_step
         return {
-            "key": derive_key(self.config.seed, member["seed"], member.name),
+            "key": derive_key(self.config.seed, member["seed"], self._key_names[member.name]),
+            "tau": np.float32(member["init_tau"]),
             "X": X,
             "y": y,
             "X_test": X_test,
@@ -375,7 +403,12 @@ class MixtureExperiment(Experiment):
         ]
 
     def finalize(self, workdir: Workdir, payload: dict) -> None:
-        """Figures (PNG) and mixture_summary.md in the workdir."""
+        """Figures (PNG) and mixture_summary.md in the workdir; a sweep over several init_tau
+        writes the init comparison instead (mixture_init.md, test_accuracy_vs_H.png): the rate
+        and margin figures average over members and would mix the scales."""
+        if len(self.config.sweep.get("init_tau", ())) > 1:
+            write_init_comparison(workdir, payload["members"], scheme=self.config.init.scheme)
+            return
         write_figures_and_summary(
             workdir, payload["members"], chunk_steps=int(self.config.train.chunk_steps), init=self.config.init.scheme
         )

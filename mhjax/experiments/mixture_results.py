@@ -5,7 +5,8 @@
   tokens) and linear_margin_mean (mean token) as baselines.
 * param_distance = ||theta_K - theta_0||.
 * head_spread: mean pairwise distance between the active heads' vectors (W_h, U_h) at
-  theta_K divided by their mean norm (0 for H = 1; 0 exactly when every head is the same).
+  theta_K divided by their mean norm (0 for H = 1; 0 exactly when every head is the same);
+  head_spread_init: the same at theta_0.
 * loss_curve {steps, values}: the recorded L(theta_k) with k = K appended; loss_slope: the
   least-squares slope of log L against log k over k in [K/10, K] (the last decade).
 * K is the member's own K (``own_steps``: train.steps, or steps_per_example * n).
@@ -53,12 +54,13 @@ def loss_slope(steps, values, total: int) -> float:
 
 
 def _member_pieces(recipe, params_K, consts):
-    """(NTK Gram at theta_0 over all max_train examples, ||theta_K - theta_0||, head spread,
-    L(theta_K)) of one member."""
+    """(NTK Gram at theta_0 over all max_train examples, ||theta_K - theta_0||, head spread at
+    theta_K, L(theta_K), head spread at theta_0) of one member."""
     theta0 = recipe.init_params(consts)
     gram = ntk.ntk_gram(recipe.apply_single(consts), theta0, consts["X"], chunk_size=min(64, recipe.max_train))
     distance = jnp.linalg.norm(ravel_pytree(params_K)[0] - ravel_pytree(theta0)[0])
-    return gram, distance, head_spread(params_K, consts["head_mask"]), recipe.train_loss(params_K, consts)
+    spread_init = head_spread(theta0, consts["head_mask"])
+    return gram, distance, head_spread(params_K, consts["head_mask"]), recipe.train_loss(params_K, consts), spread_init
 
 
 def _ratio(margin, radius) -> float:
@@ -76,7 +78,7 @@ def extra_results(experiment, trained, loss_curves: dict[int, dict]) -> dict:
         fn = jax.jit(
             lambda params, consts, recipe=recipe: jax.lax.map(lambda pc: _member_pieces(recipe, *pc), (params, consts))
         )
-        grams, distances, spreads, final = jax.device_get(fn(done.states.params, done.consts))
+        grams, distances, spreads, final, spreads_init = jax.device_get(fn(done.states.params, done.consts))
         for j, i in enumerate(done.program.members):
             member = experiment.members[i]
             n, seed, eta = member["num_train"], member["seed"], float(member["step_size"])
@@ -99,6 +101,7 @@ def extra_results(experiment, trained, loss_curves: dict[int, dict]) -> dict:
                 "linear_margin_mean_normalized": _ratio(mean[0], mean[2]["radius"]),
                 "param_distance": float(distances[j]),
                 "head_spread": float(spreads[j]),
+                "head_spread_init": float(spreads_init[j]),
                 "margin_loss_product": float(margin) ** 2 * eta * total * float(final[j]),
             }
             curve = loss_curves.get(i)

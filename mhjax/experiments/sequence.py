@@ -1,5 +1,6 @@
-"""The copy/cycle/zero experiment with the causal Transformer of "Beyond Parallelism: Synergistic
-Computational Graph Effects in Multi-Head Attention" (arXiv 2507.02944, Section 4)."""
+"""Sequence tasks (copy, cycle, zero or any registered task: mhjax.data.tasks) with the causal
+Transformer of "Beyond Parallelism: Synergistic Computational Graph Effects in Multi-Head
+Attention" (arXiv 2507.02944, Section 4)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import optax
 
 from mhjax import config as cfg
 from mhjax.analysis.metrics import learned_head_weights
-from mhjax.data import sequences
+from mhjax.data import sequences, tasks
 from mhjax.experiments.base import Experiment
 from mhjax.models import Transformer, cost, count_params, flops
 from mhjax.models.probe import config_sizes, predict
@@ -47,9 +48,8 @@ def validate(config) -> None:
             f"config.data.num_train: must be >= data.batch_size ({config.data.batch_size}) under the fixed protocol, "
             f"got {config.data.num_train}"
         )
-    for task in cfg.require_nonempty_tuple(config, "sweep.task"):
-        if task not in sequences.TASKS:
-            raise cfg.ConfigError(f"config.sweep.task: each must be one of {', '.join(sequences.TASKS)}; got {task!r}")
+    for task in cfg.require_nonempty_tuple(config, "sweep.task"):  # registered, and its sampler checked
+        tasks.check_task(task, config.model.seq_len, config.model.vocab_size)
     width = config.model.width
     for heads in cfg.require_nonempty_tuple(config, "sweep.heads"):
         if isinstance(heads, bool) or not isinstance(heads, int) or heads <= 0 or width % heads:
@@ -85,6 +85,12 @@ FIELDS = {
 }
 
 
+def weighted_mean(values, weights):
+    """sum(values * weights) / sum(weights), written as mean / mean so that all-one weights
+    give exactly ``values.mean()`` (copy, cycle and zero keep their numbers)."""
+    return jnp.mean(values * weights) / jnp.maximum(jnp.mean(weights), jnp.finfo(jnp.float32).tiny)
+
+
 class SequenceRecipe(Recipe):
     """How one member of a program trains: the model at ``fine_heads`` heads (static); with
     ``static_heads=False`` the program mixes head counts and a member's own head count is a
@@ -102,6 +108,7 @@ class SequenceRecipe(Recipe):
         self.protocol, self.num_train, self.batch_size = d.protocol, d.num_train, d.batch_size
         self.num_eval, self.eval_batch = d.num_eval, min(d.num_eval, d.batch_size)
         self.length, self.vocab = m.seq_len, m.vocab_size
+        self.tasks = [tasks.get_task(name) for name in config.sweep.task]  # a member's task_id indexes these
 
     def _heads(self, consts):
         return None if self.static_heads else consts["heads"]
@@ -123,7 +130,7 @@ class SequenceRecipe(Recipe):
         }
 
     def loss(self, params, consts, step):
-        tokens, targets = sequences.train_batch(
+        tokens, targets, weights = sequences.train_batch(
             self._data_keys(consts),
             consts["task_id"],
             step,
@@ -132,30 +139,31 @@ class SequenceRecipe(Recipe):
             batch_size=self.batch_size,
             length=self.length,
             vocab_size=self.vocab,
+            tasks=self.tasks,
         )
         dropout_key = jax.random.fold_in(jax.random.fold_in(consts["key"], 1), step)
         logits = self.model.apply(
             {"params": params}, tokens, self._heads(consts), deterministic=False, rngs={"dropout": dropout_key}
         )
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
-        return loss, {}
+        return weighted_mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets), weights), {}
 
     def evaluate(self, params, consts):
         """Held-out loss and token accuracy in eval mode (no dropout), in batches."""
-        tokens, targets = sequences.eval_batch(
-            consts["eval_key"], consts["task_id"], self.num_eval, self.length, self.vocab
+        batch = sequences.eval_batch(
+            consts["eval_key"], consts["task_id"], self.num_eval, self.length, self.vocab, self.tasks
         )
         usable = (self.num_eval // self.eval_batch) * self.eval_batch
         shape = (-1, self.eval_batch, self.length)
-        tokens, targets = tokens[:usable].reshape(shape), targets[:usable].reshape(shape)
+        batch = jax.tree_util.tree_map(lambda a: a[:usable].reshape(shape), tuple(batch))
 
         def one(batch):
-            x, y = batch
+            x, y, w = batch
             logits = self.model.apply({"params": params}, x, self._heads(consts))
-            loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-            return loss, jnp.mean(jnp.argmax(logits, -1) == y)
+            loss = weighted_mean(optax.softmax_cross_entropy_with_integer_labels(logits, y), w)
+            return loss, weighted_mean((jnp.argmax(logits, -1) == y).astype(jnp.float32), w)
 
-        losses, accs = jax.lax.map(one, (tokens, targets))
+        # Equal-sized batches: the mean of their weighted means (exact when weights are uniform).
+        losses, accs = jax.lax.map(one, batch)
         return {"eval_loss": losses.mean(), "eval_accuracy": accs.mean()}
 
 
@@ -176,7 +184,7 @@ class SequenceExperiment(Experiment):
             # Data keys depend on (seed, task) only: head counts of a seed see the same data.
             "data_key": derive_key(root, member["seed"], "data", task),
             "eval_key": derive_key(root, member["seed"], "eval", task),
-            "task_id": np.int32(sequences.TASKS.index(task)),
+            "task_id": np.int32(tuple(self.config.sweep.task).index(task)),
             "heads": np.int32(member["heads"]),
             "learning_rate": np.float32(member["learning_rate"]),
         }
@@ -288,6 +296,10 @@ class SequenceExperiment(Experiment):
             f"accelerator prediction, not this machine: on one {p['device'].name} this sweep would run "
             f"{strategy} (roofline of models/cost.py): " + _figures(p, work),
         ]
+
+    def metadata(self) -> dict:
+        """W/mhjax.json's ``tasks``: where each task came from, so later commands find it again."""
+        return {"tasks": tasks.sources(self.config.sweep.task)}
 
     def member_info(self, member: Member) -> dict:
         """Static facts for results.json."""

@@ -1,6 +1,7 @@
 """A sweep's workdir: every file name in it and every reader of it.
 
-    W/mhjax.json              metadata: mhjax version, experiment kind, resolved config (written first)
+    W/mhjax.json              metadata: mhjax version, experiment kind, resolved config, where plug-in
+                              tasks came from (written first)
     W/.mhjax.lock             one command at a time (io/lock.py)
     W/mhjax.log               library logs of `mhjax train`
     W/checkpoints/<step>/     orbax step directories: member states and host records (io/checkpoint.py)
@@ -262,9 +263,10 @@ class Workdir:
             raise
         self._read.pop(self.results_path, None)
 
-    def check_or_write_metadata(self, config_dict: dict, kind: str) -> bool:
-        """True if the workdir already belongs to this exact config (resume); writes it if new."""
-        current = {"mhjax_version": __version__, "experiment": kind, "config": config_dict}
+    def check_or_write_metadata(self, config_dict: dict, kind: str, extra: dict | None = None) -> bool:
+        """True if the workdir already belongs to this exact config (resume); writes it if new,
+        with the experiment's ``extra`` fields (e.g. ``tasks``: where plug-in tasks came from)."""
+        current = {"mhjax_version": __version__, "experiment": kind, "config": config_dict, **(extra or {})}
         if os.path.exists(self.metadata_path):
             stored = self.metadata()
             if stored.get("mhjax_version") != __version__:

@@ -157,7 +157,9 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     primary = jax.process_index() == 0
     console = Console(log, progress and primary)
     log = console.log
-    resuming = workdir.check_or_write_metadata(config.to_dict(), experiment.kind) if primary else True
+    resuming = (
+        workdir.check_or_write_metadata(config.to_dict(), experiment.kind, experiment.metadata()) if primary else True
+    )
     sweep = Sweep(experiment)
     if jax.process_count() > 1:
         for p in sweep.programs:

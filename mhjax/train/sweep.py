@@ -27,7 +27,7 @@ class Member:
         return self.hparams[key]
 
 
-SHORT = {"heads": "h", "seed": "s", "learning_rate": "lr", "num_train": "n", "step_size": "eta"}
+SHORT = {"heads": "h", "seed": "s", "learning_rate": "lr", "num_train": "n", "step_size": "eta", "init_tau": "tau"}
 
 
 def member_name(hparams: dict[str, Any], swept_many: set[str], leading: str | None) -> str:

@@ -1,0 +1,75 @@
+"""The device scripts (benchmarks/accelerator.sh, reproduce_paper.sh, wheels.sh): they parse,
+their plans keep to the budget the issue sets, and the summary they write of a training run
+reads the run's own TensorBoard rates. (Their end-to-end CPU runs, SMOKE=1, take minutes:
+benchmarks/RESULTS.md "Accelerator plan" says how they were checked.)"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from mhjax import cli
+from tests.errors_common import write_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = ["benchmarks/accelerator.sh", "benchmarks/reproduce_paper.sh", "benchmarks/wheels.sh"]
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+
+def run(cmd, **env):
+    return subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script_parses(script):
+    result = run(["bash", "-n", script])
+    assert result.returncode == 0, result.stderr
+
+
+def test_accelerator_plan_fits_seven_minutes():
+    """The fixed caps (kernel tests, dry run, throughput) and the paper run's floor fit in the
+    420 s budget; paper64 gets what is left."""
+    result = run(["bash", "benchmarks/accelerator.sh", "/tmp/unused"], DRY="1")
+    assert result.returncode == 0, result.stderr
+    plan = result.stdout
+    assert "budget 420 s" in plan
+    caps = [int(x) for x in re.findall(r"cap (\d+) s", plan)]
+    floor = int(re.search(r">= (\d+) s\) minus (\d+) s", plan).group(1))
+    assert len(caps) == 3 and sum(caps) + floor <= 420
+    assert "configs/paper.py seeds 0,1,2,3,4,5,6,7" in plan
+
+
+def test_reproduce_paper_runs_the_full_protocol_with_a_steps_override():
+    ref = "/some/checkpoints"
+    full = run(["bash", "benchmarks/reproduce_paper.sh", ref], DRY="1", STEPS="").stdout.splitlines()
+    assert "--config configs/paper.py --config.sweep.seed=0,1,2,3,4,5,6,7 --config.train.steps=20000" in full[0]
+    assert full[1].endswith("mhjax analyze --workdir out/paper_full ")
+    assert full[2].endswith(f"mhjax report --workdir out/paper_full --reference {ref}")
+    fewer = run(["bash", "benchmarks/reproduce_paper.sh", ref, "W"], DRY="1", STEPS="500").stdout
+    assert "--config.train.steps=500" in fewer and "--workdir W" in fewer
+    missing = run(["bash", "benchmarks/reproduce_paper.sh"])
+    assert missing.returncode != 0 and "REFERENCE_DIR" in missing.stderr
+
+
+def test_train_run_summary_reads_the_runs_rates(tmp_path):
+    """Two chunks of a tiny run: the first chunk's time includes the compile, the steady rate is
+    the second chunk's, and the compile estimate is what the first chunk took beyond it."""
+    from train_run_summary import summarise
+
+    from mhjax.io.curves import read_run
+
+    config = write_config(tmp_path / "tiny.py", "c.train.steps = 4")
+    workdir = str(tmp_path / "w")
+    assert cli.main(["train", "--config", config, "--workdir", workdir, "--no-progress"]) == 0
+    dry_run = "strategy: grouped\npredicted for grouped on 1 x NVIDIA H200 SXM (roofline): 2,129 member-steps/s, 2 GB"
+    out = summarise(workdir, log_text="compiled in 1.5 s\nother line", dry_run_text=dry_run, wall_s=9.0)
+    steps, rates = read_run(os.path.join(workdir, "tb", "copy-h2-s0"))["perf/member_steps_per_s"]
+    assert list(steps) == [2, 4] and out["steps_done"] == 4 and out["members"] == 1
+    assert out["first_chunk_s"] == pytest.approx(2 / rates[0])
+    assert out["steady_member_steps_per_s"] == pytest.approx(rates[1])
+    assert out["compile_s_estimate"] == pytest.approx(2 / rates[0] - 2 / rates[1])
+    assert out["compile_log_lines"] == ["compiled in 1.5 s"] and out["compile_s_logged"] == [1.5]
+    assert out["predicted"]["member_steps_per_s"] == 2129 and out["wall_s"] == 9.0
+    assert summarise(str(tmp_path / "never"))["steps_done"] == 0

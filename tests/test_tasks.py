@@ -1,0 +1,294 @@
+"""Tasks as plug-ins: today's numbers for copy/cycle/zero, the built-in head tasks' generators,
+bad tasks refused before anything compiles, weights, and a plug-in task found again later."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mhjax import cli
+from mhjax.analysis.metrics import analyze_params, random_tokens, task_sequences
+from mhjax.config import ConfigError
+from mhjax.data import tasks
+from mhjax.experiments import make_experiment
+from mhjax.experiments.sequence import weighted_mean
+from mhjax.models.probe import config_sizes
+from mhjax.train.loop import Sweep
+from tests.conftest import tiny_sequence_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples")
+
+
+# --------------------------------------------------------------------------- #
+# copy, cycle and zero: exactly the numbers recorded from the code before plug-ins
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("setup", ["fixed-grouped", "fresh-fused"])
+def test_copy_cycle_zero_train_eval_and_analysis_numbers_are_the_recorded_ones(setup):
+    """tests/task_baseline.json: per-step losses, held-out metrics and analysis metrics of a
+    6-step sweep recorded with the code before tasks became plug-ins (commit dd28ca5)."""
+    recorded = json.load(open(os.path.join(ROOT, "tests", "task_baseline.json")))[setup]
+    protocol, strategy = setup.split("-")
+    config = tiny_sequence_config(task=("copy", "cycle", "zero"), heads=(1, 2))
+    config.strategy, config.data.protocol = strategy, protocol
+    experiment = make_experiment(config)
+    sweep = Sweep(experiment, "cpu")
+    states, losses = sweep.init_states(), {}
+    for program in sweep.programs:
+        for _ in range(2):
+            states[program.name], metrics = sweep.run_chunk(program, states[program.name], 3)
+            for j, i in enumerate(program.members):
+                losses.setdefault(experiment.members[i].name, []).extend(np.asarray(metrics["loss"])[:, j].tolist())
+    evaluation = sweep.evaluate(states)
+    member_states = sweep.member_states(states)
+    for i, member in enumerate(experiment.members):
+        want = recorded[member.name]
+        assert losses[member.name] == want["losses"], member.name
+        assert evaluation[i] == {"eval_loss": want["eval_loss"], "eval_accuracy": want["eval_accuracy"]}
+        if "analysis" in want:  # the same numbers from given tokens and from the task's sampler
+            sizes = config_sizes(config.model)
+            batch, _ = task_sequences(member["task"], None, 6, 0, 8, 16)
+            for tokens in (random_tokens(6, 8, 16, 0), batch):
+                res = analyze_params(member_states[member.name].params, member["heads"], member["task"], tokens, sizes)
+                got = {k: res[k] for k in ("accuracy", "accuracy_excluding_first")}
+                got.update({k: res["layers"][0][k] for k in ("mixing_time_mean", "fidelity_pct_mean")})
+                assert got == want["analysis"], member.name
+
+
+# --------------------------------------------------------------------------- #
+# The built-in tasks that exercise heads
+# --------------------------------------------------------------------------- #
+def _draw(name, seed, length, vocab):
+    return [np.asarray(a) for a in tasks.get_task(name).sample(jax.random.PRNGKey(seed), length, vocab)]
+
+
+def test_recall_queries_keys_of_the_context_and_targets_their_values():
+    for seed in range(5):
+        x, y, w = _draw("recall", seed, 24, 20)
+        pairs = 24 // 4
+        keys, values = x[: 2 * pairs : 2], x[1 : 2 * pairs : 2]
+        assert len(set(keys.tolist())) == pairs and keys.max() < 10 and values.min() >= 10
+        binding = dict(zip(keys.tolist(), values.tolist()))
+        np.testing.assert_array_equal(w, [0] * 2 * pairs + [1] * (24 - 2 * pairs))
+        for t in range(2 * pairs, 24):
+            assert y[t] == binding[x[t]]
+
+
+def test_induction_targets_the_token_after_the_previous_occurrence_inside_the_repeat():
+    for seed in range(5):
+        x, y, w = _draw("induction", seed, 32, 40)
+        counted = np.flatnonzero(w)
+        assert len(counted) == 32 // 4 - 1 and counted.min() >= 16
+        for t in counted:
+            earlier = [s for s in range(t) if x[s] == x[t]]
+            assert len(earlier) == 1  # segment tokens are distinct and absent from the filler
+            assert y[t] == x[earlier[0] + 1] == x[t + 1]
+
+
+@pytest.mark.parametrize("name, order", [("reversal", lambda v: v[::-1]), ("sorting", np.sort)])
+def test_reversal_and_sorting_predict_the_transformed_sequence_after_the_separator(name, order):
+    for length in (10, 11):
+        x, y, w = _draw(name, 3, length, 12)
+        n = length // 2
+        assert x[n] == 11 and x[:n].max() < 11  # the separator is the last token
+        np.testing.assert_array_equal(y[n : 2 * n], order(x[:n]))
+        np.testing.assert_array_equal(x[n + 1 : 2 * n], order(x[:n])[:-1])  # teacher forcing
+        np.testing.assert_array_equal(w, [0] * n + [1] * n + [0] * (length - 2 * n))
+
+
+def test_tasks_have_docstrings_and_both_protocols_use_the_sampler():
+    for name in ("recall", "induction", "reversal", "sorting"):
+        assert len(tasks.get_task(name).sample.__doc__) > 100
+    t = tasks.get_task("sorting")
+    key = jax.random.PRNGKey(4)
+    dataset = t.dataset(key, jnp.array([0, 3]), 10, 12)
+    np.testing.assert_array_equal(dataset.inputs[1], t.sample(jax.random.fold_in(key, 3), 10, 12)[0])
+    drawn = t.draw(key, 4, 10, 12)  # no batched form: sequence i from fold_in(key, i)
+    for i in range(4):
+        np.testing.assert_array_equal(drawn.targets[i], t.sample(jax.random.fold_in(key, i), 10, 12)[1])
+
+
+# --------------------------------------------------------------------------- #
+# Bad tasks fail before anything compiles
+# --------------------------------------------------------------------------- #
+def _sweep_with(sample, name="bad"):
+    tasks._REGISTRY.pop(name, None)
+    tasks.register_task(name, sample)
+    return make_experiment(tiny_sequence_config(task=(name,)))
+
+
+def _tokens(key, length, vocab_size):
+    return jax.random.randint(key, (length,), 0, vocab_size, dtype=jnp.int32)
+
+
+@pytest.mark.parametrize(
+    "sample, message",
+    [
+        (lambda k, t, v: (_tokens(k, t, v), _tokens(k, t, v)), "must return (inputs, targets, weights)"),
+        (lambda k, t, v: (_tokens(k, t + 1, v),) * 2 + (jnp.ones(t + 1),), "got (9,) int32, (9,) int32"),
+        (
+            lambda k, t, v: (_tokens(k, t, v), _tokens(k, t, v), jnp.ones(t, jnp.int32)),
+            "(8,) int32, (8,) int32, (8,) int32",
+        ),
+        (lambda k, t, v: (_tokens(k, t, v),) * 2 + (jnp.zeros(t),), "weights are all zero"),
+        (lambda k, t, v: (_tokens(k, t, v + 5),) * 2 + (jnp.ones(t),), "inputs must be tokens in [0, 15]"),
+        (
+            lambda k, t, v: (jnp.asarray(np.random.randint(0, v, t), jnp.int32),) * 2 + (jnp.ones(t),),
+            "not a function of its key",
+        ),
+    ],
+)
+def test_a_bad_sample_is_a_one_line_config_error(sample, message):
+    with pytest.raises(ConfigError) as exc:
+        _sweep_with(sample)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+    assert str(exc.value).startswith("config.sweep.task: task 'bad'")
+
+
+def test_unknown_and_doubly_registered_names_exit_2_with_one_line(tmp_path, capsys):
+    config = tmp_path / "c.py"
+    config.write_text(
+        "import jax.numpy as jnp\nimport mhjax\n\n\n@mhjax.task('copy')\ndef mine(key, length, vocab_size):\n"
+        "    return (jnp.zeros(length, jnp.int32),) * 2 + (jnp.ones(length),)\n\n\n"
+        "def get_config():\n    from tests.conftest import tiny_sequence_config\n\n    return tiny_sequence_config()\n"
+    )
+    assert cli.main(["train", "--config", str(config), "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "task 'copy': already registered by mhjax.data.sequences:copy" in err and "\n" not in err
+    plain = tmp_path / "plain.py"
+    plain.write_text(config.read_text().replace("@mhjax.task('copy')\n", ""))
+    assert cli.main(["train", "--config", str(plain), "--dry-run", "--config.sweep.task=('nope',)"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"mhjax: error: config.sweep.task: unknown task 'nope' (registered: {', '.join(tasks.registered())})"
+    )
+    assert not (tmp_path / "w").exists() or not os.listdir(tmp_path / "w")
+
+
+def test_registering_the_same_function_again_replaces_it():
+    def sample(key, length, vocab_size):
+        return _tokens(key, length, vocab_size), _tokens(key, length, vocab_size), jnp.ones(length)
+
+    tasks._REGISTRY.pop("again", None)
+    first = tasks.register_task("again", sample)
+    second = tasks.register_task("again", sample)  # a notebook running its cell again
+    assert tasks.get_task("again") is second and first.source == second.source
+    with pytest.raises(ConfigError, match="'again': already registered by tests.test_tasks:"):
+        tasks.register_task("again", _tokens)
+
+
+# --------------------------------------------------------------------------- #
+# Weights: only weighted positions count
+# --------------------------------------------------------------------------- #
+def test_targets_at_unweighted_positions_change_nothing():
+    """Two tasks equal but for the targets where the weight is 0 have the same training loss,
+    gradients and held-out metrics; the loss is the weighted mean over the counted positions."""
+
+    def make(junk):
+        def sample(key, length, vocab_size):
+            x = _tokens(key, length, vocab_size)
+            w = (jnp.arange(length) % 2).astype(jnp.float32)
+            return x, jnp.where(w > 0, x, junk), w
+
+        return sample
+
+    results = []
+    for junk in (0, 7):  # one name (keys derive from it); the same qualname replaces the first
+        experiment = _sweep_with(make(junk), "odd_copy")
+        sweep = Sweep(experiment, "cpu")
+        (program,) = [p for p in sweep.programs if p.name == "h1"]
+        states, consts = sweep.init_states(), sweep.consts["h1"]
+        loss = jax.vmap(jax.value_and_grad(lambda p, c, recipe=program.recipe: recipe.loss(p, c, 0)[0]))
+        value, grads = loss(states["h1"].params, consts)
+        results.append((float(value[0]), jax.tree_util.tree_leaves(grads), sweep.evaluate(states)))
+    assert results[0][0] == results[1][0] and results[0][2] == results[1][2]
+    for a, b in zip(results[0][1], results[1][1]):
+        np.testing.assert_array_equal(a, b)
+    values, weights = jnp.array([[1.0, 2.0, 4.0], [8.0, 16.0, 32.0]]), jnp.array([[0.0, 1.0, 0.0], [1.0, 0.0, 3.0]])
+    assert float(weighted_mean(values, weights)) == pytest.approx((2 + 8 + 96) / 5, rel=1e-6)
+    assert float(weighted_mean(values, jnp.ones_like(values))) == float(values.mean())
+
+
+# --------------------------------------------------------------------------- #
+# A plug-in task: trained, analysed, reported and loaded by later commands
+# --------------------------------------------------------------------------- #
+def _python(code: str, cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_source(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the example config puts its folder on it
+    monkeypatch.delitem(sys.modules, "my_task", raising=False)
+    examples = tmp_path / "examples"
+    shutil.copytree(EXAMPLE, examples, ignore=shutil.ignore_patterns("__pycache__"))
+    workdir = str(tmp_path / "w")
+    config = str(examples / "my_task_config.py")
+    overrides = ["--config.train.steps=4", "--config.train.chunk_steps=2", "--config.sweep.heads=(1, 2)"]
+    assert cli.main(["train", "--config", config, "--workdir", workdir, "--no-progress", *overrides]) == 0
+    recorded = json.load(open(os.path.join(workdir, "mhjax.json")))["tasks"]
+    assert recorded == {
+        "first_token": {"module": "my_task", "function": "first_token", "file": str(examples / "my_task.py")}
+    }
+    # A fresh process, where nothing registered first_token: analyze, report and load find it.
+    code = (
+        "import sys, mhjax\nfrom mhjax import cli\n"
+        f"assert cli.main(['analyze', '--workdir', {workdir!r}, '--num-sequences', '4', '--no-plot']) == 0\n"
+        f"assert cli.main(['report', '--workdir', {workdir!r}]) == 0\n"
+        f"run = mhjax.load({workdir!r})\n"
+        "print(run.member_names, sorted(run.analysis['members']), run.results[0]['task'])\n"
+    )
+    done = _python(code, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "['first_token-h1-s0', 'first_token-h2-s0'] ['first_token-h1-s0', 'first_token-h2-s0'] first_token" in (
+        done.stdout
+    )
+    # The source gone: a one-line error naming it, exit status 2.
+    os.remove(examples / "my_task.py")
+    done = _python(
+        f"from mhjax import cli\nraise SystemExit(cli.main(['analyze', '--workdir', {workdir!r}]))", tmp_path
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"mhjax: error: task 'first_token': its module my_task ({examples / 'my_task.py'}, "
+        f"recorded in {os.path.join(workdir, 'mhjax.json')}) is gone"
+    )
+
+
+def test_given_sequences_need_a_task_with_targets_from_tokens():
+    tokens = np.zeros((2, 8), np.int32)
+    batch, source = task_sequences("cycle", tokens, None, 0, 8, 16)
+    tokens[:, 3] = 5
+    batch, source = task_sequences("cycle", tokens, None, 0, 8, 16)
+    np.testing.assert_array_equal(batch.targets, np.roll(tokens, 1, axis=-1))
+    assert source == {"sequences": "array"} and batch.weights.min() == 1
+    with pytest.raises(ConfigError, match=r"^--sequences: task 'recall' defines no targets\(tokens\)"):
+        task_sequences("recall", tokens, None, 0, 8, 16)
+    with pytest.raises(ConfigError, match=r"^--task: unknown task 'nope' \(registered: .*copy, cycle, "):
+        task_sequences("nope", None, 4, 0, 8, 16)
+
+
+def test_a_task_defined_in_a_config_file_is_found_again_by_running_that_file(tmp_path):
+    config = tmp_path / "with_task.py"
+    config.write_text(
+        "import jax\nimport jax.numpy as jnp\nimport mhjax\n\n\n@mhjax.task('in_config')\n"
+        "def in_config(key, length, vocab_size):\n"
+        "    x = jax.random.randint(key, (length,), 0, vocab_size, dtype=jnp.int32)\n"
+        "    return x, x, jnp.ones(length)\n\n\ndef get_config():\n    pass\n"
+    )
+    tasks._REGISTRY.pop("in_config", None)
+    where = str(tmp_path / "mhjax.json")
+    recorded = {"in_config": {"config": str(config), "function": "in_config"}}
+    tasks.restore(recorded, where)
+    assert tasks.get_task("in_config").source == recorded["in_config"]
+    tasks._REGISTRY.pop("in_config")
+    os.remove(config)
+    with pytest.raises(ConfigError) as exc:
+        tasks.restore(recorded, where)
+    assert str(exc.value) == f"task 'in_config': its config file {config} (recorded in {where}) is gone"
