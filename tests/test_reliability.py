@@ -45,41 +45,31 @@ def wait_for_kill():
     os._exit(99)  # never reached when the test kills us
 
 
-if POINT == "compile":  # right before the first compile (initial states): nothing saved yet
-    from mhjax.train import engine
+if POINT == "compile":  # the first compile (before the loop): nothing saved yet
+    import jax
 
-    original_init = engine.make_init
+    original_compile = jax.stages.Lowered.compile
 
-    def make_init(*args, **kwargs):
-        fn = original_init(*args, **kwargs)
+    def compile(self, *args, **kwargs):
+        with open(MARKER, "w") as f:  # the kill lands while XLA compiles
+            f.write(POINT)
+        return original_compile(self, *args, **kwargs)
 
-        def call(*a, **k):
-            with open(MARKER, "w") as f:  # the kill lands while XLA compiles
-                f.write(POINT)
-            return fn(*a, **k)
-
-        return call
-
-    engine.make_init = make_init
+    jax.stages.Lowered.compile = compile
 elif POINT == "chunk":  # the third chunk (steps 6-9) dispatched, its results not yet fetched
-    from mhjax.train import engine
+    from mhjax.train.loop import Sweep
 
-    original_chunk = engine.make_train_chunk
+    original_run_chunk = Sweep.run_chunk
     calls = [0]
 
-    def make_train_chunk(*args, **kwargs):
-        fn = original_chunk(*args, **kwargs)
+    def run_chunk(self, *args, **kwargs):
+        out = original_run_chunk(self, *args, **kwargs)
+        calls[0] += 1
+        if calls[0] == 3:
+            wait_for_kill()
+        return out
 
-        def call(*a, **k):
-            out = fn(*a, **k)
-            calls[0] += 1
-            if calls[0] == 3:
-                wait_for_kill()
-            return out
-
-        return call
-
-    engine.make_train_chunk = make_train_chunk
+    Sweep.run_chunk = run_chunk
 elif POINT == "save":  # checkpoint 9 fully written to its tmp dir, not yet renamed into place
     from orbax.checkpoint._src.path import atomicity
 
@@ -111,6 +101,7 @@ def _env(cache_dir):
         )
     else:  # no persistent cache (tests/conftest.py sets one): this run really compiles
         env.pop("JAX_COMPILATION_CACHE_DIR", None)
+        env["MHJAX_CACHE_DIR"] = ""  # nor mhjax's default one (io/compile_cache.py)
     return env
 
 

@@ -17,6 +17,7 @@ from mhjax.analysis.metrics import analyze_checkpoint, analyze_params, one_line,
 from mhjax.config import ConfigError
 from mhjax.data import tasks
 from mhjax.experiments import make_experiment
+from mhjax.io import compile_cache
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.results import write_json, write_text
 from mhjax.io.tensorboard import log_to_run
@@ -281,4 +282,5 @@ def run_analyze(args) -> int:
 
 
 def command(args, overrides) -> int:
+    compile_cache.configure()  # a repeated analysis loads its compiled programs from disk
     return run_analyze(args)

@@ -13,9 +13,11 @@ import jax
 
 from mhjax.config import ConfigError, apply_overrides, load_config_file
 from mhjax.experiments import make_experiment
+from mhjax.io import compile_cache
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.results import WriteFailed
 from mhjax.io.workdir import Workdir
+from mhjax.train.console import next_commands, summary_lines
 from mhjax.train.loop import Interrupted, run
 from mhjax.train.placement import maybe_initialize_distributed
 
@@ -29,7 +31,10 @@ def describe(experiment, backend: str) -> str:
     """What a sweep will do, without compiling anything."""
     config = experiment.config
     header = f"experiment: {experiment.kind}, {len(experiment.members)} members, {config.train.steps} steps each"
-    return "\n".join([header] + experiment.describe(backend))
+    count, kinds = jax.device_count(), ", ".join(sorted({d.device_kind for d in jax.devices()}))
+    cores = f", {os.cpu_count()} cores" if backend == "cpu" else ""
+    machine = f"this machine: {backend}, {count} device{'s' * (count != 1)} ({kinds}{cores})"
+    return "\n".join([header, machine] + experiment.describe(backend))
 
 
 class _QuietFileHandler(logging.FileHandler):
@@ -85,6 +90,7 @@ def command(args, overrides) -> int:
             "runs", f"{os.path.splitext(os.path.basename(args.config))[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
         )
     )
+    compile_cache.configure()  # before the first compile: a repeated or resumed sweep compiles nothing
     maybe_initialize_distributed(args.coordinator, args.num_processes, args.process_id, args.distributed)
     # Several processes of one distributed run share the workdir: process 0 holds the lock and the log.
     primary = jax.process_index() == 0
@@ -100,4 +106,11 @@ def command(args, overrides) -> int:
             print(f"mhjax: error: {exc}", file=sys.stderr)
             return 1
     print(f"results: {workdir.results_path} ({len(payload['members'])} members)")
+    table = summary_lines(experiment.summary_table(), payload["members"])
+    if table:
+        print(f"\nfinal results, mean over seeds (step {payload['steps']}):")
+        print("\n".join(f"  {line}" for line in table))
+    print("\nnext:")
+    commands = next_commands(str(workdir), workdir.tensorboard_dir, experiment.analyzable)
+    print("\n".join(f"  {line}" for line in commands))
     return 0

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from mhjax.io.workdir import Workdir
+from mhjax.train.console import SummaryTable
 from mhjax.train.engine import Program, TrainedProgram
 from mhjax.train.sweep import Member
 
@@ -75,6 +76,17 @@ class Experiment:
         """{member name: {tag: RGB uint8 image (H, W, 3)}} logged at the end of training;
         ``member_states`` maps member names to their own host MemberState."""
         return {}
+
+    def summary_table(self) -> SummaryTable | None:
+        """The table `mhjax train` prints at the end: rows over the experiment's own swept
+        fields, columns the final results averaged over each row's seeds; None: no table."""
+        return None
+
+    def swept_fields(self, *first: str) -> tuple[str, ...]:
+        """``first``, then every other field the config sweeps over more than one value, seeds
+        excepted (rows average over seeds)."""
+        more = [f for f, values in self.config.sweep.items() if len(values) > 1 and f not in (*first, "seed")]
+        return (*first, *more)
 
     def finalize(self, workdir: Workdir, payload: dict) -> None:
         """Experiment-specific files (figures, summaries: ``workdir.file(name)``) once the results

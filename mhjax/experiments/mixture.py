@@ -68,6 +68,7 @@ from mhjax.io.workdir import Workdir
 from mhjax.models import classifier
 from mhjax.plotting.mixture import write_figures_and_summary
 from mhjax.plotting.mixture_init import write_init_comparison
+from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program, Recipe, TrainedProgram
 from mhjax.train.sweep import Member, derive_key, expand, member_name
 
@@ -375,6 +376,17 @@ class MixtureExperiment(Experiment):
 
     def extra_results(self, trained: list[TrainedProgram], loss_curves: dict[int, dict]) -> dict:
         return mixture_results.extra_results(self, trained, loss_curves)
+
+    def summary_table(self) -> SummaryTable:
+        return SummaryTable(
+            self.swept_fields("num_train", "heads"),
+            (
+                Column("train loss", "train_loss_eval"),
+                Column("train accuracy", "train_accuracy", percent=True),
+                Column("test loss", "test_loss"),
+                Column("test accuracy", "test_accuracy", percent=True),
+            ),
+        )
 
     def metric_tags(self) -> list[str]:
         return [

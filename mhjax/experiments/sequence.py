@@ -19,6 +19,7 @@ from mhjax.models import Transformer, cost, count_params, flops
 from mhjax.models.attention import IMPLEMENTATIONS, resolve_implementation
 from mhjax.models.probe import config_sizes, predict
 from mhjax.plotting.images import attention_grid, diffusion_image
+from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program, Recipe, Unrolled, recipe_groups
 from mhjax.train.sweep import Member, derive_key, expand
 
@@ -262,20 +263,21 @@ class SequenceExperiment(Experiment):
             groups.setdefault(m["heads"], []).append(i)
         return dict(sorted(groups.items()))
 
-    def auto_strategy(self, backend: str) -> str:
+    def auto_strategy(self, backend: str, devices: int | None = None) -> str:
         """On a CPU: unrolled for long runs of few members on one device, else fused. Paper
         model on 2 cores (benchmarks/RESULTS.md): unrolled steps 12-20 % faster than fused,
         but compiles ~20 s longer per member; a short run would lose the difference.
         Elsewhere: the strategy the cost model (models/cost.py) predicts fastest. With
         several devices only vmapped programs (fused, grouped), whose member axis shards
         evenly; one_program's groups would slice a sharded axis. Ties go to the fewest
-        programs (fused, then one_program, then grouped)."""
-        devices = self._devices()
+        programs (fused, then one_program, then grouped). ``devices``: default, this
+        machine's (config.devices caps them)."""
+        devices = devices or self._devices()
         if backend == "cpu":
             long_run = self.config.train.steps >= UNROLL_MIN_STEPS and len(self.members) <= UNROLL_MAX_MEMBERS
             return "unrolled" if long_run and devices == 1 else "fused"
         candidates = ("fused", "one_program", "grouped") if devices == 1 else ("fused", "grouped")
-        rate = {s: self.predict(s, backend)["member_steps_per_s"] for s in candidates}
+        rate = {s: self.predict(s, backend, devices)["member_steps_per_s"] for s in candidates}
         return max(candidates, key=rate.__getitem__)  # max keeps the first of equals
 
     def _devices(self) -> int:
@@ -297,28 +299,38 @@ class SequenceExperiment(Experiment):
             out.append(groups)
         return out
 
-    def predict(self, strategy: str, backend: str) -> dict:
+    def predict(self, strategy: str, backend: str, devices: int | None = None) -> dict:
         """models/cost.sweep_cost of ``strategy`` on ``backend``'s device preset (an H200
-        for backends without one)."""
+        for backends without one) over ``devices`` of them (default: this machine's)."""
         device = cost.DEVICES[cost.BACKEND_DEVICE.get(backend, "h200")]
         groups = self.program_groups(self.programs(strategy, backend))
         kernel = self._kernel_priced(backend)
         return {
             "device": device,
-            **cost.sweep_cost(cost.Shape.of(self.config), groups, device, self._devices(), kernel=kernel),
+            **cost.sweep_cost(cost.Shape.of(self.config), groups, device, devices or self._devices(), kernel=kernel),
         }
 
-    def strategy_line(self, backend: str) -> str:
-        """The dry run's line: the strategy a run takes, its predicted member-steps/s and
-        memory per device."""
-        strategy = self.auto_strategy(backend) if self.config.strategy == "auto" else self.config.strategy
-        p = self.predict(strategy, backend)
-        return (
-            f"predicted for {strategy} on {self._devices()} x {p['device'].name} (roofline, models/cost.py): "
-            f"{p['member_steps_per_s']:,.0f} member-steps/s, {p['bytes_per_member_step'] / 1e9:.2f} GB and "
-            f"{p['flops_per_member_step'] / 1e9:.2f} GFLOP per member-step, "
-            f"~{p['memory_per_device_bytes'] / 2**30:.2f} GiB per device"
-        )
+    def estimate_lines(self, backend: str) -> list[str]:
+        """The dry run's cost lines: an estimate for this machine where models/cost.py has a
+        preset for its backend; else a prediction for one H200, labelled as such."""
+        config, work = self.config, self.config.train.steps * len(self.members)
+        if backend in cost.BACKEND_DEVICE:
+            devices = self._devices()
+            strategy = self.auto_strategy(backend) if config.strategy == "auto" else config.strategy
+            p = self.predict(strategy, backend, devices)
+            where = f"this machine ({devices} x {backend}, priced as {devices} x {p['device'].name})"
+            return [f"estimate for {where}, roofline of models/cost.py: " + _figures(p, work)]
+        backends = {}
+        for b, d in sorted(cost.BACKEND_DEVICE.items()):
+            backends.setdefault(cost.DEVICES[d].name, []).append(b)
+        presets = " and ".join(f"{'/'.join(b)} ({name})" for name, b in backends.items())
+        strategy = self.auto_strategy("gpu", 1) if config.strategy == "auto" else config.strategy
+        p = self.predict(strategy, "gpu", 1)
+        return [
+            f"estimate for this machine ({backend}): none (models/cost.py has presets for {presets})",
+            f"accelerator prediction, not this machine: on one {p['device'].name} this sweep would run "
+            f"{strategy} (roofline of models/cost.py): " + _figures(p, work),
+        ]
 
     def metadata(self) -> dict:
         """W/mhjax.json's ``tasks``: where each task came from, so later commands find it again."""
@@ -330,6 +342,16 @@ class SequenceExperiment(Experiment):
         model = Transformer(m.vocab_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, member["heads"], m.dropout)
         shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, m.seq_len), jnp.int32)))
         return {"params": count_params(shapes["params"])}
+
+    def summary_table(self) -> SummaryTable:
+        return SummaryTable(
+            self.swept_fields("task", "heads"),
+            (
+                Column("train loss", "train_loss"),
+                Column("held-out loss", "eval_loss"),
+                Column("held-out accuracy", "eval_accuracy", percent=True),
+            ),
+        )
 
     def metric_tags(self) -> list[str]:
         tags = ["analysis/accuracy", "analysis/loss", "analysis/rollout_min"]  # logged by `mhjax analyze --workdir W`
@@ -370,7 +392,7 @@ class SequenceExperiment(Experiment):
         lines = [
             f"strategy: {strategy} -> {len(programs)} program(s): "
             + ", ".join(f"{p.name} ({len(p.members)} members)" for p in programs),
-            self.strategy_line(backend),
+            *self.estimate_lines(backend),
             f"attention: {self.attention_used(backend)} (config.attention={config.get('attention', 'auto')} "
             f"on {backend})",
         ]
@@ -390,3 +412,17 @@ class SequenceExperiment(Experiment):
             f"total: {total / 1e12:.2f} TFLOP of training, ~{total_mem / 2**20:.0f} MiB if all members run at once"
         )
         return lines
+
+
+def _figures(p: dict, member_steps: int) -> str:
+    """A prediction's figures: rate, time for the sweep's member-steps, traffic, memory."""
+    return (
+        f"~{p['member_steps_per_s']:,.0f} member-steps/s, ~{_seconds(member_steps / p['member_steps_per_s'])} of "
+        f"training without compiles, {p['bytes_per_member_step'] / 1e9:.2f} GB and "
+        f"{p['flops_per_member_step'] / 1e9:.2f} GFLOP per member-step, "
+        f"~{p['memory_per_device_bytes'] / 2**30:.2f} GiB per device"
+    )
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f} s" if value < 10 else f"{value:,.0f} s"

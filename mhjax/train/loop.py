@@ -3,50 +3,26 @@ checkpoints and a progress bar between chunks."""
 
 from __future__ import annotations
 
-import signal
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
-from tqdm import tqdm
 
 from mhjax.io.checkpoint import member_key
 from mhjax.io.curves import train_window
 from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.workdir import Workdir
-from mhjax.train import engine
+from mhjax.train import ahead, engine
+from mhjax.train.console import Console
+from mhjax.train.interrupt import StopOnSignal
 from mhjax.train.placement import Placement
 from mhjax.train.records import HostRecords
 
 
 class Interrupted(Exception):
-    """Ctrl-C arrived; a checkpoint was written."""
-
-
-class _StopFlag:
-    """SIGINT sets a flag checked between chunks, so a chunk is never abandoned half-way
-    (its input buffers are donated) and the checkpoint always holds a consistent state."""
-
-    def __init__(self):
-        self.raised = False
-        self._previous = None
-
-    def __enter__(self):
-        try:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        except ValueError:  # not the main thread: leave default handling
-            self._previous = None
-        return self
-
-    def _handle(self, signum, frame):
-        self.raised = True
-
-    def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+    """Ctrl-C arrived; a checkpoint was written (or nothing was trained since the last one)."""
 
 
 def stack_constants(experiment, indices):
@@ -71,19 +47,35 @@ class Sweep:
         # loss_steps()), saved with every checkpoint.
         self.records = HostRecords([m.name for m in experiment.members], experiment.loss_steps())
         self._evaluate = {p.name: engine.make_evaluate(p.recipe) for p in self.programs}
+        self._init = {
+            p.name: engine.make_init(p.recipe, self.placement.sharding(len(p.members))) for p in self.programs
+        }
+
+    def use(self, executables: dict) -> None:
+        """Call these compiled executables (train/ahead.py keys) instead of jitting on first use."""
+        for key, executable in executables.items():
+            role, name = key[:2]
+            if role == "init":
+                self._init[name] = executable
+            elif role == "chunk":
+                self._chunks[(name, key[2])] = executable
+            else:
+                self._evaluate[name] = executable
 
     def init_states(self):
-        return {
-            p.name: engine.make_init(p.recipe, self.placement.sharding(len(p.members)))(self.consts[p.name])
-            for p in self.programs
-        }
+        return {p.name: self._init[p.name](self.consts[p.name]) for p in self.programs}
 
     def host(self, tree):
         """Device values -> numpy on this process (gathered across processes)."""
         return self.placement.to_host(tree)
 
-    def abstract_states(self):
-        return {p.name: jax.eval_shape(engine.make_init(p.recipe), self.consts[p.name]) for p in self.programs}
+    def abstract_states(self, sharded: bool = False):
+        """{program: its stacked states' shapes and dtypes}; ``sharded``: with their placement."""
+        out = {}
+        for p in self.programs:
+            shapes = jax.eval_shape(engine.make_init(p.recipe), self.consts[p.name])
+            out[p.name] = ahead.abstract(shapes, self.placement.sharding(len(p.members))) if sharded else shapes
+        return out
 
     # Checkpoints hold one entry per MEMBER (not per program), so a sweep can resume under
     # another strategy, backend or device count, and tools can read any member directly.
@@ -163,6 +155,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     # With several processes (jax.distributed) only process 0 writes metadata, logs and results;
     # every process takes part in checkpoints (orbax coordinates them).
     primary = jax.process_index() == 0
+    console = Console(log, progress and primary)
+    log = console.log
     resuming = (
         workdir.check_or_write_metadata(config.to_dict(), experiment.kind, experiment.metadata()) if primary else True
     )
@@ -175,59 +169,66 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     total, chunk = config.train.steps, config.train.chunk_steps
     checkpointer = workdir.checkpointer()
     latest = checkpointer.latest_step() if resuming else None
-    if latest is not None:
-        states, seconds = sweep.restore(checkpointer, latest)
-        log(f"resuming from checkpoint at step {latest}")
-        if sweep.records.starts_at and sweep.records.wanted.size:
-            log(f"checkpoint {latest} predates recorded loss points: loss_curve starts at step {latest}")
-    else:
-        states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
     step = int(latest or 0)
-    names = [m.name for m in members]
-    writers = MemberWriters(workdir.tensorboard_dir, names, log=log) if primary else NoWriters()
-    hparams = {m.name: m.hparams for m in members}
-    writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
-    reported_divergence, evaluation = set(), None
-    started, trained = time.perf_counter(), 0
-    evals = sorted(set(experiment.eval_steps()))
-    if 0 in evals and step == 0:
-        _log_eval(writers, members, sweep.evaluate(states), 0)
-    bar = tqdm(
-        total=total, initial=step, unit="step", disable=not (progress and primary), dynamic_ncols=True, file=sys.stderr
-    )
+    writers = NoWriters()
+    stop = StopOnSignal(where="after the compile: nothing is trained before the programs are ready")
     try:
-        with _StopFlag() as stop:
-            while step < total:
-                n = min(chunk, total - step)
-                chunk_time = 0.0
-                for program in sweep.programs:
-                    name, idx = program.name, program.members
-                    start = time.perf_counter()
-                    states[name], metrics = sweep.run_chunk(program, states[name], n)
-                    # One device-to-host transfer per program and chunk: the metrics and status.
-                    metrics, status = sweep.host((metrics, engine.member_status(states[name])))
-                    elapsed = time.perf_counter() - start
-                    for i in idx:  # a program's members share its wall time
-                        seconds[members[i].name] += elapsed
-                    chunk_time += elapsed
-                    _log_chunk(writers, members, idx, metrics, status, step + n, reported_divergence, log)
-                    sweep.record(program, metrics["loss"], step)
-                rate = n * len(members) / max(chunk_time, 1e-9)
-                for m in members:
-                    writers.scalars(m.name, {"perf/member_steps_per_s": rate}, step + n)
-                previous, step = step, step + n
-                trained += n
-                bar.set_postfix_str(f"{rate:,.0f} member-steps/s")
-                bar.update(n)
-                wanted_eval = any(previous < k <= step for k in evals)
-                if _crossed(previous, step, config.train.eval_every) or step == total or wanted_eval:
-                    evaluation = sweep.evaluate(states)
-                    _log_eval(writers, members, evaluation, step)
-                due = _crossed(previous, step, config.train.checkpoint_every) or step == total
-                if due or stop.raised:
-                    sweep.save(checkpointer, step, states, seconds)
-                if stop.raised and step < total:
-                    raise Interrupted(f"interrupted at step {step}; checkpoint written, run the same command to resume")
+        stop.start()
+        if latest is not None:  # before compiling: a corrupt checkpoint is reported at once
+            states, seconds = sweep.restore(checkpointer, latest)
+            log(f"resuming from checkpoint at step {latest}")
+            if sweep.records.starts_at and sweep.records.wanted.size:
+                log(f"checkpoint {latest} predates recorded loss points: loss_curve starts at step {latest}")
+        names = [m.name for m in members]
+        writers = MemberWriters(workdir.tensorboard_dir, names, log=log) if primary else NoWriters()
+        hparams = {m.name: m.hparams for m in members}
+        writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
+        _compile_ahead(sweep, console, ahead.chunk_lengths(step, total, chunk), init=latest is None)
+        stop.where = "at the end of the running chunk"
+        if latest is None:
+            states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
+        reported_divergence, evaluation = set(), None
+        started, trained = time.perf_counter(), 0
+        evals = sorted(set(experiment.eval_steps()))
+        if 0 in evals and step == 0:
+            _log_eval(writers, members, sweep.evaluate(states), 0)
+        console.start(total, step)
+        while step < total:
+            if stop.raised:  # before any chunk of this run: nothing to save
+                raise Interrupted(
+                    f"interrupted at step {step} before training; nothing new to save, run the same command to resume"
+                )
+            n = min(chunk, total - step)
+            chunk_time = 0.0
+            for program in sweep.programs:
+                name, idx = program.name, program.members
+                start = time.perf_counter()
+                states[name], metrics = sweep.run_chunk(program, states[name], n)
+                # One device-to-host transfer per program and chunk: the metrics and status.
+                metrics, status = sweep.host((metrics, engine.member_status(states[name])))
+                elapsed = time.perf_counter() - start
+                for i in idx:  # a program's members share its wall time
+                    seconds[members[i].name] += elapsed
+                chunk_time += elapsed
+                _log_chunk(writers, members, idx, metrics, status, step + n, reported_divergence, log)
+                sweep.record(program, metrics["loss"], step)
+            rate = n * len(members) / max(chunk_time, 1e-9)
+            for m in members:
+                writers.scalars(m.name, {"perf/member_steps_per_s": rate}, step + n)
+            previous, step = step, step + n
+            trained += n
+            console.advance(n, step, rate, time.perf_counter() - started)
+            wanted_eval = any(previous < k <= step for k in evals)
+            if _crossed(previous, step, config.train.eval_every) or step == total or wanted_eval:
+                evaluation = sweep.evaluate(states)
+                _log_eval(writers, members, evaluation, step)
+            due = _crossed(previous, step, config.train.checkpoint_every) or step == total
+            if due or stop.raised:
+                sweep.save(checkpointer, step, states, seconds)
+            if stop.raised and step < total:
+                raise Interrupted(f"interrupted at step {step}; checkpoint written, run the same command to resume")
+        stop.close()
+        console.close()  # the final lines start on a line of their own
         if latest is not None and latest >= total:
             log(f"training already complete at step {latest}; not retraining")
         elif primary and trained:
@@ -250,11 +251,19 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             experiment.finalize(workdir, payload)  # experiment-specific figures and summaries
         return payload
     finally:
-        bar.close()
+        stop.close()
+        console.close()
         writers.close()
         checkpointer.close()
         if jax.process_count() > 1:  # leave together, or the shutdown barrier times out
             multihost_utils.sync_global_devices("mhjax:run-end")
+
+
+def _compile_ahead(sweep, console, lengths, init: bool) -> None:
+    """Every executable of the run, compiled before the loop (train/ahead.py), said on the console."""
+    console.compiling(ahead.describe(sweep, lengths, init))
+    report = ahead.compile_sweep(sweep, lengths, init)
+    console.compiled(report.seconds, len(report.executables), report.from_cache)
 
 
 def _images(experiment, writers, member_states: dict, step: int, log) -> None:

@@ -1,0 +1,113 @@
+"""Compile every program of a sweep before the training loop, off the main thread.
+
+Each program needs up to three executables: the initial state (not when resuming), one
+training chunk per chunk length the run will use (the full chunk and the last, shorter
+one), and the evaluation. All are lowered and compiled ahead of time
+(``jax.jit(...).lower(...).compile()``) on a worker thread, so the main thread stays free:
+it says what is being compiled and for how long, and it takes Ctrl-C (train/interrupt.py)
+while XLA works. JAX's persistent cache (io/compile_cache.py) answers a repeated or
+resumed sweep's requests from disk; the report says how many it answered.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from typing import Any, NamedTuple
+
+import jax
+
+from mhjax.io.compile_cache import CacheCounter
+from mhjax.train import engine
+
+
+class Job(NamedTuple):
+    """One executable to build: ``jitted.lower(*args).compile()``, stored under ``key``."""
+
+    key: tuple  # ("init", program) | ("chunk", program, length) | ("evaluate", program)
+    jitted: Any
+    args: tuple
+
+
+class Compiled(NamedTuple):
+    """What a compile-ahead built, for the console: programs, members, executables, time."""
+
+    programs: int
+    members: int
+    executables: dict  # Job.key -> jax.stages.Compiled
+    seconds: float
+    from_cache: int  # executables JAX's persistent cache answered
+
+
+def chunk_lengths(step: int, total: int, chunk: int) -> list[int]:
+    """The chunk lengths a run from ``step`` to ``total`` uses, largest first."""
+    return sorted({min(chunk, total - s) for s in range(step, total, chunk)}, reverse=True)
+
+
+def jobs(sweep, lengths: list[int], init: bool) -> list[Job]:
+    """Every executable the host loop will call, with the argument shapes and shardings it
+    will call them with (states as abstract values: they do not exist yet)."""
+    out = []
+    states = sweep.abstract_states(sharded=True)
+    for p in sweep.programs:
+        consts = sweep.consts[p.name]
+        if init:
+            sharding = sweep.placement.sharding(len(p.members))
+            out.append(Job(("init", p.name), engine.make_init(p.recipe, sharding), (consts,)))
+        for length in lengths:
+            out.append(
+                Job(("chunk", p.name, length), engine.make_train_chunk(p.recipe, length), (states[p.name], consts))
+            )
+        out.append(Job(("evaluate", p.name), engine.make_evaluate(p.recipe), (states[p.name], consts)))
+    return out
+
+
+def describe(sweep, lengths: list[int], init: bool) -> str:
+    """The console's line before a compile, e.g. "1 program (8 members): training chunks of
+    50 steps, evaluation, initial state"."""
+    programs, members = len(sweep.programs), sum(len(p.members) for p in sweep.programs)
+    parts = []
+    if lengths:
+        parts.append("training chunks of " + " and ".join(str(n) for n in lengths) + " steps")
+    parts.append("evaluation")
+    if init:
+        parts.append("initial state")
+    return f"{programs} program{'s' * (programs != 1)} ({members} member{'s' * (members != 1)}): {', '.join(parts)}"
+
+
+def _build(job: Job):
+    return job.jitted.lower(*job.args).compile()
+
+
+def compile_all(job_list: list[Job], workers: int = 1, poll_seconds: float = 0.1) -> tuple[dict, float, int]:
+    """({key: executable}, seconds, executables from the persistent cache). Worker threads
+    compile; the calling thread only waits, in short slices, so Python runs its signal
+    handlers meanwhile. One worker by default: on 2 CPU cores two compiles side by side took
+    15-30 % longer than one after another (XLA:CPU already compiles on several threads;
+    benchmarks/RESULTS.md)."""
+    counter = CacheCounter().start()
+    start = time.perf_counter()
+    pool = concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(job_list))), "mhjax-compile")
+    try:
+        futures = {job.key: pool.submit(_build, job) for job in job_list}
+        pending = set(futures.values())
+        while pending:
+            _, pending = concurrent.futures.wait(pending, timeout=poll_seconds)
+        executables = {key: future.result() for key, future in futures.items()}  # re-raises a failed compile
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return executables, time.perf_counter() - start, min(counter.hits, len(job_list))
+
+
+def compile_sweep(sweep, lengths: list[int], init: bool) -> Compiled:
+    """Compile the sweep's executables and hand them to ``sweep`` (Sweep.use)."""
+    job_list = jobs(sweep, lengths, init)
+    executables, seconds, hits = compile_all(job_list)
+    sweep.use(executables)
+    members = sum(len(p.members) for p in sweep.programs)
+    return Compiled(len(sweep.programs), members, executables, seconds, hits)
+
+
+def abstract(tree, sharding) -> Any:
+    """Shapes and dtypes of ``tree`` as placed with ``sharding`` (what lowering needs)."""
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
