@@ -72,7 +72,6 @@ def library_logs(path: str):
 
 def command(args, overrides) -> int:
     config = load_config(args.config, overrides)
-    experiment = make_experiment(config)  # validates before anything compiles
     if args.coordinator and (args.num_processes is None or args.process_id is None):
         raise ConfigError("--coordinator: needs --num-processes and --process-id")
     if args.num_processes is not None and not (
@@ -81,6 +80,12 @@ def command(args, overrides) -> int:
         raise ConfigError(
             f"--process-id: must be in [0, {args.num_processes}) with --num-processes {args.num_processes}"
         )
+    if not args.dry_run:
+        compile_cache.configure()  # before the first compile: a repeated or resumed sweep compiles nothing
+        # Before make_experiment: validating a task runs it, which starts the XLA backend, and
+        # jax.distributed.initialize must come before that.
+        maybe_initialize_distributed(args.coordinator, args.num_processes, args.process_id, args.distributed)
+    experiment = make_experiment(config)  # validates before anything compiles
     if args.dry_run:
         print(describe(experiment, jax.default_backend()))
         return 0
@@ -90,8 +95,6 @@ def command(args, overrides) -> int:
             "runs", f"{os.path.splitext(os.path.basename(args.config))[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
         )
     )
-    compile_cache.configure()  # before the first compile: a repeated or resumed sweep compiles nothing
-    maybe_initialize_distributed(args.coordinator, args.num_processes, args.process_id, args.distributed)
     # Several processes of one distributed run share the workdir: process 0 holds the lock and the log.
     primary = jax.process_index() == 0
     lock = WorkdirLock(workdir, "train", create=True) if primary else contextlib.nullcontext()
