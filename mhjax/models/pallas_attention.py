@@ -4,7 +4,7 @@ One program per (batch row, head): its (T, T) scores, probabilities and dropout 
 in registers and shared memory only. HBM holds the (B, T, D) inputs and outputs and the
 (B, H, T) log-sum-exp of each row, saved by the forward so that the backward recomputes the
 probabilities instead of storing them (flash attention). Dropout is mhjax's counter-based
-hash (attention.hash_mix) recomputed in both passes from the head's seed and the element's
+hash (dropout_hash.hash_mix) recomputed in both passes from the head's seed and the element's
 (b * T + i, j) position, with the UNPADDED length T: the JAX path's keep decisions exactly.
 
 q, k and v are read where the model's projection wrote them: a (B, T, D) array viewed as
@@ -29,7 +29,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from mhjax.models.attention import hash_mix
+from mhjax.models.dropout_hash import hash_mix
 
 MIN_DOT = 16  # every dimension of a Triton matmul
 MAX_LENGTH = 256  # one block over the whole sequence: (T, T) fp32 tiles must fit a program
