@@ -5,6 +5,7 @@ Bad input: one line on stderr, exit status 2, no traceback."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from mhjax.config import ConfigError, split_overrides
@@ -196,7 +197,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if overrides and args.command != "train":
             raise ConfigError(f"--config.{next(iter(overrides))}: config overrides apply only to 'mhjax train'")
-        return _command(args.command)(args, overrides)
+        status = _command(args.command)(args, overrides)
+        sys.stdout.flush()  # here, so that a reader that left (`mhjax configs | head`) is caught below
+        return status
+    except BrokenPipeError:  # the reader of stdout left: stop quietly, as the Python docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except ConfigError as exc:
         print(f"mhjax: error: {exc}", file=sys.stderr)
         return 2

@@ -110,6 +110,18 @@ def test_configs_through_python_dash_m():
     assert "configs/quick.py" in done.stdout and "configs/paper.py" in done.stdout
 
 
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`mhjax configs | head -1`: the pipe closes before mhjax writes; it stops quietly."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mhjax", "configs"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.close()  # the reader leaves at once
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
 @runs("example2")
 def test_example2(tmp_path):
     code, out, err = main(["example2", "--out", str(tmp_path / "ex2")])

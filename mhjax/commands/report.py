@@ -140,7 +140,8 @@ def command(args, overrides) -> int:
     workdir = Workdir(args.workdir)
     with WorkdirLock(workdir, "report"):
         result = write_report(workdir, reference=args.reference)
-    print(f"wrote {result['md']} ({len(result['figures'])} figures)")
+    count = len(result["figures"])
+    print(f"wrote {result['md']} ({count} figure{'' if count == 1 else 's'})")
     if result["needs_analysis"]:
         print(
             f"no analysis yet: `mhjax analyze --workdir {args.workdir}` adds mixing time, fidelity and synergy",
