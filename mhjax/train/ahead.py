@@ -18,7 +18,6 @@ from typing import Any, NamedTuple
 import jax
 
 from mhjax.io.compile_cache import CacheCounter
-from mhjax.train import engine
 
 
 class Job(NamedTuple):
@@ -52,13 +51,10 @@ def jobs(sweep, lengths: list[int], init: bool) -> list[Job]:
     for p in sweep.programs:
         consts = sweep.consts[p.name]
         if init:
-            sharding = sweep.placement.sharding(len(p.members))
-            out.append(Job(("init", p.name), engine.make_init(p.recipe, sharding), (consts,)))
+            out.append(Job(("init", p.name), sweep.init_fn(p), (consts,)))
         for length in lengths:
-            out.append(
-                Job(("chunk", p.name, length), engine.make_train_chunk(p.recipe, length), (states[p.name], consts))
-            )
-        out.append(Job(("evaluate", p.name), engine.make_evaluate(p.recipe), (states[p.name], consts)))
+            out.append(Job(("chunk", p.name, length), sweep.chunk_fn(p, length), (states[p.name], consts)))
+        out.append(Job(("evaluate", p.name), sweep.evaluate_fn(p), (states[p.name], consts)))
     return out
 
 

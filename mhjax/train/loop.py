@@ -114,11 +114,22 @@ class Sweep:
         members = {n: tree["members"][member_key(n)] for n in names}
         return self.stack_members(members), {n: float(tree["seconds"][member_key(n)]) for n in names}
 
-    def run_chunk(self, program, states, length: int):
+    # The functions the host loop calls, jitted once here; train/ahead.py compiles these same
+    # functions and hands the executables back through ``use``.
+    def init_fn(self, program):
+        return self._init[program.name]
+
+    def evaluate_fn(self, program):
+        return self._evaluate[program.name]
+
+    def chunk_fn(self, program, length: int):
         fn = self._chunks.get((program.name, length))
         if fn is None:
             fn = self._chunks[(program.name, length)] = engine.make_train_chunk(program.recipe, length)
-        return fn(states, self.consts[program.name])
+        return fn
+
+    def run_chunk(self, program, states, length: int):
+        return self.chunk_fn(program, length)(states, self.consts[program.name])
 
     def record(self, program, losses, start: int) -> None:
         """Keep the wanted exact losses of a chunk that started at step ``start`` (host ``losses``:
