@@ -6,9 +6,12 @@ same step directory, the host records (train/records.py).
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import sys
 import threading
+import time
 
 import jax
 import orbax.checkpoint as ocp
@@ -55,7 +58,9 @@ class SweepCheckpointer:
             if cause is None:
                 raise
             # orbax writes into a temporary folder renamed into place only when complete: the
-            # previous checkpoint is still the latest, and the next run removes the leftovers.
+            # previous checkpoint is still the latest. The folder goes now, so that a retry in this
+            # process (the Python API) starts clean; a killed run's leftovers go at the next start.
+            _remove_failed_save(self.directory, step)
             kept = f"checkpoint {previous} stays the latest" if previous is not None else "no checkpoint yet"
             hint = f"; {kept}: free some space and run the same command to resume"
             raise WriteFailed(os.path.join(self.directory, str(step)), cause, hint) from None
@@ -116,6 +121,34 @@ class SweepCheckpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+def _tree_state(path: str) -> list:
+    return sorted(
+        (os.path.relpath(os.path.join(root, name), path), os.path.getsize(os.path.join(root, name)))
+        for root, _, files in os.walk(path)
+        for name in files
+        if os.path.exists(os.path.join(root, name))
+    )
+
+
+def _remove_failed_save(directory: str, step: int, quiet_s: float = 0.2, limit_s: float = 10.0) -> None:
+    """Remove the temporary folder of a save that failed. When one item's write fails, orbax
+    raises at once while the other items' writes (tensorstore threads) are still landing in that
+    folder: removing it under them fails (ENOTEMPTY) or leaves it half rebuilt, and the next save
+    of the same step then fails. So wait until the folder stops changing, then remove it."""
+    deadline = time.monotonic() + limit_s
+    for path in glob.glob(os.path.join(glob.escape(directory), f"{step}.orbax-checkpoint-tmp*")):
+        before = _tree_state(path)
+        while time.monotonic() < deadline:
+            time.sleep(quiet_s)
+            now = _tree_state(path)
+            if now == before:
+                shutil.rmtree(path, ignore_errors=True)
+                if not os.path.exists(path):
+                    break
+                now = _tree_state(path)
+            before = now
 
 
 def _loop_closed(exc) -> bool:
