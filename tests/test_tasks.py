@@ -249,6 +249,8 @@ def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_sourc
     assert "['first_token-h1-s0', 'first_token-h2-s0'] ['first_token-h1-s0', 'first_token-h2-s0'] first_token" in (
         done.stdout
     )
+    # a task that samples whole sequences is not described as random tokens
+    assert "on 4 sequences of length 16 drawn by each task's sampler (--seed 0)" in done.stdout
     # The source gone: a one-line error naming it, exit status 2.
     os.remove(examples / "my_task.py")
     done = _python(

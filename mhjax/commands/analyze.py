@@ -235,7 +235,10 @@ def _run(args) -> int:
         entries = list(result["members"].items())
     if entries:
         e = entries[0][1]
-        print(f"token accuracy in eval mode on {sequences_text(result['source'], e['num_sequences'], e['seq_len'])}")
+        # copy, cycle and zero read targets from random tokens; other tasks' samplers draw whole sequences
+        drawn = any(tasks.get_task(e["task"]).targets is None for _, e in entries)
+        text = sequences_text(result["source"], e["num_sequences"], e["seq_len"], drawn)
+        print(f"token accuracy in eval mode on {text}")
     for label, e in entries:
         diverged = " (diverged)" if e.get("status", "ok") != "ok" else ""
         print(f"{label}: {heads_label(e['heads'])}, {e['task']}, accuracy {100 * e['accuracy']:.2f}%{diverged}")
@@ -253,9 +256,12 @@ def _run(args) -> int:
     return 0
 
 
-def sequences_text(source: dict, count: int, length: int) -> str:
-    """Which sequences the accuracy and metrics are measured on, in words."""
+def sequences_text(source: dict, count: int, length: int, drawn: bool = False) -> str:
+    """Which sequences the accuracy and metrics are measured on, in words; ``drawn``: some task
+    samples its own sequences (not random tokens with targets read from them)."""
     if source.get("sequences") == "random":
+        if drawn:
+            return f"{count} sequences of length {length} drawn by each task's sampler (--seed {source.get('seed')})"
         return f"{count} random sequences of length {length} (--seed {source.get('seed')})"
     if source.get("sequences") == "array":
         return f"{count} given sequences of length {length}"

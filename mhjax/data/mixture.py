@@ -73,11 +73,11 @@ class MixtureConfigError(ValueError):
         self.field = field
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def _is_number(value) -> bool:
+def is_number(value) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
@@ -88,11 +88,11 @@ def validate_mixture_config(cfg: Any) -> None:
     turns its errors into ``config.data.<field>`` ConfigErrors."""
     for field, low in (("dim", 1), ("seq_len", 1), ("num_relevant_per_label", 1), ("num_noise_clusters", 0)):
         value = getattr(cfg, field)
-        if not _is_int(value) or value < low:
+        if not is_int(value) or value < low:
             raise MixtureConfigError(field, f"must be an integer >= {low}; got {value!r}")
     for field in ("relevant_fraction", "signal_norm", "noise_std"):
         value = getattr(cfg, field)
-        if not _is_number(value) or not math.isfinite(value):
+        if not is_number(value) or not math.isfinite(value):
             raise MixtureConfigError(field, f"must be a finite number; got {value!r}")
     d, t = int(cfg.dim), int(cfg.seq_len)
     r, m = int(cfg.num_relevant_per_label), int(cfg.num_noise_clusters)

@@ -16,6 +16,8 @@ from mhjax.train.console import SummaryTable
 from mhjax.train.engine import Program, TrainedProgram
 from mhjax.train.sweep import Member
 
+STRATEGIES = ("auto", "unrolled", "fused", "grouped", "one_program")  # how the trainer may lay out a sweep
+
 
 class Experiment:
     """Subclasses set ``kind`` and ``members`` and implement the four required methods."""

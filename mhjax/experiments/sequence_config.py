@@ -1,0 +1,72 @@
+"""What a sequence config may hold: validated before anything compiles, one line naming the
+first bad field (config.<field>) and its allowed values."""
+
+from __future__ import annotations
+
+import math
+
+from mhjax import config as cfg
+from mhjax.data import sequences, tasks
+from mhjax.experiments.base import STRATEGIES
+from mhjax.models.attention import IMPLEMENTATIONS
+
+
+def validate(config) -> None:
+    """Raise ConfigError naming the first bad field."""
+    for field in ("model.width", "model.num_layers", "model.mlp_dim", "model.vocab_size", "model.seq_len"):
+        cfg.require_positive(config, field, int)
+    cfg.require_range(config, "model.dropout", 0.0, 1.0, inclusive_high=False)
+    cfg.require_choice(config, "data.protocol", sequences.PROTOCOLS)
+    for field in ("data.batch_size", "data.num_eval", "data.num_train", "train.steps", "train.chunk_steps"):
+        cfg.require_positive(config, field, int)
+    for field in ("train.eval_every", "train.checkpoint_every"):
+        cfg.require_nonneg_int(config, field)
+    if config.train.steps > 2**31 - 1:  # the per-member step counter is int32
+        raise cfg.ConfigError(f"config.train.steps: must be at most {2**31 - 1}, got {config.train.steps}")
+    cfg.require_choice(config, "strategy", STRATEGIES)
+    if "attention" in config:  # optional: configs without it run "auto"
+        cfg.require_choice(config, "attention", IMPLEMENTATIONS)
+    cfg.require_nonneg_int(config, "seed")
+    if config.seed >= 2**32:  # PRNGKey keeps only 32 bits here: 2**32 would silently equal seed 0
+        raise cfg.ConfigError(f"config.seed: must be an integer in [0, 2**32), got {config.seed}")
+    if config.data.protocol == "fixed" and config.data.num_train < config.data.batch_size:
+        raise cfg.ConfigError(
+            f"config.data.num_train: must be >= data.batch_size ({config.data.batch_size}) under the fixed protocol, "
+            f"got {config.data.num_train}"
+        )
+    for task in cfg.require_nonempty_tuple(config, "sweep.task"):  # registered, and its sampler checked
+        tasks.check_task(task, config.model.seq_len, config.model.vocab_size)
+    width = config.model.width
+    for heads in cfg.require_nonempty_tuple(config, "sweep.heads"):
+        if isinstance(heads, bool) or not isinstance(heads, int) or heads <= 0 or width % heads:
+            allowed = ", ".join(str(h) for h in range(1, width + 1) if width % h == 0)
+            raise cfg.ConfigError(
+                f"config.sweep.heads: each must divide model.width={width} (allowed: {allowed}); got {heads!r}"
+            )
+    for seed in cfg.require_nonempty_tuple(config, "sweep.seed"):
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:  # folded into keys as uint32
+            raise cfg.ConfigError(f"config.sweep.seed: each must be an integer in [0, 2**32); got {seed!r}")
+    for lr in cfg.require_nonempty_tuple(config, "sweep.learning_rate"):
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
+            raise cfg.ConfigError(f"config.sweep.learning_rate: each must be a positive number; got {lr!r}")
+    known = {"task", "heads", "seed", "learning_rate"}
+    for field in config.sweep.keys():
+        if field not in known:
+            raise cfg.ConfigError(f"config.sweep.{field}: unknown sweep field (allowed: {', '.join(sorted(known))})")
+    cfg.require_known_fields(config, FIELDS)
+    if "devices" in config:
+        cfg.require_device_count(config, "devices")
+
+
+# Every field a sequence config may have (a typo in a config file is an error, not ignored).
+FIELDS = {
+    "experiment": None,
+    "seed": None,
+    "strategy": None,
+    "attention": None,
+    "devices": None,
+    "sweep": None,
+    "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout"},
+    "data": {"protocol", "num_train", "batch_size", "num_eval"},
+    "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every"},
+}
