@@ -121,3 +121,31 @@ def test_cli_rejects_a_negative_tau_with_status_2(tmp_path, capsys):
     code = cli.main(["train", "--config", config, "--workdir", str(tmp_path / "w"), "--config.sweep.init_tau=(0.1,-1)"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("mhjax: error: config.sweep.init_tau:"), err
+
+
+def test_members_differing_only_in_step_size_or_n_share_theta0_and_equal_themselves_alone():
+    """Step size and training-set size stay out of the key like tau: every (n, eta) of a seed
+    starts from the same theta_0, so a rate or generalization curve compares paired runs; each
+    member equals itself trained alone (n = 8 alone is unpadded, padded to 16 in the sweep)."""
+    config = tiny_mixture_config(heads=(4,), num_train=(8, 16), step_size=(0.5, 1.0))
+    config.init.scheme = "random_decoders"
+    experiment, _, theta0, final, _ = trained(config)
+    names = [m.name for m in experiment.members]
+    assert len(names) == 4
+    for name in names[1:]:
+        for key in ("W", "U"):
+            np.testing.assert_array_equal(
+                np.asarray(theta0[name].params[key]), np.asarray(theta0[names[0]].params[key])
+            )
+    assert np.abs(_flat(final[names[0]].params) - _flat(final[names[-1]].params)).max() > 1e-3
+    for member in experiment.members:
+        alone = tiny_mixture_config(heads=(4,), num_train=(member["num_train"],), step_size=(member["step_size"],))
+        alone.init.scheme = "random_decoders"
+        _, _, _, alone_final, _ = trained(alone)
+        np.testing.assert_allclose(
+            _flat(alone_final["h4-s0"].params),
+            _flat(final[member.name].params),
+            rtol=1e-5,
+            atol=1e-6,
+            err_msg=member.name,
+        )

@@ -278,3 +278,26 @@ def test_one_program_diverging_member_leaves_the_others_exact():
         assert diverged[i] == (m["learning_rate"] == 1e30), m.name
         if not diverged[i]:
             assert_trees_close(member_params(sg, tg, m.name), member_params(so, to, m.name))
+
+
+def test_members_differing_only_in_learning_rate_share_their_draws():
+    """The learning rate stays out of the key: every rate starts from the same init (and draws the
+    same dropout masks), so a rate sweep is a paired comparison; a member of it equals itself
+    trained alone; and the rate still changes what is trained."""
+    config = tiny_sequence_config(heads=(2,), learning_rate=(1e-3, 3e-3))
+    sweep = Sweep(make_experiment(config), backend="cpu")
+    slow, fast = "copy-h2-lr0.001-s0", "copy-h2-lr0.003-s0"
+    assert [m.name for m in sweep.experiment.members] == [slow, fast]
+    init = sweep.init_states()
+    assert_trees_close(member_params(sweep, init, slow), member_params(sweep, init, fast), tol=0)
+    states = sweep.train(init, 4, 2)
+    moved = [
+        np.abs(np.asarray(a) - np.asarray(b)).max()
+        for a, b in zip(
+            jax.tree_util.tree_leaves(member_params(sweep, states, slow)),
+            jax.tree_util.tree_leaves(member_params(sweep, states, fast)),
+        )
+    ]
+    assert max(moved) > 1e-3
+    alone_sweep, alone = train(tiny_sequence_config(heads=(2,), learning_rate=(3e-3,)))
+    assert_trees_close(member_params(sweep, states, fast), member_params(alone_sweep, alone, "copy-h2-s0"))

@@ -69,7 +69,7 @@ from mhjax.plotting.mixture import write_figures_and_summary
 from mhjax.plotting.mixture_init import write_init_comparison
 from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program, Recipe, TrainedProgram
-from mhjax.train.sweep import Member, derive_key, expand, member_name
+from mhjax.train.sweep import Member, derive_key, expand, key_names
 
 
 def own_steps(config, num_train: int) -> int:
@@ -91,15 +91,9 @@ def init_tau(config, member: Member) -> float:
     return float(member.hparams.get("init_tau", config.init.tau))
 
 
-def key_names(axes, members: list[Member]) -> dict[str, str]:
-    """{member name: the name its PRNG key derives from} (axes: config.sweep): the name without init_tau, so members
-    differing only in tau draw the same random directions (at different scales) and a member of
-    a tau sweep equals itself trained alone with init.tau at that value."""
-    swept_many = {f for f in axes.keys() if f != "init_tau" and len(axes[f]) > 1}
-    return {
-        m.name: member_name({k: v for k, v in m.hparams.items() if k in axes and k != "init_tau"}, swept_many, None)
-        for m in members
-    }
+# Members differing only in these start from the same random draws (train/sweep.py: key_names):
+# the same theta_0 directions at every step size and training-set size, scaled by each tau.
+SHARED_DRAWS = ("init_tau", "step_size", "num_train")
 
 
 # ---------------------------------------------------------------------- #
@@ -199,7 +193,7 @@ class MixtureExperiment(Experiment):
             Member(m.name, {**m.hparams, "init_tau": init_tau(config, m), "init_scheme": config.init.scheme})
             for m in expand(dict(config.sweep))
         ]
-        self._key_names = key_names(config.sweep, self.members)
+        self._key_names = key_names(config.sweep, self.members, shared=SHARED_DRAWS)
         self.max_heads = max(m["heads"] for m in self.members)
         self.max_train = max(m["num_train"] for m in self.members)
         self._train_data, self._test_data = {}, {}  # seed -> (X, y): sampled once per experiment

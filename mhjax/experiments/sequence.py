@@ -21,7 +21,7 @@ from mhjax.models.probe import config_sizes, predict
 from mhjax.plotting.images import attention_grid, diffusion_image
 from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program, Recipe, Unrolled, recipe_groups
-from mhjax.train.sweep import Member, derive_key, expand
+from mhjax.train.sweep import Member, derive_key, expand, key_names
 
 UNROLL_MIN_STEPS, UNROLL_MAX_MEMBERS = 2000, 16  # when `auto` unrolls on a CPU
 EXAMPLE_SEED = 0  # the fixed evaluation sequence of the end-of-training images (numpy: no compile)
@@ -118,12 +118,14 @@ class SequenceExperiment(Experiment):
         validate(config)
         self.config = config
         self.members: list[Member] = expand(dict(config.sweep), leading="task")
+        # Members differing only in learning rate share their init and dropout draws (paired comparison).
+        self._key_names = key_names(config.sweep, self.members, shared=("learning_rate",), leading="task")
 
     def member_constants(self, member: Member) -> dict:
         root = self.config.seed
         task = member["task"]
         return {
-            "key": derive_key(root, member["seed"], member.name),
+            "key": derive_key(root, member["seed"], self._key_names[member.name]),
             # Data keys depend on (seed, task) only: head counts of a seed see the same data.
             "data_key": derive_key(root, member["seed"], "data", task),
             "eval_key": derive_key(root, member["seed"], "eval", task),

@@ -1,8 +1,10 @@
 """Sweep members: the cartesian product of the config's `sweep` fields.
 
 A member is one training run (task, heads, seed, learning rate, ...). Its PRNG keys
-derive from (config.seed, member seed, member name) and never from its position in
-the sweep, so a member trained alone equals the same member inside any sweep.
+derive from (config.seed, member seed, its key name) and never from its position in
+the sweep, so a member trained alone equals the same member inside any sweep. The key name
+(:func:`key_names`) leaves out the fields that an experiment shares its random draws over
+(a learning rate, a step size, a training-set size, an init scale).
 """
 
 from __future__ import annotations
@@ -63,6 +65,18 @@ def expand(sweep: dict[str, tuple], leading: str | None = None) -> list[Member]:
             f"config.sweep: member names collide ({', '.join(sorted({n for n in names if names.count(n) > 1}))})"
         )
     return members
+
+
+def key_names(sweep: dict, members: list[Member], shared=(), leading: str | None = None) -> dict[str, str]:
+    """{member name: the name its PRNG key derives from}: the member's name without the ``shared``
+    fields. Members that differ only in those start from the same random draws (a comparison over
+    them is paired, not confounded by another init), and a member equals itself trained alone
+    whichever other values of those fields were swept beside it."""
+    swept_many = {f for f in sweep if f not in shared and len(sweep[f]) > 1}
+    return {
+        m.name: member_name({k: v for k, v in m.hparams.items() if k in sweep and k not in shared}, swept_many, leading)
+        for m in members
+    }
 
 
 def stable_id(text: str) -> int:
