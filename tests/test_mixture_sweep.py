@@ -4,6 +4,7 @@ reused), padding invariance against independent plain models, and config validat
 import json
 import math
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -93,6 +94,28 @@ def test_results_have_the_mixture_fields_and_figures(swept):
     curve = by_name(payload)["h2-n8-s0"]["loss_curve"]
     recorded = {k: v for k, v in zip(curve["steps"], curve["values"]) if k < STEPS}
     assert recorded and np.allclose([losses[k] for k in recorded], list(recorded.values()), rtol=1e-5)
+
+
+def test_test_loss_vs_n_has_a_row_per_step_size_and_is_left_out_for_one_n(swept, tmp_path):
+    """One n has no curve against n (the figure is skipped, the others are written); two step
+    sizes give two rows of panels, not four panels squeezed into one row."""
+    from PIL import Image
+
+    from mhjax.plotting.mixture import write_figures_and_summary
+
+    _, workdir, payload = swept
+    one_n = [m for m in payload["members"] if m["num_train"] == 8]
+    target = tmp_path / "one_n"
+    shutil.copytree(workdir, target)
+    written = [os.path.basename(p) for p in write_figures_and_summary(Workdir(str(target)), one_n, log=lambda m: None)]
+    assert "test_loss_vs_n.png" not in written and "loss_vs_K.png" in written
+    two_etas = payload["members"] + [dict(m, step_size=0.5) for m in payload["members"]]
+    target = tmp_path / "two_etas"
+    shutil.copytree(workdir, target)
+    os.remove(target / "test_loss_vs_n.png")
+    write_figures_and_summary(Workdir(str(target)), two_etas, log=lambda m: None)
+    width, height = Image.open(target / "test_loss_vs_n.png").size
+    assert height > width * 0.7, (width, height)
 
 
 def test_training_drives_the_loss_down_on_separable_data(swept):

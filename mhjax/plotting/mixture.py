@@ -10,7 +10,8 @@ What each figure measures:
   * path.png (when evaluated at several k): along the GD path, ||theta_k - theta_0|| against
     log(k)/gamma (the theory's radius), sqrt(H) lambda_min(Hessian)/L and eta lambda_max (the
     stability edge 2 drawn), mean over seeds per H, for the first (n, eta) of the sweep.
-  * test_loss_vs_n.png also has the generalization gap (test loss - train loss at theta_K).
+  * test_loss_vs_n.png also has the generalization gap (test loss - train loss at theta_K); a row
+    per step size, and no figure when the sweep has one n.
   * ntk_margin_vs_H.png: NTK margin at theta_0, mean +- std over seeds against H (left), and
     margins divided by the feature radius against the linear baselines (right).
 The init scheme is written in every title: numbers under "zero_plus_step" (identical heads)
@@ -273,12 +274,15 @@ def _plot_loss_vs_K(fig, workdir, records, chunk_steps, init):
 
 
 def _plot_test_loss_vs_n(fig, records, init):
+    if len({r["num_train"] for r in records}) < 2:
+        raise NothingToDraw("one training-set size: no curve against n")
     records = [dict(r, generalization_gap=_gap(r)) for r in records]
     panels = group_by(records, ("step_size",))
-    axes = fig.subplots(1, 2 * len(panels), squeeze=False)[0]
+    axes = fig.subplots(len(panels), 2, squeeze=False)
+    fig.set_size_inches(11, 4.2 * len(panels))  # a row per step size: panels stay readable
     for j, ((eta,), group) in enumerate(panels.items()):
-        _draw_vs_n(axes[2 * j], group, "test_loss", f"test loss at theta_K, eta={eta:g}, init={init}", records)
-        _draw_vs_n(axes[2 * j + 1], group, "generalization_gap", f"test - train loss at theta_K, eta={eta:g}", records)
+        _draw_vs_n(axes[j, 0], group, "test_loss", f"test loss at theta_K, eta={eta:g}, init={init}", records)
+        _draw_vs_n(axes[j, 1], group, "generalization_gap", f"test - train loss at theta_K, eta={eta:g}", records)
 
 
 def _gap(record):
