@@ -15,8 +15,9 @@ relevant, 1 relevant cluster per label, 4 noise clusters, S=3, sigma=1) but toke
 instead of 16 (a third of the cost per head). At n=128 the mean token is not linearly
 separable while the flattened tokens (T*d = 64 numbers) still are, with a small margin.
 Every member's cost is that of an H=64, n=128 member (padding), so it is the sweep's size.
-Measured at tau = 1 (2 shared CPU cores, load ~5: an upper bound): 4 min 10 s wall, 225 s in the loop
-(28 member-steps/s including compilation and two 16-step Lanczos evaluations); tau does not change the cost.
+Measured at tau = 0.1 on 2 free CPU cores: 1 min 20 s wall, 68 s in the loop (92 member-steps/s
+including compilation and the evaluations); 4 min 10 s at tau = 1 under a load of ~5 before (tau
+does not change the cost). Members differing only in n share theta_0 (their key leaves n out).
 
 Outputs in the workdir besides the core ones (results.json/.md, tb/, checkpoints):
 loss_vs_K.png, test_loss_vs_n.png, ntk_margin_vs_H.png and mixture_summary.md.

@@ -11,9 +11,10 @@ because random decoders of std 1 leave a random function Phi(theta_0) whose offs
 test loss; at tau = 0.1 that offset is 10x smaller and the test loss is lower at every n (README).
 test_loss_vs_n.png: test loss and the generalization gap vs n with the fitted slope per H and
 c/(gamma^2 n) (gamma = the measured NTK margin at each n).
+Every n of a seed starts from the same theta_0 (the key leaves n out): the curve is paired.
 Measured at tau = 0.1 (`time mhjax train --config configs/mixture_generalization.py --workdir /tmp/gen
---no-progress`, 2 CPU cores shared with ~8 other jobs, load 4-10: an upper bound): 12 min 58 s wall,
-740 s in the loop (39 member-steps/s: every member is padded to n = 2048); 4 min 21 s user CPU.
+--no-progress`, 2 free CPU cores): 3 min 15 s wall, 181 s in the loop (159 member-steps/s: every
+member is padded to n = 2048); 12 min 58 s under a load of 4-10 before.
 """
 
 import os

@@ -17,9 +17,9 @@ zero_plus_step and no tau axis (tau plays no part there), 24 members:
   mhjax train --config configs/mixture_init.py --workdir runs/mixture_init_zps \\
       --config.init.scheme=zero_plus_step --config.sweep.init_tau='(1.0,)'
 (a single tau value: the usual mixture figures and mixture_summary.md are written).
-Measured (2 CPU cores shared with ~8 other jobs, load 12-17: an upper bound): 18 min 55 s wall, of
-which 3 min 23 s user CPU time (so a few minutes on 2 free cores); the reference 3 min 55 s. Results
-and the choice of configs/mixture.py's tau = 0.1: README ("Mixture: the init scale").
+Measured on 2 free CPU cores: 2 min 48 s wall (158 s in the loop); 18 min 55 s under a load of 12-17
+before; the reference 3 min 55 s under that load. Results and the choice of configs/mixture.py's
+tau = 0.1: README ("Mixture: the init scale").
 """
 
 import os

@@ -13,12 +13,14 @@ Sizes are small so that 240,000 member-steps fit the CPU budget: T = 4 tokens (2
 d = 6 (the least for 1 relevant cluster per label and 4 noise clusters). H = 256 is left out
 here: padding makes every member cost H_max, which would quadruple the run; the NTK margin at
 H = 256 is measured by configs/mixture_margin.py.
-Measured at tau = 0.1 (`time mhjax train --config configs/mixture_rates.py --workdir /tmp/rates --no-progress`,
-2 CPU cores shared with ~8 other jobs, load 8-14, so an upper bound): 10 min 7 s wall, of which
-559 s training at 429 member-steps/s (with 7 evaluations of 64 Lanczos steps); 3 min 14 s user CPU.
-Stability edge (path.png): at tau = 0.1 only eta = 1 starts above it (eta lambda_max(theta_0) =
-2.4-6.6, below 2 from k = 250 on); eta = 0.1 and 0.3 stay below it throughout (0.24-1.9 at
-theta_0). At tau = 1 (the default before) every eta started above it (5-12 at eta = 0.1).
+The three step sizes of a seed start from the same theta_0 (the key leaves eta out), so the rates
+are compared on paired runs. Measured at tau = 0.1 (`time mhjax train --config configs/mixture_rates.py
+--workdir /tmp/rates --no-progress`, 2 free CPU cores): 2 min 20 s wall, of which 126 s training at
+1,904 member-steps/s (with 7 evaluations of 64 Lanczos steps); 10 min 7 s under a load of 8-14 before.
+Stability edge (mixture_summary.md; path.png draws the first eta): at tau = 0.1 only eta = 1 starts
+above it (eta lambda_max(theta_0) = 2.4-5.9, below 2 from k = 250 on); eta = 0.1 and 0.3 stay below
+it throughout (0.24-1.78 at theta_0). At tau = 1 (the default before) every eta started above it
+(5-12 at eta = 0.1).
 """
 
 import ml_collections
