@@ -327,14 +327,20 @@ def fitted_slope(x, y) -> float:
 
 def _plot_margin_vs_H(fig, records, init):
     left, right = fig.subplots(1, 2)
-    for (n, eta), group in group_by(records, ("num_train", "step_size")).items():
+    # The margin is taken at theta_0, which members differing only in eta share (their key leaves
+    # eta out): one line per n, from its first step size, instead of identical lines per eta.
+    first_eta = {}
+    for r in records:
+        first_eta.setdefault(r["num_train"], r["step_size"])
+    records = [r for r in records if r["step_size"] == first_eta[r["num_train"]]]
+    for (n,), group in group_by(records, ("num_train",)).items():
         by_h = group_by(group, ("heads",))
         hs = np.array([h[0] for h in by_h], dtype=float)
         stats = [_values(v, "ntk_margin") for v in by_h.values()]
         mean = np.array([s.mean() if s.size else np.nan for s in stats])
         std = np.array([s.std() if s.size else np.nan for s in stats])
         normed = np.array([_mean(v, "ntk_margin_normalized") for v in by_h.values()])
-        label = f"n={n}, eta={eta:g}"
+        label = f"n={n}"
         line = left.errorbar(hs, mean, yerr=std, marker="o", capsize=3, label=label)
         color = line[0].get_color()
         right.plot(hs, normed, marker="o", color=color, label=f"NTK, {label}")
