@@ -3,7 +3,7 @@ the initial state, one training chunk and the evaluation on ``--workers`` thread
 waits for; a run uses one), then each again alone (lowering and compiling). The persistent
 cache is off.
 
-    MHJAX_ATTENTION=jax|auto python benchmarks/compile_time.py [--config configs/paper.py]
+    python benchmarks/compile_time.py [--config configs/paper.py] [--attention auto|jax|cpu_kernel|pallas]
         [--seeds 0,1,2,3,4,5,6,7] [--strategy one_program] [--workers 1] [--json OUT]
 """
 
@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mhjax.commands.train import load_config  # noqa: E402
 from mhjax.experiments import make_experiment  # noqa: E402
+from mhjax.models.attention import IMPLEMENTATIONS  # noqa: E402
 from mhjax.train import ahead  # noqa: E402
 from mhjax.train.loop import Sweep  # noqa: E402
 
@@ -31,16 +32,18 @@ def main() -> None:
     parser.add_argument("--config", default="configs/paper.py")
     parser.add_argument("--seeds", default="0,1,2,3,4,5,6,7")
     parser.add_argument("--strategy", default="one_program")
+    parser.add_argument("--attention", default="auto", choices=IMPLEMENTATIONS, help="config.attention")
     parser.add_argument("--workers", type=int, default=1, help="compile threads of the first measurement")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     jax.config.update("jax_enable_compilation_cache", False)
     seeds = tuple(int(s) for s in args.seeds.split(","))
-    config = load_config(args.config, {"sweep.seed": seeds, "strategy": args.strategy})
+    config = load_config(args.config, {"sweep.seed": seeds, "strategy": args.strategy, "attention": args.attention})
     sweep = Sweep(make_experiment(config))
     lengths = [int(config.train.chunk_steps)]
     out = {
-        "attention": os.environ.get("MHJAX_ATTENTION", "auto"),
+        "attention": args.attention,
+        "attention_used": sweep.experiment.attention_used(jax.default_backend()),
         "strategy": args.strategy,
         "members": len(sweep.experiment.members),
         "date": time.strftime("%Y-%m-%d"),
@@ -49,6 +52,7 @@ def main() -> None:
     }
     _, out["run_compile_s"], _ = ahead.compile_all(ahead.jobs(sweep, lengths, init=True), workers=args.workers)
     for job in ahead.jobs(sweep, lengths, init=True):
+        jax.clear_caches()  # the run above left this executable in JAX's in-memory caches
         start = time.perf_counter()
         lowered = job.jitted.lower(*job.args)
         out[f"{job.key[0]}_lower_s"] = time.perf_counter() - start
