@@ -60,7 +60,7 @@ def load(workdir) -> Run:
 
 class Run:
     """A trained (or training) sweep's workdir, read on demand through its Workdir
-    (mhjax/io/workdir.py: each file read once)."""
+    (mhjax/io/workdir.py: each file read once while unchanged, again once it changed)."""
 
     def __init__(self, workdir):
         self.workdir = os.fspath(workdir)
@@ -104,7 +104,6 @@ class Run:
         sequences, horizon, max_steps, chain, include_sink, batch_size, tensorboard, plot)."""
         with WorkdirLock(self.workdir, "analyze"):
             result = analyze_workdir(self.workdir, **options)
-        self._files = Workdir(self.workdir)  # read the new analysis and TensorBoard scalars afresh
         return result
 
     def to_pandas(self):

@@ -175,3 +175,34 @@ def test_params_of_the_latest_checkpoint_read_without_model_code(trained):
     with pytest.raises(ConfigError, match="no member 'nobody'"):
         wd.params("nobody")
     assert "train/loss" in wd.curves("copy-h2-s0") and wd.curves("copy-h2-s0", ["nope"]) == {}
+
+
+def test_a_held_workdir_reads_a_file_again_once_it_changed(trained, tmp_path):
+    """A Run kept in a notebook while its sweep goes on: results, TensorBoard curves and the
+    latest checkpoint are read again once they change on disk, and only then."""
+    from tensorboardX import SummaryWriter
+
+    import mhjax
+
+    _, workdir = trained
+    copy = tmp_path / "w"
+    shutil.copytree(workdir, copy)
+    run = mhjax.load(copy)
+    wd = run._files
+    name = run.member_names[0]
+    steps, _ = run.curves(name)["train/loss"]
+    assert run.results[0]["steps"] == 2 and wd.latest_step() == 2
+
+    results = json.loads((copy / "results.json").read_text())
+    results["members"][0]["steps"] = 4
+    (copy / "results.json.new").write_text(json.dumps(results))
+    os.replace(copy / "results.json.new", copy / "results.json")  # as write_json replaces it
+    writer = SummaryWriter(wd.run_dir(name))
+    writer.add_scalar("train/loss", 0.5, 99)
+    writer.close()
+    shutil.copytree(copy / "checkpoints" / "2", copy / "checkpoints" / "4")
+
+    assert run.results[0]["steps"] == 4
+    new_steps, values = run.curves(name)["train/loss"]
+    assert list(new_steps) == [*steps, 99] and values[-1] == 0.5
+    assert wd.latest_step() == 4

@@ -12,7 +12,8 @@
     W/<figure>.png, <name>.md an experiment's own figures and summaries (Experiment.finalize)
 
 No other module of mhjax names these files: they ask a ``Workdir``. Its readers keep what they
-read, so a command holding one Workdir reads each file once. A missing or unreadable file is a
+read, so a command holding one Workdir reads an unchanged file once, and read it again once it
+changed (a Run held while its sweep trains follows it). A missing or unreadable file is a
 one-line ConfigError naming it, never a default: a workdir without an analysis or without
 TensorBoard runs says so through ``has_analysis()`` and ``has_curves()``.
 """
@@ -48,8 +49,7 @@ class Workdir:
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        self._read: dict = {}  # what the readers have read: {key: value}
-        self._runs: dict[str, dict] = {}  # member -> {tag: (steps, values)}
+        self._read: dict = {}  # what the readers have read: {key: (signature of its file, value)}
 
     @classmethod
     def of(cls, workdir) -> Workdir:
@@ -116,14 +116,37 @@ class Workdir:
         return self.file(self.REPORT_FIGURES)
 
     # ------------------------------------------------------------------ #
-    # Readers (each file read once per Workdir)
+    # Readers (each file read once per Workdir while it is unchanged)
     # ------------------------------------------------------------------ #
     def require(self) -> None:
         if not os.path.isdir(self.path):
             raise ConfigError(f"--workdir: no such directory: {self.path}")
 
+    @staticmethod
+    def _signature(path: str):
+        """What tells that a file or folder changed: its (inode, mtime, size), or those of each
+        entry of the folder; None when it is missing."""
+        try:
+            if os.path.isdir(path):
+                return tuple(
+                    sorted((e.name, e.inode(), e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(path))
+                )
+            stat = os.stat(path)
+            return stat.st_ino, stat.st_mtime_ns, stat.st_size
+        except OSError:
+            return None
+
+    def _cached(self, key, path: str, load):
+        """``load()``'s value for ``key``: read once while ``path`` stays the same, and again once it
+        changed, so that a Run held in a notebook follows a sweep that is still training."""
+        signature = self._signature(path)
+        hit = self._read.get(key)
+        if hit is None or hit[0] != signature:
+            hit = self._read[key] = (signature, load())
+        return hit[1]
+
     def _json(self, path: str, missing_hint: str) -> dict:
-        if path not in self._read:
+        def load() -> dict:
             self.require()
             if not os.path.isfile(path):
                 raise ConfigError(f"--workdir: {self.path} has no {os.path.relpath(path, self.path)}; {missing_hint}")
@@ -134,8 +157,9 @@ class Workdir:
                 raise ConfigError(f"--workdir: {path} is unreadable ({type(exc).__name__})") from None
             if not isinstance(data, dict):
                 raise ConfigError(f"--workdir: {path} is not a JSON object")
-            self._read[path] = data
-        return self._read[path]
+            return data
+
+        return self._cached(path, path, load)
 
     def metadata(self) -> dict:
         """W/mhjax.json: {"mhjax_version", "experiment", "config"}."""
@@ -184,15 +208,18 @@ class Workdir:
 
     def curves(self, member: str, tags=None) -> dict:
         """{tag: (steps, values)} of ``member``'s TensorBoard scalars, ``tags`` (absent ones left
-        out) or all; the run is read once. A resumed run may log a step twice: the last value wins."""
-        if member not in self._runs:
+        out) or all; read again only when its event files changed. A resumed run may log a step
+        twice: the last value wins."""
+        path = self.run_dir(member)
+
+        def load() -> dict:
             from mhjax.io.curves import read_run  # tensorboard's reader imports slowly: only here
 
-            path = self.run_dir(member)
             if not os.path.isdir(path):
                 raise ConfigError(f"--workdir: {self.path} has no TensorBoard run {path}")
-            self._runs[member] = read_run(path)
-        run = self._runs[member]
+            return read_run(path)
+
+        run = self._cached(("curves", member), path, load)
         return dict(run) if tags is None else {t: run[t] for t in tags if t in run}
 
     # ------------------------------------------------------------------ #
@@ -209,16 +236,17 @@ class Workdir:
 
     def latest_step(self) -> int | None:
         """The step of the latest complete checkpoint, or None."""
-        if "latest_step" not in self._read:
+
+        def load() -> int | None:
             if not self.has_checkpoints():
-                self._read["latest_step"] = None
-            else:
-                checkpointer = self.checkpointer()
-                try:
-                    self._read["latest_step"] = checkpointer.latest_step()
-                finally:
-                    checkpointer.close()
-        return self._read["latest_step"]
+                return None
+            checkpointer = self.checkpointer()
+            try:
+                return checkpointer.latest_step()
+            finally:
+                checkpointer.close()
+
+        return self._cached("latest_step", self.checkpoints_dir, load)
 
     def member_states(self, step: int | None = None) -> dict:
         """{member name: its raw saved state (numpy: params, opt_state, step, diverged, ...)} of
@@ -226,8 +254,8 @@ class Workdir:
         step = self.latest_step() if step is None else step
         if step is None:
             raise ConfigError(f"--workdir: {self.path} has no checkpoint yet; train it first")
-        key = ("member_states", step)
-        if key not in self._read:
+
+        def load() -> dict:
             from mhjax.io.checkpoint import member_key
 
             checkpointer = self.checkpointer()
@@ -239,8 +267,9 @@ class Workdir:
             members = tree["members"]
             if names is not None:
                 members = {name: members[member_key(name)] for name in names if member_key(name) in members}
-            self._read[key] = members
-        return self._read[key]
+            return members
+
+        return self._cached(("member_states", step), os.path.join(self.checkpoints_dir, str(step)), load)
 
     def params(self, member: str, step: int | None = None):
         """``member``'s parameters (numpy tree) at checkpoint ``step`` (default: the latest)."""
@@ -292,7 +321,7 @@ class Workdir:
             raise ConfigError(
                 f"--workdir: cannot write {self.metadata_path} ({type(exc).__name__}: {exc.strerror or exc})"
             ) from None
-        self._read[self.metadata_path] = json.loads(json.dumps(current))
+        self._read.pop(self.metadata_path, None)  # read back from disk when asked
         return False
 
 
