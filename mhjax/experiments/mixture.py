@@ -17,8 +17,9 @@ from the same distribution, the same for every member of a seed.
 
 theta_0. ``init.scheme`` (head h's random values from fold_in(member key, h): independent
 of H_max; ``init.tau`` is their standard deviation, or the member's ``sweep.init_tau`` value when
-that is swept: tau is a per-member constant of the one program and stays out of the key, so
-members differing only in tau start from the same random directions at different scales;
+that is swept: tau is a per-member constant of the one program. tau, eta and n stay out of the
+key (SHARED_DRAWS), so members differing only in those start from the same random directions,
+at their own scale;
 tau = 0 makes every draw zero, so all heads start equal and stay equal):
   * "random_decoders" (default): U_h ~ N(0, tau^2), W_h = 0. The heads differ from the start,
     so GD moves them apart and an H-head member is a genuine width-H network; its NTK at
