@@ -50,6 +50,7 @@ class SweepCheckpointer:
         if records is not None:
             items[RECORDS] = ocp.args.JsonSave(records)
         previous = self.latest_step()
+        _remove_failed_save(self.directory, step)  # an earlier failed save of this step: its leftovers
         try:
             self.manager.save(step, args=ocp.args.Composite(**items), force=True)
             self.manager.wait_until_finished()
