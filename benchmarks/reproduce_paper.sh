@@ -102,7 +102,7 @@ timings = {
 }
 json.dump(timings, open(os.path.join(out, "timings.json"), "w"), indent=2)
 rate = summary.get("steady_member_steps_per_s")
-compile_s = sum(summary["compile_s_logged"]) if summary.get("compile_s_logged") else summary.get("compile_s_estimate")
+compile_s = summary.get("compile_s")  # train_run_summary.compile_seconds
 facts = [
     f"- Date: {timings['date'][:10]}. Device: {timings['device']}, jax {timings['jax']}.",
     f"- {summary['steps_done']:,} steps x {summary['members']} members (configs/paper.py, seeds as below).",

@@ -4,7 +4,6 @@ count: seconds}; memory(steps) -> bytes."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import sys
@@ -42,35 +41,6 @@ def make_config(heads, length=100, seeds=(0,), strategy="grouped"):
     config.model.seq_len = length
     config.strategy = strategy
     return config
-
-
-# The pre-config names of the module global MHJAX_ATTENTION set (mhjax/models/attention.py).
-_LEGACY_ATTENTION = {"auto": "auto", "jax": "jax", "cpu_kernel": "kernel", "kernel": "kernel"}
-
-
-@contextlib.contextmanager
-def attention_choice(config, impl: str | None):
-    """Run the block (which must trace the programs: warm-up) with attention implementation
-    ``impl`` ("auto", "jax", "cpu_kernel", "pallas"; None: the config's own): as
-    ``config.attention``, or, in older versions that have no such field, through the attention
-    module's global (which has no "pallas")."""
-    from mhjax.models import attention
-
-    legacy = "attention" not in config and hasattr(attention, "IMPLEMENTATION")
-    if not impl or not legacy:
-        if impl:
-            with config.unlocked():
-                config.attention = impl
-        yield
-        return
-    if impl not in _LEGACY_ATTENTION:
-        raise SystemExit(f"attention: {impl!r} needs config.attention (this checkout has auto, jax, cpu_kernel)")
-    saved = attention.IMPLEMENTATION
-    attention.IMPLEMENTATION = _LEGACY_ATTENTION[impl]
-    try:
-        yield
-    finally:
-        attention.IMPLEMENTATION = saved
 
 
 def model_flops(config) -> float:

@@ -63,7 +63,6 @@ from runners import (  # noqa: E402
     SweepRunner,
     TorchEnsembleRunner,
     TorchRunner,
-    attention_choice,
     make_config,
     model_flops,
     pick_torch_threads,
@@ -197,13 +196,14 @@ def main(argv=None):
         runner_config = make_config(
             HEADS, length=args.length, seeds=seeds, strategy="grouped" if name == "sequential" else name
         )
-        with attention_choice(runner_config, impl):
-            if name == "sequential":
-                runner = SequentialRunner(runner_config, label)
-            else:
-                runner = SweepRunner(runner_config, label)
-            start = time.perf_counter()
-            runner.warm(steps)
+        if impl:
+            runner_config.attention = impl
+        if name == "sequential":
+            runner = SequentialRunner(runner_config, label)
+        else:
+            runner = SweepRunner(runner_config, label)
+        start = time.perf_counter()
+        runner.warm(steps)
         runner.compile_s = time.perf_counter() - start
         runners.append(runner)
         log(f"  {name}: first chunk (compile + run) {runner.compile_s:.1f} s")

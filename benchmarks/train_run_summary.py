@@ -82,6 +82,7 @@ def summarise(workdir: str, log_text: str = "", dry_run_text: str = "", wall_s: 
         with open(os.path.join(workdir, "results.json")) as f:
             results = json.load(f)
         out["results_attention"] = results.get("attention")  # the implementation actually used
+    out["compile_s"] = compile_seconds(out)
     return out
 
 
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
     else:
         print(text)
     rate = payload.get("steady_member_steps_per_s")
-    compile_s = compile_seconds(payload)
+    compile_s = payload.get("compile_s")
     print(
         f"{payload['steps_done']} steps x {payload.get('members', 0)} members; steady "
         + (f"{rate:,.0f} member-steps/s" if rate else "n/a (fewer than 2 chunks)")

@@ -283,3 +283,22 @@ def test_first_token_query_variant_pads_like_the_plain_model():
         np.testing.assert_allclose(np.asarray(theta0[key])[:2], np.asarray(plain[key]), rtol=1e-6, atol=1e-7)
         assert not np.any(np.asarray(theta0[key])[2:])
     assert np.any(np.asarray(plain["U"]))
+
+
+def test_margin_figure_merges_step_sizes_only_where_their_margins_are_the_same(swept):
+    """The NTK margin is taken at theta_0: members differing only in eta share it (one line per
+    n), unless theta_0 took a first step of size eta (zero_plus_step): then a line per eta."""
+    from matplotlib.figure import Figure
+
+    from mhjax.plotting.mixture import _plot_margin_vs_H
+
+    _, _, payload = swept
+    shared = payload["members"] + [dict(m, step_size=0.5) for m in payload["members"]]
+    stepped = payload["members"] + [dict(m, step_size=0.5, ntk_margin=m["ntk_margin"] / 2) for m in payload["members"]]
+    labels = {}
+    for name, records in (("shared", shared), ("stepped", stepped)):
+        fig = Figure()
+        _plot_margin_vs_H(fig, records, "test")
+        labels[name] = sorted(t.get_text() for t in fig.axes[0].get_legend().get_texts())
+    assert labels["shared"] == ["n=16", "n=8"]
+    assert labels["stepped"] == ["n=16, eta=0.5", "n=16, eta=1", "n=8, eta=0.5", "n=8, eta=1"]

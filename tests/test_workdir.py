@@ -206,3 +206,18 @@ def test_a_held_workdir_reads_a_file_again_once_it_changed(trained, tmp_path):
     new_steps, values = run.curves(name)["train/loss"]
     assert list(new_steps) == [*steps, 99] and values[-1] == 0.5
     assert wd.latest_step() == 4
+
+
+def test_a_report_goes_on_without_a_members_tensorboard_run(trained, tmp_path):
+    """A member whose TensorBoard writer could not open its folder (io/tensorboard.py goes on
+    without it) has no curves in the report; the report is still written."""
+    from mhjax.commands.report import write_report
+
+    _, workdir = trained
+    copy = tmp_path / "w"
+    shutil.copytree(workdir, copy)
+    wd = Workdir(copy)
+    name = wd.member_names()[0]
+    shutil.rmtree(wd.run_dir(name))
+    assert wd.has_curves() and not wd.has_curves(name)
+    assert os.path.isfile(write_report(wd)["md"])

@@ -137,12 +137,11 @@ def head_ablation(
     means = variants / total  # (without/only, L, H, loss/accuracy)
     layers = []
     for l in range(L):
-        table = {
+        ablation = {  # loss_without, accuracy_without, loss_only, accuracy_only
             f"{metric}_{variant}": [float(x) for x in means[v, l, :, m]]
             for v, variant in enumerate(("without", "only"))
             for m, metric in enumerate(("loss", "accuracy"))
         }
-        ablation = {k: table[k] for k in ("loss_without", "accuracy_without", "loss_only", "accuracy_only")}
         increase = np.asarray(ablation["loss_without"]) - loss
         layers.append(
             {

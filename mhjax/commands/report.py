@@ -23,7 +23,6 @@ import os
 import sys
 
 from mhjax.commands.reproduction import reproduction_markdown
-from mhjax.config import ConfigError
 from mhjax.data import tasks
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.results import markdown_table, write_text
@@ -34,10 +33,10 @@ from mhjax.plotting.report import analysis_tables, plot_curves, plot_mixing_fide
 
 def training_curves(workdir: Workdir, names: list[str]) -> dict:
     """{member: {tag: (steps, values)}}: ``train/loss`` and every ``eval/...`` curve of the
-    members' TensorBoard runs; no curves for a workdir without TensorBoard runs."""
+    members' TensorBoard runs; no curves for a member without a TensorBoard run."""
     out = {}
     for name in names:
-        found = workdir.curves(name) if workdir.has_curves() else {}
+        found = workdir.curves(name) if workdir.has_curves(name) else {}
         out[name] = {t: c for t, c in found.items() if t == "train/loss" or t.startswith("eval/")}
     return out
 
@@ -51,11 +50,7 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
     ``reference``: a folder of released checkpoints to compare with (mhjax.commands.reproduction)."""
     workdir = Workdir.of(workdir)
     results = workdir.results()
-    try:  # plug-in tasks, registered again from where W/mhjax.json says they came from
-        recorded = workdir.metadata().get("tasks")
-    except ConfigError:  # no or an unreadable mhjax.json: nothing to register
-        recorded = None
-    tasks.restore(recorded, workdir.metadata_path)
+    tasks.restore(workdir.metadata().get("tasks"), workdir.metadata_path)  # plug-in tasks, from where they came
     members = results["members"]
     analysis = workdir.analysis() if workdir.has_analysis() else None
     out_dir, link_dir = workdir.report_dir, os.path.relpath(workdir.report_dir, workdir.path)

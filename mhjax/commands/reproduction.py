@@ -143,7 +143,7 @@ def reproduction_markdown(
         [e for e in (analysis or {}).get("members", {}).values() if e.get("status", "ok") == "ok"] if analysis else None
     )
     tags = [tag for tag, _, _ in CURVE_PANELS]
-    curves = {m["name"]: workdir.curves(m["name"], tags) if workdir.has_curves() else {} for m in members}
+    curves = {m["name"]: workdir.curves(m["name"], tags) if workdir.has_curves(m["name"]) else {} for m in members}
     intro = (
         'The paper: "Beyond Parallelism: Synergistic Computational Graph Effects in Multi-Head Attention" '
         f"(arXiv 2507.02944), Section 4. Released models: `{reference_dir}` ({len(released)} checkpoints, "

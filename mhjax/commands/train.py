@@ -18,6 +18,7 @@ from mhjax.io.lock import WorkdirLock
 from mhjax.io.results import WriteFailed
 from mhjax.io.workdir import Workdir
 from mhjax.train.console import next_commands, summary_lines
+from mhjax.train.interrupt import EXIT_STATUS
 from mhjax.train.loop import Interrupted, run
 from mhjax.train.placement import maybe_initialize_distributed
 
@@ -104,7 +105,7 @@ def command(args, overrides) -> int:
             payload = run(experiment, workdir, progress=not args.no_progress, log=lambda m: print(m, file=sys.stderr))
         except Interrupted as exc:
             print(f"mhjax: {exc}", file=sys.stderr)
-            return 130
+            return EXIT_STATUS
         except WriteFailed as exc:  # a full disk: one line naming the file; the last checkpoint holds
             print(f"mhjax: error: {exc}", file=sys.stderr)
             return 1

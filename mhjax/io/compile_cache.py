@@ -47,11 +47,11 @@ def configure() -> str | None:
 
 
 class CacheCounter:
-    """How many compile requests JAX answered from the persistent cache, and how many it
-    looked up there (JAX's monitoring events), counted from ``start()``."""
+    """How many compile requests JAX answered from the persistent cache (JAX's monitoring
+    events), counted from ``start()``."""
 
     _listening = False
-    _counts = {"/jax/compilation_cache/cache_hits": 0, "/jax/compilation_cache/compile_requests_use_cache": 0}
+    _counts = {"/jax/compilation_cache/cache_hits": 0}
 
     @classmethod
     def _listen(cls, event: str, **kwargs) -> None:
@@ -71,7 +71,3 @@ class CacheCounter:
     @property
     def hits(self) -> int:
         return self._since("/jax/compilation_cache/cache_hits")
-
-    @property
-    def lookups(self) -> int:
-        return self._since("/jax/compilation_cache/compile_requests_use_cache")

@@ -202,9 +202,10 @@ class Workdir:
         """W/analysis/analysis.json (``mhjax analyze --workdir W``)."""
         return self._json(self.analysis_path, f"run `mhjax analyze --workdir {self.path}` first")
 
-    def has_curves(self) -> bool:
-        """Whether the workdir has TensorBoard runs at all (W/tb)."""
-        return os.path.isdir(self.tensorboard_dir)
+    def has_curves(self, member: str | None = None) -> bool:
+        """Whether the workdir has TensorBoard runs at all (W/tb), or ``member``'s run (a writer
+        that could not open its folder, e.g. on a full disk, leaves none: the run went on)."""
+        return os.path.isdir(self.tensorboard_dir if member is None else self.run_dir(member))
 
     def curves(self, member: str, tags=None) -> dict:
         """{tag: (steps, values)} of ``member``'s TensorBoard scalars, ``tags`` (absent ones left
@@ -290,7 +291,6 @@ class Workdir:
         except WriteFailed as exc:
             exc.hint = "; training is done and checkpointed: free some space and run the same command to write it"
             raise
-        self._read.pop(self.results_path, None)
 
     def check_or_write_metadata(self, config_dict: dict, kind: str, extra: dict | None = None) -> bool:
         """True if the workdir already belongs to this exact config (resume), up to HOW_NOT_WHAT
@@ -321,7 +321,6 @@ class Workdir:
             raise ConfigError(
                 f"--workdir: cannot write {self.metadata_path} ({type(exc).__name__}: {exc.strerror or exc})"
             ) from None
-        self._read.pop(self.metadata_path, None)  # read back from disk when asked
         return False
 
 

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
 from mhjax.config import ConfigError
-from mhjax.models.dropout_hash import dropout_threshold, hash_keep, hash_mix  # noqa: F401  (re-exported)
+from mhjax.models.dropout_hash import dropout_threshold, hash_keep
 
 Layout = tuple[tuple[int, int], ...]  # (members, heads) per group, in member-axis order
 

@@ -24,6 +24,8 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
+from mhjax.io import compile_cache
+
 SOURCE = Path(__file__).with_name("_attention_cpu.cc")
 FORWARD, BACKWARD = "mhjax_attention_fwd", "mhjax_attention_bwd"
 
@@ -41,10 +43,7 @@ def _cpu_signature() -> str:
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("MHJAX_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mhjax"
-    )
-    return Path(root)
+    return Path(compile_cache.cache_root())
 
 
 def _flags() -> list[str]:

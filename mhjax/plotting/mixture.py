@@ -117,8 +117,8 @@ def flat_threshold(records, slope_tol: float = 0.2) -> dict:
 
 
 def _curves(workdir: Workdir, name: str, tags) -> dict:
-    """A member's TensorBoard curves ({} when the workdir has no TensorBoard runs at all)."""
-    return workdir.curves(name, tags) if workdir.has_curves() else {}
+    """A member's TensorBoard curves ({} when it has no TensorBoard run)."""
+    return workdir.curves(name, tags) if workdir.has_curves(name) else {}
 
 
 def edge_crossings(workdir: Workdir, records: list[dict]) -> dict:
@@ -328,32 +328,16 @@ def fitted_slope(x, y) -> float:
 def _plot_margin_vs_H(fig, records, init):
     left, right = fig.subplots(1, 2)
     # The margin is taken at theta_0, which members differing only in eta share (their key leaves
-    # eta out): one line per n, from its first step size, instead of identical lines per eta.
-    first_eta = {}
-    for r in records:
-        first_eta.setdefault(r["num_train"], r["step_size"])
-    records = [r for r in records if r["step_size"] == first_eta[r["num_train"]]]
-    for (n,), group in group_by(records, ("num_train",)).items():
-        by_h = group_by(group, ("heads",))
-        hs = np.array([h[0] for h in by_h], dtype=float)
-        stats = [_values(v, "ntk_margin") for v in by_h.values()]
-        mean = np.array([s.mean() if s.size else np.nan for s in stats])
-        std = np.array([s.std() if s.size else np.nan for s in stats])
-        normed = np.array([_mean(v, "ntk_margin_normalized") for v in by_h.values()])
-        label = f"n={n}"
-        line = left.errorbar(hs, mean, yerr=std, marker="o", capsize=3, label=label)
-        color = line[0].get_color()
-        right.plot(hs, normed, marker="o", color=color, label=f"NTK, {label}")
-        right.axhline(
-            _mean(group, "linear_margin_normalized"), ls="--", color=color, lw=1, label=f"linear (flat), n={n}"
-        )
-        right.axhline(
-            _mean(group, "linear_margin_mean_normalized"),
-            ls=":",
-            color=color,
-            lw=1,
-            label=f"linear (mean token), n={n}",
-        )
+    # eta out) unless theta_0 includes a first GD step of size eta: a line per (n, eta) only where
+    # the margins differ, else one per n.
+    lines: dict = {}  # n -> [(margins, eta, group)]
+    for (n, eta), group in group_by(records, ("num_train", "step_size")).items():
+        margins = sorted((r["heads"], r["seed"], r.get("ntk_margin")) for r in group)
+        if all(margins != drawn for drawn, _, _ in lines.setdefault(n, [])):
+            lines[n].append((margins, eta, group))
+    for n, drawn in lines.items():
+        for _, eta, group in drawn:
+            _draw_margins(left, right, n, eta if len(drawn) > 1 else None, group)
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("heads H")
@@ -362,6 +346,28 @@ def _plot_margin_vs_H(fig, records, init):
     left.set_title(f"NTK margin vs H, init={init} (<= 0: not separable)", fontsize=9)
     right.set_ylabel("margin / max feature norm")
     right.set_title("scale-free margins: NTK vs linear on raw inputs", fontsize=9)
+
+
+def _draw_margins(left, right, n, eta, group):
+    """One line per (n[, eta]): the NTK margin (left) and the scale-free margins (right)."""
+    by_h = group_by(group, ("heads",))
+    hs = np.array([h[0] for h in by_h], dtype=float)
+    stats = [_values(v, "ntk_margin") for v in by_h.values()]
+    mean = np.array([s.mean() if s.size else np.nan for s in stats])
+    std = np.array([s.std() if s.size else np.nan for s in stats])
+    normed = np.array([_mean(v, "ntk_margin_normalized") for v in by_h.values()])
+    label = f"n={n}" if eta is None else f"n={n}, eta={eta:g}"
+    line = left.errorbar(hs, mean, yerr=std, marker="o", capsize=3, label=label)
+    color = line[0].get_color()
+    right.plot(hs, normed, marker="o", color=color, label=f"NTK, {label}")
+    right.axhline(_mean(group, "linear_margin_normalized"), ls="--", color=color, lw=1, label=f"linear (flat), n={n}")
+    right.axhline(
+        _mean(group, "linear_margin_mean_normalized"),
+        ls=":",
+        color=color,
+        lw=1,
+        label=f"linear (mean token), n={n}",
+    )
 
 
 PATH_TAGS = ("eval/distance_from_init", "eval/min_hessian_eig_over_loss_sqrtH", "eval/step_times_hessian_max")

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
@@ -109,16 +110,21 @@ def plot_accuracy_vs_H(fig, records, scheme: str = "?"):
         ax.legend(fontsize=7)
 
 
-def write_init_comparison(workdir, records: list[dict], scheme: str = "?") -> list[str]:
-    """mixture_init.md and test_accuracy_vs_H.png in ``workdir`` (a Workdir or a path); returns the paths."""
+def write_init_comparison(workdir, records: list[dict], scheme: str = "?", log=None) -> list[str]:
+    """mixture_init.md and test_accuracy_vs_H.png in ``workdir`` (a Workdir or a path); returns the
+    paths written. A failing figure is skipped with a message, as in plotting/mixture.py."""
     workdir = Workdir.of(workdir)
     path = workdir.file(TABLE)
     write_text(path, init_table_markdown(records, scheme))
-    from matplotlib.figure import Figure  # slow import: only when drawing
+    try:
+        from matplotlib.figure import Figure  # slow import: only when drawing
 
-    panels = len(group_by(records, ("num_train", "step_size")))
-    fig = Figure(figsize=(5.5 * panels, 4.2), layout="constrained")
-    plot_accuracy_vs_H(fig, records, scheme)
-    figure = workdir.file(FIGURE)
-    fig.savefig(figure, dpi=110)
+        panels = len(group_by(records, ("num_train", "step_size")))
+        fig = Figure(figsize=(5.5 * panels, 4.2), layout="constrained")
+        plot_accuracy_vs_H(fig, records, scheme)
+        figure = workdir.file(FIGURE)
+        fig.savefig(figure, dpi=110)
+    except Exception as exc:  # a figure must never cost a finished run
+        (log or (lambda m: print(m, file=sys.stderr)))(f"mixture: {FIGURE} skipped ({type(exc).__name__}: {exc})")
+        return [path]
     return [path, figure]

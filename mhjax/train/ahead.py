@@ -29,10 +29,8 @@ class Job(NamedTuple):
 
 
 class Compiled(NamedTuple):
-    """What a compile-ahead built, for the console: programs, members, executables, time."""
+    """What a compile-ahead built, for the console: executables, time, cache hits."""
 
-    programs: int
-    members: int
     executables: dict  # Job.key -> jax.stages.Compiled
     seconds: float
     from_cache: int  # executables JAX's persistent cache answered
@@ -100,8 +98,7 @@ def compile_sweep(sweep, lengths: list[int], init: bool) -> Compiled:
     job_list = jobs(sweep, lengths, init)
     executables, seconds, hits = compile_all(job_list)
     sweep.use(executables)
-    members = sum(len(p.members) for p in sweep.programs)
-    return Compiled(len(sweep.programs), members, executables, seconds, hits)
+    return Compiled(executables, seconds, hits)
 
 
 def abstract(tree, sharding) -> Any:
