@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 
-from mhjax.config import ConfigError, split_overrides
+from mhjax.config import ConfigError, split_overrides, traceback_wanted
 
 ANALYZE_DESCRIPTION = """\
 Mixing time and minimax fidelity of every layer's combined attention operator
@@ -204,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except ConfigError as exc:
+        if exc.__cause__ is not None and traceback_wanted():  # MHJAX_TRACEBACK=1: where in user code
+            traceback.print_exception(exc.__cause__)
         print(f"mhjax: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

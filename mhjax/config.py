@@ -10,6 +10,7 @@ import ast
 import importlib.machinery
 import importlib.util
 import os
+import sys
 
 import ml_collections
 
@@ -29,13 +30,13 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
     try:
         spec.loader.exec_module(module)
     except Exception as exc:  # a broken config file is bad input, not a crash
-        raise ConfigError(f"--config: cannot load {path}: {_one_line(exc)}") from None
+        raise ConfigError(f"--config: cannot load {path}: {_one_line(exc)}") from chained(exc)
     if not callable(getattr(module, "get_config", None)):
         raise ConfigError(f"--config: {path} defines no get_config()")
     try:
         config = module.get_config()
     except Exception as exc:
-        raise ConfigError(f"--config: get_config() in {path} failed: {_one_line(exc)}") from None
+        raise ConfigError(f"--config: get_config() in {path} failed: {_one_line(exc)}") from chained(exc)
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(
             f"--config: get_config() in {path} must return an ml_collections.ConfigDict, got {type(config).__name__}"
@@ -44,7 +45,53 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+    return user_error(exc)
+
+
+def chained(exc: BaseException):
+    """What a ConfigError about ``exc`` chains: ``exc`` when MHJAX_TRACEBACK asks for it, else nothing."""
+    return exc if traceback_wanted() else None
+
+
+TRACEBACK_VARIABLE = "MHJAX_TRACEBACK"  # =1: errors from user code keep their traceback (the CLI prints it)
+
+
+def traceback_wanted() -> bool:
+    return os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
+
+
+def user_error(exc: BaseException, limit: int = 300) -> str:
+    """One line about an exception raised in user code (a config file, a task): its type, the
+    first line of its message and the file and line in user code where it was raised (the
+    innermost frame outside mhjax, JAX, NumPy and the standard library)."""
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    if len(first) > limit:
+        first = first[: limit - 3] + "..."
+    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    frame = _user_frame(exc)
+    if frame is not None:
+        text += f" (at {frame.filename}:{frame.lineno}" + (f": {frame.line.strip()}" if frame.line else "") + ")"
+    if not traceback_wanted():
+        text += f"; {TRACEBACK_VARIABLE}=1 shows the traceback"
+    return text
+
+
+def _user_frame(exc: BaseException):
+    import traceback
+
+    library = [os.path.dirname(os.path.abspath(__file__))]  # mhjax
+    for name in ("jax", "jaxlib", "numpy", "flax", "optax", "ml_collections"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            library.append(os.path.dirname(os.path.abspath(module.__file__)))
+    library.append(os.path.dirname(os.__file__))  # the standard library
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not any(os.path.abspath(f.filename).startswith(root + os.sep) for root in library)
+        and not f.filename.startswith("<frozen")
+    ]
+    return frames[-1] if frames else None
 
 
 def _parse_value(text: str, current):
@@ -83,6 +130,9 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]
     config = ml_collections.ConfigDict(config.to_dict())  # copy; keep the caller's untouched
     for field, text in overrides.items():
         parts = field.split(".")
+        if parts[0] in OPEN_FIELDS:
+            _set_open_field(config, field, parts, text)
+            continue
         node = config
         for i, part in enumerate(parts):
             if not isinstance(node, ml_collections.ConfigDict) or part not in node:
@@ -97,6 +147,33 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]
         with node.unlocked():
             node[parts[-1]] = value
     return config
+
+
+# Config fields whose names are the user's (task names, their parameters): an override may
+# create them, and its value is taken as written (a tuple, e.g. 4,8, sweeps a task parameter).
+OPEN_FIELDS = {"task_params": 2}  # field: how many names below it (task, parameter)
+
+
+def _set_open_field(config, field: str, parts: list[str], text: str) -> None:
+    depth = OPEN_FIELDS[parts[0]]
+    if len(parts) != depth + 1 or not all(parts):
+        raise ConfigError(f"config.{field}: expected config.{parts[0]}.TASK.PARAMETER=VALUE")
+    node = config
+    for part in parts[:-1]:
+        if part not in node or node[part] is None:
+            with node.unlocked():
+                node[part] = ml_collections.ConfigDict()
+        node = node[part]
+        if not isinstance(node, ml_collections.ConfigDict):
+            raise ConfigError(f"config.{field}: config.{part} is not a dict")
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = text
+    with node.unlocked():
+        if parts[-1] in node:  # a new value may have another type (8 -> (4, 8))
+            del node[parts[-1]]
+        node[parts[-1]] = tuple(value) if isinstance(value, list) else value
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:

@@ -233,9 +233,8 @@ def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_sourc
     overrides = ["--config.train.steps=4", "--config.train.chunk_steps=2", "--config.sweep.heads=(1, 2)"]
     assert cli.main(["train", "--config", config, "--workdir", workdir, "--no-progress", *overrides]) == 0
     recorded = json.load(open(os.path.join(workdir, "mhjax.json")))["tasks"]
-    assert recorded == {
-        "first_token": {"module": "my_task", "function": "first_token", "file": str(examples / "my_task.py")}
-    }
+    source = {"module": "my_task", "function": "first_token", "file": str(examples / "my_task.py")}
+    assert recorded == {"first_token": {**source, "sha256": tasks.file_sha256(source["file"])}}
     # A fresh process, where nothing registered first_token: analyze, report and load find it.
     code = (
         "import sys, mhjax\nfrom mhjax import cli\n"
@@ -259,7 +258,7 @@ def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_sourc
     assert done.returncode == 2
     assert done.stderr.strip() == (
         f"mhjax: error: task 'first_token': its module my_task ({examples / 'my_task.py'}, "
-        f"recorded in {os.path.join(workdir, 'mhjax.json')}) is gone"
+        f"recorded in {os.path.join(workdir, 'mhjax.json')}) is gone; {tasks.HOW_TO_REGISTER}"
     )
 
 
@@ -293,4 +292,6 @@ def test_a_task_defined_in_a_config_file_is_found_again_by_running_that_file(tmp
     os.remove(config)
     with pytest.raises(ConfigError) as exc:
         tasks.restore(recorded, where)
-    assert str(exc.value) == f"task 'in_config': its config file {config} (recorded in {where}) is gone"
+    assert str(exc.value) == (
+        f"task 'in_config': its config file {config} (recorded in {where}) is gone; {tasks.HOW_TO_REGISTER}"
+    )

@@ -138,23 +138,24 @@ def load_sequences(path, max_len: int, vocab_size: int) -> np.ndarray:
     return arr.astype(np.int32)
 
 
-def check_task(task: str) -> Task:
-    """The registered task named ``task`` (ConfigError naming --task and the registered ones)."""
-    return get_task(task, "--task")
+def check_task(task) -> Task:
+    """The registered task named ``task`` (ConfigError naming --task and the registered ones), or
+    ``task`` itself when it is a Task (with its parameters bound)."""
+    return task if isinstance(task, Task) else get_task(task, "--task")
 
 
-def task_batch(task: str, tokens) -> Batch:
+def task_batch(task, tokens) -> Batch:
     """Given (N, T) tokens -> a Batch with the task's targets(tokens), every position weighted."""
     t = check_task(task)
     if isinstance(tokens, Batch):
         return Batch(*(np.asarray(a) for a in tokens))
     if t.targets is None:
         raise ConfigError(
-            f"--sequences: task {task!r} defines no targets(tokens); analyse it on sequences from its sampler "
+            f"--sequences: task {t.name!r} defines no targets(tokens); analyse it on sequences from its sampler "
             "(leave out --sequences)"
         )
     tokens = np.asarray(tokens)
-    return Batch(tokens, np.asarray(t.targets(tokens)), np.ones(tokens.shape, np.float32))
+    return Batch(tokens, np.asarray(t.call_targets(tokens)), np.ones(tokens.shape, np.float32))
 
 
 def check_conventions(horizon, max_steps, include_sink, chain) -> dict:
@@ -217,7 +218,7 @@ def analyze_params(
     ``rollout_min``, ``rollout_min_mean_heads``, ``rollout_fidelity_spearman`` and, with
     ``ablate``, ``ablation`` and ``accuracy_synergy``), and the conventions used.
     """
-    check_task(task)
+    task = check_task(task)
     conventions = check_conventions(horizon, max_steps, include_sink, chain)
     sizes = dict(sizes or model_sizes(params))
     if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads < 1 or sizes["width"] % heads:
@@ -289,7 +290,7 @@ def analyze_params(
         )
     result = {
         "heads": heads,
-        "task": task,
+        "task": task.name,
         "num_sequences": int(N),
         "seq_len": int(T),
         **full,
@@ -322,7 +323,7 @@ def tokens_for(sequences, num_sequences, seed, max_len, vocab_size) -> tuple[np.
     return random_tokens(num_sequences, max_len, vocab_size, seed), {"sequences": "random", "seed": int(seed)}
 
 
-def task_sequences(task: str, sequences, num_sequences, seed, max_len, vocab_size) -> tuple[Batch, dict]:
+def task_sequences(task, sequences, num_sequences, seed, max_len, vocab_size) -> tuple[Batch, dict]:
     """The evaluation Batch of ``task``: the given ``sequences`` with the task's targets, or
     ``num_sequences`` drawn by its sampler from PRNGKey(seed) (for copy, cycle and zero the
     same tokens as :func:`random_tokens`)."""

@@ -103,20 +103,18 @@ def analyze_workdir(
     workdir = Workdir.of(workdir)
     experiment, sweep, step, states = _workdir_sweep(workdir)
     m = experiment.config.model
-    batches = {}  # {task: (its evaluation Batch, source)}
+    batches = {}  # {task_id: (its evaluation Batch, source)}: one per task and parameter values
     sizes = config_sizes(m)
     member_states = sweep.member_states(states)
     members = {}
     for member in experiment.members:
         state = member_states[member.name]
-        if member["task"] not in batches:
-            batches[member["task"]] = task_sequences(
-                member["task"], sequences, num_sequences, seed, m.seq_len, m.vocab_size
-            )
-        batch, source = batches[member["task"]]
-        res = analyze_params(
-            state.params, member["heads"], member["task"], batch, sizes, keep_attention=tensorboard, **kwargs
-        )
+        task_id = int(experiment.member_constants(member)["task_id"])
+        task = experiment.tasks[task_id]  # the member's task with its parameters bound
+        if task_id not in batches:
+            batches[task_id] = task_sequences(task, sequences, num_sequences, seed, m.seq_len, m.vocab_size)
+        batch, source = batches[task_id]
+        res = analyze_params(state.params, member["heads"], task, batch, sizes, keep_attention=tensorboard, **kwargs)
         attention, combined = res.pop("attention", None), res.pop("combined", None)
         sink_rows = res.pop("rollout_sink_row", None)
         entry = {

@@ -20,16 +20,22 @@ def _ones_between(length: int, start, stop):
     return ((t >= start) & (t < stop)).astype(jnp.float32)
 
 
-def recall(key, length: int, vocab_size: int):
+def recall(key, length: int, vocab_size: int, pairs=None):
     """Multi-query associative recall (MQAR; Zoology, Arora et al. 2023, arXiv 2312.04927).
 
-    The first half lists P = length // 4 key-value pairs ``k0 v0 k1 v1 ...`` (distinct keys
-    from the lower half of the vocabulary, values from the upper half); the second half is
-    queries, each a key drawn from the pairs, whose target is that key's value. Measures
-    recall of bindings made in context: a head must find the query's earlier occurrence and
-    read the token after it, for every query at once. Needs vocab_size >= length // 2.
+    The first 2P positions list P key-value pairs ``k0 v0 k1 v1 ...`` (distinct keys from the
+    lower half of the vocabulary, values from the upper half); the rest are queries, each a key
+    drawn from the pairs, whose target is that key's value. Measures recall of bindings made in
+    context: a head must find the query's earlier occurrence and read the token after it, for
+    every query at once. ``pairs`` (config.task_params.recall.pairs): P, None for length // 4;
+    needs 1 <= P < length / 2 (one query at least) and P <= vocab_size // 2.
     """
-    pairs = length // 4
+    pairs = length // 4 if pairs is None else pairs
+    if isinstance(pairs, bool) or not isinstance(pairs, int) or not 1 <= pairs < length / 2 or pairs > vocab_size // 2:
+        raise ValueError(
+            f"recall: pairs must be an integer in [1, {min((length - 1) // 2, vocab_size // 2)}] for length "
+            f"{length} and vocab_size {vocab_size}, got {pairs!r}"
+        )
     half = vocab_size // 2
     k_keys, k_values, k_queries = jax.random.split(key, 3)
     keys = jax.random.permutation(k_keys, half)[:pairs].astype(jnp.int32)
@@ -91,5 +97,6 @@ def sorting(key, length: int, vocab_size: int):
     return _then_separator(key, length, vocab_size, jnp.sort)
 
 
-for _sample in (recall, induction, reversal, sorting):
+register_task("recall", recall, params={"pairs": None})
+for _sample in (induction, reversal, sorting):
     register_task(_sample.__name__, _sample)

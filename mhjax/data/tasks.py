@@ -12,25 +12,32 @@ Optional forms, for speed and for analysing given tokens:
 - ``targets(tokens)``: targets from tokens (..., T) -> (..., T), every position weighted;
   such a task can be analysed on given sequences (``mhjax analyze --sequences``).
 
+Parameters: ``@mhjax.task("recall", params={"pairs": None})`` above ``def sample(key, length,
+vocab_size, pairs)`` declares a parameter with its default; a config sets it in
+``config.task_params`` (a tuple sweeps it) and every form then receives it as a keyword.
+``Task.with_params`` binds values: each (task, values) is its own sampler.
+
 Each task remembers where it came from (its ``source``: the config file, or the module and
-function), which W/mhjax.json records so that later commands can register it again.
+function, and the file's sha256 for a plug-in), which W/mhjax.json records so that later
+commands can register it again, and tell when its file changed since training.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
+import inspect
 import os
 import sys
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from mhjax.config import CONFIG_MODULE, ConfigError
+from mhjax.config import CONFIG_MODULE, ConfigError, chained, user_error
 
 
 class Batch(NamedTuple):
@@ -48,24 +55,54 @@ class Task:
     batch: Callable | None = None  # (key, num, length, vocab_size) -> the same with a leading (num,) axis
     targets: Callable | None = None  # tokens (..., T) -> targets (..., T); every position weighted
     source: dict = dataclasses.field(default_factory=dict)  # {"module"|"config": ..., "function": ...}
+    params: dict = dataclasses.field(default_factory=dict)  # declared parameters and their defaults
+    values: dict = dataclasses.field(default_factory=dict)  # bound values (with_params)
+
+    @property
+    def kwargs(self) -> dict:
+        """The parameters every form receives: the defaults, with the bound values over them."""
+        return {**self.params, **self.values}
+
+    def with_params(self, values: dict | None, field: str = "config.task_params") -> Task:
+        """This task with ``values`` bound ({param: value}; unknown names: ConfigError)."""
+        values = dict(values or {})
+        for name, value in values.items():
+            if name not in self.params:
+                declared = ", ".join(self.params) or "none"
+                raise ConfigError(
+                    f"{field}.{self.name}.{name}: task {self.name!r} has no such parameter (its parameters: {declared})"
+                )
+            if not isinstance(value, PARAM_TYPES):
+                raise ConfigError(f"{field}.{self.name}.{name}: must be a number, string, bool or None, got {value!r}")
+        return dataclasses.replace(self, values=values)
+
+    def call_sample(self, key, length: int, vocab_size: int):
+        return self.sample(key, length, vocab_size, **self.kwargs)
+
+    def call_targets(self, tokens):
+        return self.targets(tokens, **self.kwargs)
 
     def draw(self, key, num: int, length: int, vocab_size: int) -> Batch:
         """``num`` sequences from ``key`` (the batched form when the task gives one)."""
         if self.batch is not None:
-            return Batch(*self.batch(key, num, length, vocab_size))
+            return Batch(*self.batch(key, num, length, vocab_size, **self.kwargs))
         return self.dataset(key, jnp.arange(num), length, vocab_size)
 
     def dataset(self, dataset_key, indices, length: int, vocab_size: int) -> Batch:
         """Sequences of a fixed dataset by index: row i is sample(fold_in(dataset_key, i)) alone."""
-        return Batch(*jax.vmap(lambda i: self.sample(jax.random.fold_in(dataset_key, i), length, vocab_size))(indices))
+        sample = lambda i: self.call_sample(jax.random.fold_in(dataset_key, i), length, vocab_size)  # noqa: E731
+        return Batch(*jax.vmap(sample)(indices))
 
     def label(self) -> str:
         where = self.source.get("config") or self.source.get("module", "?")
-        return f"{where}:{self.source.get('function', '?')}"
+        bound = "".join(f", {k}={v!r}" for k, v in self.kwargs.items())
+        return f"{where}:{self.source.get('function', '?')}{bound}"
+
+
+PARAM_TYPES = (bool, int, float, str, type(None))  # a task parameter's value (a tuple in a config sweeps it)
 
 
 _REGISTRY: dict[str, Task] = {}
-_CHECKED: set[tuple] = set()  # (name, identity, length, vocab) that passed check_task
 
 
 def _source(fn) -> dict:
@@ -81,8 +118,9 @@ def _source(fn) -> dict:
     return source
 
 
-def register_task(name: str, sample: Callable, *, batch=None, targets=None) -> Task:
-    """Register ``sample`` (and its optional batched and targets forms) under ``name``.
+def register_task(name: str, sample: Callable, *, batch=None, targets=None, params: dict | None = None) -> Task:
+    """Register ``sample`` (and its optional batched and targets forms) under ``name``;
+    ``params``: {parameter: default}, passed to every form as keywords.
 
     Registering the same module and function again (a notebook re-running a config file)
     replaces it; another function under a taken name is a ConfigError."""
@@ -90,7 +128,8 @@ def register_task(name: str, sample: Callable, *, batch=None, targets=None) -> T
         raise ConfigError(f"task name: must be a non-empty string without '/', '.' or spaces, got {name!r}")
     if not callable(sample):
         raise ConfigError(f"task {name!r}: sample must be a function (key, length, vocab_size), got {sample!r}")
-    task = Task(name, sample, batch, targets, _source(sample))
+    params = _check_params(name, sample, params)
+    task = Task(name, sample, batch, targets, _source(sample), params)
     old = _REGISTRY.get(name)
     if old is not None and _identity(old) != _identity(task):
         raise ConfigError(f"task {name!r}: already registered by {old.label()}; {task.label()} needs another name")
@@ -98,14 +137,42 @@ def register_task(name: str, sample: Callable, *, batch=None, targets=None) -> T
     return task
 
 
-def task(name: str, *, batch=None, targets=None):
-    """Decorator: ``@mhjax.task("name")`` above ``def sample(key, length, vocab_size)``."""
+def task(name: str, *, batch=None, targets=None, params: dict | None = None):
+    """Decorator: ``@mhjax.task("name")`` above ``def sample(key, length, vocab_size)``; with
+    ``params={"pairs": None}`` above ``def sample(key, length, vocab_size, pairs)``."""
 
     def register(sample):
-        register_task(name, sample, batch=batch, targets=targets)
+        register_task(name, sample, batch=batch, targets=targets, params=params)
         return sample
 
     return register
+
+
+RESERVED = ("task", "heads", "seed", "learning_rate", "key", "length", "vocab_size")  # not a parameter's name
+
+
+def _check_params(name: str, sample, params) -> dict:
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise ConfigError(f"task {name!r}: params must be a dict {{parameter: default}}, got {params!r}")
+    try:
+        accepted = inspect.signature(sample).parameters
+    except (TypeError, ValueError):  # a builtin or C function: no signature to check against
+        accepted = None
+    takes_any = accepted is not None and any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    for param, default in params.items():
+        if not isinstance(param, str) or not param.isidentifier() or param in RESERVED:
+            raise ConfigError(
+                f"task {name!r}: parameter {param!r} must be an identifier other than {', '.join(RESERVED)}"
+            )
+        if not isinstance(default, PARAM_TYPES):
+            raise ConfigError(
+                f"task {name!r}: parameter {param!r}'s default must be a number, string, bool or None, got {default!r}"
+            )
+        if accepted is not None and not takes_any and param not in accepted:
+            raise ConfigError(f"task {name!r}: sample takes no parameter {param!r} (declared in params)")
+    return dict(params)
 
 
 def _identity(task: Task) -> tuple:
@@ -123,83 +190,60 @@ def get_task(name: str, field: str = "config.sweep.task") -> Task:
 
 
 # --------------------------------------------------------------------------- #
-# Checks run before anything compiles
-# --------------------------------------------------------------------------- #
-def check_task(name: str, length: int, vocab_size: int, field: str = "config.sweep.task") -> Task:
-    """The registered task ``name`` after checking its sample on a few keys: shapes and dtypes,
-    tokens in range, a function of its key, some positive weight. Raises ConfigError."""
-    t = get_task(name, field)
-    memo = (name, _identity(t), length, vocab_size)
-    if memo in _CHECKED:
-        return t
-    where = f"{field}: task {name!r} ({t.label()})"
-    want = f"(inputs, targets, weights) of shape ({length},), dtypes int32, int32, float32"
-    key = jax.random.PRNGKey(0)
-    try:
-        shapes = jax.eval_shape(lambda k: t.sample(k, length, vocab_size), key)
-    except Exception as exc:
-        raise ConfigError(f"{where}: sample(key, {length}, {vocab_size}) failed: {_one_line(exc)}") from None
-    _check_shapes(where, "sample", shapes, (length,), want)
-    if t.batch is not None:
-        try:
-            shapes = jax.eval_shape(lambda k: t.batch(k, 3, length, vocab_size), key)
-        except Exception as exc:
-            raise ConfigError(f"{where}: batch(key, 3, {length}, {vocab_size}) failed: {_one_line(exc)}") from None
-        _check_shapes(where, "batch", shapes, (3, length), want.replace(f"({length},)", f"(3, {length})"))
-    first = [np.asarray(a) for a in t.sample(key, length, vocab_size)]
-    again = [np.asarray(a) for a in t.sample(key, length, vocab_size)]
-    if any(not np.array_equal(a, b) for a, b in zip(first, again)):
-        raise ConfigError(f"{where}: sample is not a function of its key (two calls with one key differ)")
-    draws = [first] + [[np.asarray(a) for a in t.sample(jax.random.PRNGKey(s), length, vocab_size)] for s in (1, 2)]
-    for inputs, targets, weights in draws:
-        for label, tokens in (("inputs", inputs), ("targets", targets)):
-            if tokens.min() < 0 or tokens.max() >= vocab_size:
-                raise ConfigError(
-                    f"{where}: {label} must be tokens in [0, {vocab_size - 1}], "
-                    f"got values in [{tokens.min()}, {tokens.max()}]"
-                )
-        if not np.all(np.isfinite(weights)) or weights.min() < 0:
-            raise ConfigError(f"{where}: weights must be finite and >= 0")
-    if all(not np.any(w > 0) for _, _, w in draws):
-        raise ConfigError(f"{where}: weights are all zero: no position counts in the loss")
-    if t.targets is not None:
-        try:
-            shape = jax.eval_shape(t.targets, jax.ShapeDtypeStruct((2, length), jnp.int32))
-        except Exception as exc:
-            raise ConfigError(f"{where}: targets(tokens) failed: {_one_line(exc)}") from None
-        if getattr(shape, "shape", None) != (2, length) or shape.dtype != jnp.int32:
-            raise ConfigError(f"{where}: targets(tokens) must return int32 of the tokens' shape (2, {length})")
-    _CHECKED.add(memo)
-    return t
-
-
-def _check_shapes(where: str, form: str, shapes, shape: tuple, want: str) -> None:
-    ok = isinstance(shapes, (tuple, list)) and len(shapes) == 3
-    got = None
-    if ok:
-        got = [(tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", type(a).__name__))) for a in shapes]
-        ok = got == [(shape, "int32"), (shape, "int32"), (shape, "float32")]
-    if not ok:
-        described = ", ".join(f"{s} {d}" for s, d in got) if got else type(shapes).__name__
-        raise ConfigError(f"{where}: {form} must return {want}; got {described}")
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-
-
-# --------------------------------------------------------------------------- #
 # Finding a plug-in again from its recorded source (W/mhjax.json)
 # --------------------------------------------------------------------------- #
 def sources(names) -> dict[str, dict]:
-    """{name: source} of registered tasks, for W/mhjax.json."""
-    return {name: dict(get_task(name).source) for name in names}
+    """{name: source} of registered tasks, for W/mhjax.json; a plug-in's (a task defined outside
+    mhjax: mhjax's own are pinned by its version) with its file's ``sha256``."""
+    out = {}
+    for name in names:
+        source = dict(get_task(name).source)
+        path = source.get("config") or source.get("file")
+        if path and not _inside_mhjax(path) and os.path.isfile(path):
+            source["sha256"] = file_sha256(path)
+        out[name] = source
+    return out
 
 
-def restore(recorded: dict, where: str) -> None:
+def file_sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _inside_mhjax(path: str) -> bool:
+    return os.path.abspath(path).startswith(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+
+
+def changed_sources(recorded: dict) -> list[str]:
+    """Lines naming each recorded task whose source file changed (or is gone) since training."""
+    out = []
+    for name, source in (recorded or {}).items():
+        want = isinstance(source, dict) and source.get("sha256")
+        path = want and (source.get("config") or source.get("file"))
+        if want and path:
+            if not os.path.isfile(path):
+                out.append(f"task {name!r}: its source {path} is gone")
+            elif file_sha256(path) != want:
+                out.append(f"task {name!r}: its source {path} changed since training (sha256 differs)")
+    return out
+
+
+HOW_TO_REGISTER = "register it in Python (import or run the code that defines it), then call run.analyze()"
+
+
+def restore(recorded: dict, where: str, allow_changed: bool | None = None) -> None:
     """Register again the tasks ``recorded`` ({name: source}, from ``where``) that are not
     registered in this process: run the config file, or import the module (from its file
-    when its name no longer imports). A source that is gone is a one-line ConfigError."""
+    when its name no longer imports). A source that is gone is a one-line ConfigError.
+    ``allow_changed=False``: a source file whose sha256 differs from the recorded one is a
+    ConfigError too (what analyze does without --allow-changed-task); None: not checked."""
+    if allow_changed is False:
+        changed = changed_sources(recorded)
+        if changed:
+            raise ConfigError(
+                f"{changed[0]}; its results may not be what this code computes: pass --allow-changed-task "
+                "(Python: allow_changed_task=True) to go on anyway"
+            )
     for name, source in (recorded or {}).items():
         if name in _REGISTRY or not isinstance(source, dict):
             continue
@@ -209,16 +253,15 @@ def restore(recorded: dict, where: str) -> None:
             _import_module(name, source, where)
         if name not in _REGISTRY:
             origin = source.get("config") or source.get("module", "?")
-            hint = "; register it again first" if source.get("module") == "__main__" else ""
             raise ConfigError(
                 f"task {name!r}: {origin} (recorded in {where}) no longer registers it "
-                f"(function {source.get('function', '?')}){hint}"
+                f"(function {source.get('function', '?')}); {HOW_TO_REGISTER}"
             )
 
 
 def _run_config_file(name: str, path: str, where: str) -> None:
     if not os.path.isfile(path):
-        raise ConfigError(f"task {name!r}: its config file {path} (recorded in {where}) is gone")
+        raise ConfigError(f"task {name!r}: its config file {path} (recorded in {where}) is gone; {HOW_TO_REGISTER}")
     loader = importlib.machinery.SourceFileLoader(CONFIG_MODULE, path)
     spec = importlib.util.spec_from_loader(CONFIG_MODULE, loader)
     module = importlib.util.module_from_spec(spec)
@@ -227,7 +270,7 @@ def _run_config_file(name: str, path: str, where: str) -> None:
     except ConfigError:
         raise
     except Exception as exc:
-        raise ConfigError(f"task {name!r}: cannot load its config file {path}: {_one_line(exc)}") from None
+        raise ConfigError(f"task {name!r}: cannot load its config file {path}: {user_error(exc)}") from chained(exc)
 
 
 def _import_module(name: str, source: dict, where: str) -> None:
@@ -240,9 +283,12 @@ def _import_module(name: str, source: dict, where: str) -> None:
     except ConfigError:
         raise
     except Exception as exc:
-        raise ConfigError(f"task {name!r}: importing {module_name} failed: {_one_line(exc)}") from None
+        raise ConfigError(f"task {name!r}: importing {module_name} failed: {user_error(exc)}") from chained(exc)
     if not path or not os.path.isfile(path):
-        raise ConfigError(f"task {name!r}: its module {module_name} ({path or 'no file'}, recorded in {where}) is gone")
+        raise ConfigError(
+            f"task {name!r}: its module {module_name} ({path or 'no file'}, recorded in {where}) is gone; "
+            f"{HOW_TO_REGISTER}"
+        )
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
@@ -252,4 +298,4 @@ def _import_module(name: str, source: dict, where: str) -> None:
         raise
     except Exception as exc:
         del sys.modules[module_name]
-        raise ConfigError(f"task {name!r}: cannot load its module {path}: {_one_line(exc)}") from None
+        raise ConfigError(f"task {name!r}: cannot load its module {path}: {user_error(exc)}") from chained(exc)

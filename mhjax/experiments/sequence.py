@@ -13,6 +13,7 @@ import optax
 
 from mhjax.analysis.metrics import learned_head_weights
 from mhjax.data import sequences, tasks
+from mhjax.experiments import task_params
 from mhjax.experiments.base import Experiment
 from mhjax.experiments.sequence_config import validate
 from mhjax.models import Transformer, cost, count_params, flops
@@ -21,7 +22,7 @@ from mhjax.models.probe import config_sizes, predict
 from mhjax.plotting.images import attention_grid, diffusion_image
 from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program, Recipe, Unrolled, recipe_groups
-from mhjax.train.sweep import Member, derive_key, expand, key_names
+from mhjax.train.sweep import Member, derive_key, key_names
 
 UNROLL_MIN_STEPS, UNROLL_MAX_MEMBERS = 2000, 16  # when `auto` unrolls on a CPU
 EXAMPLE_SEED = 0  # the fixed evaluation sequence of the end-of-training images (numpy: no compile)
@@ -51,7 +52,7 @@ class SequenceRecipe(Recipe):
         self.protocol, self.num_train, self.batch_size = d.protocol, d.num_train, d.batch_size
         self.num_eval, self.eval_batch = d.num_eval, min(d.num_eval, d.batch_size)
         self.length, self.vocab = m.seq_len, m.vocab_size
-        self.tasks = [tasks.get_task(name) for name in config.sweep.task]  # a member's task_id indexes these
+        self.tasks = task_params.bound_tasks(config)  # a member's task_id indexes these
 
     def _heads(self, consts):
         return None if self.static_heads else consts["heads"]
@@ -117,8 +118,10 @@ class SequenceExperiment(Experiment):
     def __init__(self, config):
         validate(config)
         self.config = config
-        self.members: list[Member] = expand(dict(config.sweep), leading="task")
-        # Members differing only in learning rate share their init and dropout draws (paired comparison).
+        self.members: list[Member] = task_params.members(config)
+        self.tasks = task_params.bound_tasks(config)
+        # Members differing only in learning rate (or a task parameter: experiments/task_params.py)
+        # share their init and dropout draws (paired comparison).
         self._key_names = key_names(config.sweep, self.members, shared=("learning_rate",), leading="task")
 
     def member_constants(self, member: Member) -> dict:
@@ -129,7 +132,7 @@ class SequenceExperiment(Experiment):
             # Data keys depend on (seed, task) only: head counts of a seed see the same data.
             "data_key": derive_key(root, member["seed"], "data", task),
             "eval_key": derive_key(root, member["seed"], "eval", task),
-            "task_id": np.int32(tuple(self.config.sweep.task).index(task)),
+            "task_id": np.int32(task_params.task_index(self.tasks, member)),
             "heads": np.int32(member["heads"]),
             "learning_rate": np.float32(member["learning_rate"]),
         }

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 from mhjax import config as cfg
-from mhjax.data import sequences, tasks
+from mhjax.data import sequences
+from mhjax.experiments import task_params
 from mhjax.experiments.base import STRATEGIES
 from mhjax.models.attention import IMPLEMENTATIONS
 
@@ -34,8 +35,8 @@ def validate(config) -> None:
             f"config.data.num_train: must be >= data.batch_size ({config.data.batch_size}) under the fixed protocol, "
             f"got {config.data.num_train}"
         )
-    for task in cfg.require_nonempty_tuple(config, "sweep.task"):  # registered, and its sampler checked
-        tasks.check_task(task, config.model.seq_len, config.model.vocab_size)
+    cfg.require_nonempty_tuple(config, "sweep.task")
+    task_params.bound_tasks(config)  # registered, its parameters declared, and each sampler checked
     width = config.model.width
     for heads in cfg.require_nonempty_tuple(config, "sweep.heads"):
         if isinstance(heads, bool) or not isinstance(heads, int) or heads <= 0 or width % heads:
@@ -66,6 +67,7 @@ FIELDS = {
     "attention": None,
     "devices": None,
     "sweep": None,
+    "task_params": None,  # {task: {parameter: value or tuple}} (experiments/task_params.py)
     "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout"},
     "data": {"protocol", "num_train", "batch_size", "num_eval"},
     "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every"},

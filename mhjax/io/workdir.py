@@ -182,8 +182,16 @@ class Workdir:
         return node
 
     def sweep_fields(self) -> list[str]:
-        """The config's swept fields, in order."""
-        return list(self.config_field("sweep"))
+        """The config's swept fields, in order; a task parameter swept over several values
+        (config.task_params) as ``task_params.<parameter>``, after ``task``."""
+        fields = list(self.config_field("sweep"))
+        swept = []
+        for params in (self.config().get("task_params") or {}).values():
+            for name, value in (params or {}).items() if isinstance(params, dict) else ():
+                if isinstance(value, (list, tuple)) and len(value) > 1 and f"task_params.{name}" not in swept:
+                    swept.append(f"task_params.{name}")
+        at = fields.index("task") + 1 if "task" in fields else 0
+        return fields[:at] + swept + fields[at:]
 
     def results(self) -> dict:
         """W/results.json, with its ``members`` list."""

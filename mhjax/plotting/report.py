@@ -32,10 +32,28 @@ def mean_sd(values, fmt: str = "{:.4g}", scale: float = 1.0) -> str:
     return f"{fmt.format(vals.mean())} ± {fmt.format(vals.std())}"
 
 
+def field_value(member: dict, field: str):
+    """A member's value of a swept field; ``task_params.pairs`` reads inside its task_params."""
+    head, _, rest = field.partition(".")
+    if rest and head not in member:
+        return None
+    if rest:
+        inner = member[head]
+        return inner.get(rest) if isinstance(inner, dict) else None
+    return member.get(field)
+
+
+def task_label(entry: dict) -> str:
+    """A member's task with its parameters, e.g. ``recall (pairs=8)``."""
+    params = entry.get("task_params") or {}
+    inner = ", ".join(f"{k}={v}" for k, v in params.items())
+    return f"{entry.get('task')} ({inner})" if inner else str(entry.get("task"))
+
+
 def _group_members(members: list[dict], keys: tuple[str, ...]) -> dict:
     groups = defaultdict(list)
     for m in members:
-        groups[tuple(m.get(k) for k in keys)].append(m)
+        groups[tuple(field_value(m, k) for k in keys)].append(m)
     return dict(
         sorted(
             groups.items(),
@@ -59,10 +77,11 @@ def _group_keys(members: list[dict], sweep_fields: list[str] | None = None) -> t
         f
         for f in (sweep_fields or ("task", "heads"))
         if f != "seed"
-        and any(f in m for m in members)
-        and (f in ("task", "heads") or len({str(m.get(f)) for m in members}) > 1)
+        and any(field_value(m, f) is not None for m in members)
+        and (f in ("task", "heads") or len({str(field_value(m, f)) for m in members}) > 1)
     ]
-    return tuple(sorted(fields, key=lambda f: (f != "task", f != "heads")))  # task, heads first; config order after
+    # task, its swept parameters, heads first; config order after
+    return tuple(sorted(fields, key=lambda f: (f != "task", not f.startswith("task_params."), f != "heads")))
 
 
 def _summary_metrics(members: list[dict], keys) -> list[str]:
@@ -109,7 +128,7 @@ def _analysis_by_task_heads(analysis: dict) -> dict:
     """{task: {heads: [member analysis entries]}}."""
     out: dict = defaultdict(lambda: defaultdict(list))
     for entry in analysis.get("members", {}).values():
-        out[entry.get("task")][entry.get("heads")].append(entry)
+        out[task_label(entry)][entry.get("heads")].append(entry)
     return {t: dict(sorted(h.items())) for t, h in sorted(out.items(), key=lambda kv: str(kv[0]))}
 
 

@@ -192,7 +192,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                 log(f"checkpoint {latest} predates recorded loss points: loss_curve starts at step {latest}")
         names = [m.name for m in members]
         writers = MemberWriters(workdir.tensorboard_dir, names, log=log) if primary else NoWriters()
-        hparams = {m.name: m.hparams for m in members}
+        hparams = {m.name: m.flat_hparams() for m in members}
         writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
         _compile_ahead(sweep, console, ahead.chunk_lengths(step, total, chunk), init=latest is None)
         stop.where = "at the end of the running chunk"

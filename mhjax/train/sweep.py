@@ -28,6 +28,15 @@ class Member:
     def __getitem__(self, key):
         return self.hparams[key]
 
+    def flat_hparams(self) -> dict[str, Any]:
+        """hparams with nested dicts flattened to dotted names (``task_params.pairs``) and None
+        as text: what TensorBoard's HParams dashboard can show."""
+        out = {}
+        for key, value in self.hparams.items():
+            for name, v in value.items() if isinstance(value, dict) else [(None, value)]:
+                out[f"{key}.{name}" if name is not None else key] = "None" if v is None else v
+        return out
+
 
 SHORT = {"heads": "h", "seed": "s", "learning_rate": "lr", "num_train": "n", "step_size": "eta", "init_tau": "tau"}
 

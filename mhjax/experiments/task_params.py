@@ -1,0 +1,125 @@
+"""config.task_params: a task's parameters, {task: {param: value}}; a tuple value sweeps it.
+
+Each (task, parameter values) is its own sampler in the program (a parameter may fix shapes),
+and its own members: ``recall-pairs8-h4-s0`` for a swept parameter (a single value stays out of
+the name, as any field with one value). A member of a task that declares parameters records
+them, defaults included, as ``task_params`` (results.json, HParams as ``task_params.<name>``).
+
+Task parameters stay out of every PRNG key (init, dropout, data and held-out draws): members
+that differ only in a task parameter start from the same init and see the same key stream (a
+paired comparison), and a member equals itself trained without the others of the sweep. So
+members without parameters keep their names and keys, and every earlier config its numbers.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import ml_collections
+
+from mhjax.config import ConfigError
+from mhjax.data.task_check import check_task
+from mhjax.data.tasks import PARAM_TYPES, Task, get_task
+from mhjax.train.sweep import SHORT, Member, expand
+
+FIELD = "config.task_params"
+
+
+def declared(config) -> dict[str, dict]:
+    """{task: {param: value or tuple of values}} of config.task_params, as plain Python."""
+    raw = config.get("task_params", None)
+    if raw is None:
+        return {}
+    if isinstance(raw, ml_collections.ConfigDict):
+        raw = raw.to_dict()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{FIELD}: must be a dict {{task: {{parameter: value}}}}, got {raw!r}")
+    return raw
+
+
+def variants(config) -> dict[str, list[dict]]:
+    """{task of config.sweep.task: its parameter values, one dict per variant}: the product of
+    the swept values in declared order, ``[{}]`` for a task without config.task_params."""
+    given = declared(config)
+    tasks = tuple(config.sweep.task)
+    for name, params in given.items():
+        if name not in tasks:
+            raise ConfigError(f"{FIELD}.{name}: not a task of config.sweep.task ({', '.join(map(str, tasks))})")
+        if not isinstance(params, dict):
+            raise ConfigError(f"{FIELD}.{name}: must be a dict {{parameter: value}}, got {params!r}")
+    out = {}
+    for name in tasks:
+        params = given.get(name, {})
+        task = get_task(name)
+        axes = []
+        for param, value in params.items():
+            field = f"{FIELD}.{name}.{param}"
+            if param not in task.params:
+                raise ConfigError(
+                    f"{field}: task {name!r} has no such parameter (its parameters: {', '.join(task.params) or 'none'})"
+                )
+            values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+            if not values:
+                raise ConfigError(f"{field}: an empty tuple sweeps nothing; give a value or a tuple of values")
+            for v in values:
+                if not isinstance(v, PARAM_TYPES):
+                    raise ConfigError(f"{field}: each value must be a number, string, bool or None, got {v!r}")
+            if len({repr(v) for v in values}) != len(values):
+                raise ConfigError(f"{field}: repeated values {values!r}; each member must be distinct")
+            axes.append([(param, v) for v in values])
+        out[name] = [dict(combo) for combo in itertools.product(*axes)]
+    return out
+
+
+def bound_tasks(config) -> list[Task]:
+    """Every (task, parameter values) of the sweep, checked, in config order: a member's
+    ``task_id`` indexes these. Without config.task_params: one per task, as before."""
+    m = config.model
+    return [
+        check_task(name, m.seq_len, m.vocab_size, params=values)
+        for name, values_list in variants(config).items()
+        for values in values_list
+    ]
+
+
+def task_index(tasks: list[Task], member: Member) -> int:
+    """The index in ``bound_tasks`` of ``member``'s task and parameters."""
+    want = (member["task"], member.hparams.get("task_params", {}))
+    for i, t in enumerate(tasks):
+        if (t.name, t.kwargs) == want:
+            return i
+    raise ConfigError(f"{FIELD}: no sampler for member {member.name}")  # cannot happen: members come from variants
+
+
+def members(config) -> list[Member]:
+    """The sweep's members: config.sweep's product, each member of a task with swept
+    parameters repeated per value (named after them, e.g. recall-pairs8-h4-s0)."""
+    base = expand(dict(config.sweep), leading="task")
+    per_task = variants(config)
+    out = []
+    for member in base:
+        name = member["task"]
+        task = get_task(name)
+        swept = [p for p in declared(config).get(name, {}) if len(_values(declared(config)[name][p])) > 1]
+        for values in per_task[name]:
+            if not task.params:
+                out.append(member)
+                continue
+            hparams = {"task": name, "task_params": {**task.params, **values}}
+            hparams.update({k: v for k, v in member.hparams.items() if k != "task"})
+            label = "".join(f"-{SHORT.get(p, p)}{_text(values[p])}" for p in swept)
+            out.append(Member(name + label + member.name[len(name) :], hparams))
+    names = [m.name for m in out]
+    if len(set(names)) != len(names):
+        raise ConfigError(
+            f"{FIELD}: member names collide ({', '.join(sorted({n for n in names if names.count(n) > 1}))})"
+        )
+    return out
+
+
+def _values(value) -> tuple:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _text(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,188 @@
+"""Task parameters (config.task_params: each value its own sampler and members, keys shared) and
+tasks that cannot silently lie (a sampler ignoring its key refused; errors in task code name the
+user's line)."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mhjax import cli
+from mhjax.config import ConfigError, apply_overrides
+from mhjax.data import tasks
+from mhjax.data.task_check import check_task
+from mhjax.experiments import make_experiment
+from mhjax.train.loop import Sweep
+from tests.conftest import ROOT, tiny_sequence_config
+
+HERE = os.path.abspath(__file__)
+
+
+def _register(name, sample, **kwargs):
+    tasks._REGISTRY.pop(name, None)
+    return tasks.register_task(name, sample, **kwargs)
+
+
+def _tokens(key, length, vocab_size):
+    return jax.random.randint(key, (length,), 0, vocab_size, dtype=jnp.int32)
+
+
+# --------------------------------------------------------------------------- #
+# Parameters
+# --------------------------------------------------------------------------- #
+def test_recall_pairs_default_is_length_over_four_and_a_value_binds():
+    key = jax.random.PRNGKey(3)
+    recall = tasks.get_task("recall")
+    assert recall.params == {"pairs": None}
+    default = [np.asarray(a) for a in recall.sample(key, 24, 20)]
+    bound = [np.asarray(a) for a in recall.with_params({"pairs": 6}).call_sample(key, 24, 20)]
+    for a, b in zip(default, bound):  # None means length // 4 = 6: the very same draw
+        np.testing.assert_array_equal(a, b)
+    x, y, w = (np.asarray(a) for a in recall.with_params({"pairs": 3}).call_sample(key, 24, 20))
+    binding = dict(zip(x[:6:2].tolist(), x[1:6:2].tolist()))
+    np.testing.assert_array_equal(w, [0] * 6 + [1] * 18)
+    assert all(y[t] == binding[x[t]] for t in range(6, 24))
+    with pytest.raises(ConfigError, match=r"pairs must be an integer in \[1, 8\]"):
+        check_task("recall", 24, 16, params={"pairs": 12})
+
+
+def test_a_swept_task_parameter_makes_members_that_share_their_keys():
+    config = apply_overrides(
+        tiny_sequence_config(task=("copy", "recall"), heads=(2,)), {"task_params.recall.pairs": "1,2"}
+    )
+    experiment = make_experiment(config)
+    names = [m.name for m in experiment.members]
+    assert names == ["copy-h2-s0", "recall-pairs1-h2-s0", "recall-pairs2-h2-s0"]
+    assert experiment.members[1].hparams == {
+        "task": "recall",
+        "task_params": {"pairs": 1},
+        "heads": 2,
+        "seed": 0,
+        "learning_rate": 3e-3,
+    }
+    assert experiment.members[0].hparams == {"task": "copy", "heads": 2, "seed": 0, "learning_rate": 3e-3}
+    one, two = (experiment.member_constants(m) for m in experiment.members[1:])
+    for field in ("key", "data_key", "eval_key"):  # parameters stay out of every key: a paired comparison
+        np.testing.assert_array_equal(one[field], two[field])
+    assert (one["task_id"], two["task_id"]) == (1, 2)
+    # A member trained in the sweep equals the same member trained alone with its value fixed.
+    alone = make_experiment(
+        apply_overrides(tiny_sequence_config(task=("recall",), heads=(2,)), {"task_params.recall.pairs": "2"})
+    )
+    assert [m.name for m in alone.members] == ["recall-h2-s0"]
+    got = []
+    for exp in (experiment, alone):
+        sweep = Sweep(exp, "cpu")
+        states = sweep.train(sweep.init_states(), 3, 3)
+        got.append(sweep.evaluate(states)[len(exp.members) - 1])
+    assert got[0] == got[1]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"task_params.recall.size": "3"}, "config.task_params.recall.size: task 'recall' has no such parameter"),
+        ({"task_params.copy.pairs": "3"}, "config.task_params.copy.pairs: task 'copy' has no such parameter"),
+        ({"task_params.induction.pairs": "3"}, "config.task_params.induction: not a task of config.sweep.task"),
+        ({"task_params.recall": "3"}, "config.task_params.recall: expected config.task_params.TASK.PARAMETER"),
+        ({"task_params.recall.pairs": "1,1"}, "config.task_params.recall.pairs: repeated values"),
+        ({"task_params.recall.pairs": "5"}, "pairs must be an integer in [1, 3]"),
+    ],
+)
+def test_bad_task_parameters_are_one_line(overrides, message):
+    with pytest.raises(ConfigError) as exc:
+        make_experiment(apply_overrides(tiny_sequence_config(task=("copy", "recall")), overrides))
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_plugin_declares_parameters_that_reach_every_form():
+    def sample(key, length, vocab_size, shift=1):
+        x = _tokens(key, length, vocab_size)
+        return x, jnp.roll(x, shift), jnp.ones(length)
+
+    t = _register("shifted", sample, params={"shift": 1}, targets=lambda tokens, shift: jnp.roll(tokens, shift, -1))
+    bound = check_task("shifted", 8, 16, params={"shift": 3})
+    x, y, _ = bound.call_sample(jax.random.PRNGKey(0), 8, 16)
+    np.testing.assert_array_equal(y, np.roll(x, 3))
+    np.testing.assert_array_equal(bound.call_targets(jnp.arange(8)), np.roll(np.arange(8), 3))
+    assert t.kwargs == {"shift": 1}
+    with pytest.raises(ConfigError, match="sample takes no parameter 'other'"):
+        _register("shifted2", sample, params={"other": 1})
+    with pytest.raises(ConfigError, match="parameter 'heads' must be an identifier other than"):
+        _register("shifted3", sample, params={"heads": 1})
+
+
+# --------------------------------------------------------------------------- #
+# Tasks that cannot silently lie
+# --------------------------------------------------------------------------- #
+def test_a_sampler_that_ignores_its_key_is_refused():
+    def fixed(key, length, vocab_size):
+        x = jnp.arange(length, dtype=jnp.int32) % vocab_size
+        return x, x, jnp.ones(length)
+
+    _register("fixed", fixed)
+    with pytest.raises(ConfigError) as exc:
+        make_experiment(tiny_sequence_config(task=("fixed",)))
+    assert str(exc.value).startswith("config.sweep.task: task 'fixed'")
+    assert "sample ignores its key (the draws for keys 0, 1, 2 are all equal)" in str(exc.value)
+
+
+def _traced_if(key, length, vocab_size):
+    x = _tokens(key, length, vocab_size)
+    if x[0] > 3:  # a Python if on a traced value
+        x = x + 1
+    return x, x, jnp.ones(length)
+
+
+LINE = _traced_if.__code__.co_firstlineno + 2
+
+
+def test_an_error_in_task_code_names_the_users_line(monkeypatch):
+    monkeypatch.delenv("MHJAX_TRACEBACK", raising=False)
+    _register("traced_if", _traced_if)
+    with pytest.raises(ConfigError) as exc:
+        make_experiment(tiny_sequence_config(task=("traced_if",)))
+    text = str(exc.value)
+    assert "\n" not in text and "TracerBoolConversionError" in text and exc.value.__cause__ is None
+    assert f"(at {HERE}:{LINE}: if x[0] > 3:" in text and text.endswith("MHJAX_TRACEBACK=1 shows the traceback")
+    monkeypatch.setenv("MHJAX_TRACEBACK", "1")
+    tasks._REGISTRY.pop("traced_if")
+    with pytest.raises(ConfigError) as exc:
+        _register("traced_if", _traced_if)
+        make_experiment(tiny_sequence_config(task=("traced_if",)))
+    assert type(exc.value.__cause__).__name__ == "TracerBoolConversionError"
+
+
+def test_the_command_line_prints_the_traceback_when_asked(tmp_path):
+    config = tmp_path / "c.py"
+    config.write_text(
+        "import jax, jax.numpy as jnp, mhjax\n\n\n@mhjax.task('traced')\ndef traced(key, length, vocab_size):\n"
+        "    x = jax.random.randint(key, (length,), 0, vocab_size, dtype=jnp.int32)\n"
+        "    if x[0] > 3:\n        x = x + 1\n    return x, x, jnp.ones(length)\n\n\n"
+        "def get_config():\n    from tests.conftest import tiny_sequence_config\n\n"
+        "    return tiny_sequence_config(task=('traced',))\n"
+    )
+    argv = ["-m", "mhjax", "train", "--config", str(config), "--dry-run"]
+    for flag, traceback in (("0", False), ("1", True)):
+        env = {**os.environ, "PYTHONPATH": ROOT, "MHJAX_TRACEBACK": flag}
+        done = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2
+        assert ("Traceback (most recent call last)" in done.stderr) == traceback
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith("mhjax: error: config.sweep.task: task 'traced'") and f"(at {config}:7:" in last
+
+
+def test_cli_override_sweeps_a_task_parameter(tmp_path, capsys):
+    config = tmp_path / "c.py"
+    config.write_text(
+        "def get_config():\n    from tests.conftest import tiny_sequence_config\n\n"
+        "    return tiny_sequence_config(task=('recall',), heads=(1,))\n"
+    )
+    argv = ["train", "--config", str(config), "--dry-run", "--config.task_params.recall.pairs=1,2"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "recall-pairs1-h1-s0" in out and "recall-pairs2-h1-s0" in out
