@@ -170,6 +170,11 @@ def register_analyze(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-tensorboard", action="store_true", help="with --workdir: do not log to the TensorBoard runs")
     p.add_argument("--no-plot", action="store_true", help="skip analysis.png")
     p.add_argument(
+        "--allow-changed-task",
+        action="store_true",
+        help="with --workdir: analyse even if a plug-in task's source file changed since training",
+    )
+    p.add_argument(
         "--no-ablation",
         action="store_true",
         help="skip head ablation (loss and accuracy with each head removed / kept alone)",

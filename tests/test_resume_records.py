@@ -9,6 +9,7 @@ import signal
 
 import pytest
 
+from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
 from mhjax.train import loop
 from mhjax.train.loop import Interrupted, Sweep, run
@@ -143,3 +144,52 @@ def test_a_checkpoint_without_records_still_resumes_and_says_where_the_curve_sta
     run(make_experiment(config), workdir, progress=False, log=lines.append)
     assert "checkpoint 10 predates recorded loss points: loss_curve starts at step 10" in lines
     assert all(m["loss_curve"]["steps"][0] >= 10 for m in results(workdir)["members"])
+
+
+def test_a_finished_run_trained_longer_equals_the_straight_run(tmp_path):
+    """A larger config.train.steps continues a finished workdir from its latest checkpoint: results,
+    curves and mhjax.json as if it had been trained to the larger count at once (fixed strategy)."""
+    straight, extended = str(tmp_path / "straight"), str(tmp_path / "extended")
+    run(make_experiment(sequence_config()), straight, progress=False, log=lambda m: None)
+    run(
+        make_experiment(tiny_train(tiny_sequence_config(heads=(1, 2)), 6, 3, 3, 6)),
+        extended,
+        progress=False,
+        log=lambda m: None,
+    )
+    lines = []
+    run(make_experiment(sequence_config()), extended, progress=False, log=lines.append)
+    assert "resuming from checkpoint at step 6" in lines
+    got, want = results(extended), results(straight)
+    assert got["resumed_from_step"] == 6 and got["steps"] == 9
+    assert_same(comparable(want), comparable(got))
+    with open(os.path.join(extended, "mhjax.json")) as f:
+        meta = json.load(f)
+    assert meta["config"]["train"]["steps"] == 9 and meta["extended_from_steps"] == [6]
+    from mhjax.io.workdir import Workdir
+
+    for name in (m["name"] for m in want["members"]):
+        a, b = Workdir(straight).curves(name), Workdir(extended).curves(name)
+        for tag in ("eval/loss", "eval/accuracy", "train/loss"):
+            assert list(a[tag][0]) == list(b[tag][0]), tag  # the same steps, 0 to 9
+            assert b[tag][1] == pytest.approx(a[tag][1], rel=1e-6), tag
+    # a smaller count is another config
+    with pytest.raises(ConfigError, match="holds a run of another config .config.train.steps: stored 9, now 3."):
+        run(
+            make_experiment(tiny_train(tiny_sequence_config(heads=(1, 2)), 3, 3, 3, 6)),
+            extended,
+            progress=False,
+            log=lambda m: None,
+        )
+
+
+def test_a_mixture_run_refuses_to_train_longer_saying_why(tmp_path):
+    config = mixture_config()
+    with config.train.unlocked():
+        config.train.update(dict(steps=10))
+    workdir = str(tmp_path / "w")
+    run(make_experiment(config), workdir, progress=False, log=lambda m: None)
+    with pytest.raises(ConfigError) as exc:
+        run(make_experiment(mixture_config()), workdir, progress=False, log=lambda m: None)
+    assert "\n" not in str(exc.value)
+    assert "holds a run of 10 steps: a mixture sweep cannot train longer, as its K" in str(exc.value)

@@ -56,7 +56,7 @@ OVERRIDE_CASES = [
     ("experiment-unknown", ["--config.experiment=vision"], "config.experiment"),
     ("unknown-field", ["--config.model.widht=16"], "config.model.widht"),
     ("unknown-section", ["--config.optimizer.lr=1"], "config.optimizer.lr"),
-    ("other-config-in-workdir", ["--config.train.steps=3"], "another config"),
+    ("other-config-in-workdir", ["--config.train.steps=1"], "another config"),  # fewer steps: larger ones extend
     ("unknown-option", ["--bogus"], "unrecognized arguments"),
 ]
 

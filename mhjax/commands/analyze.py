@@ -49,13 +49,15 @@ def analyze_torch_checkpoint(
     return result
 
 
-def _workdir_sweep(workdir: Workdir):
-    """(experiment, Sweep, latest step, states) restored from a trained sweep workdir."""
+def _workdir_sweep(workdir: Workdir, allow_changed_task: bool = False):
+    """(experiment, Sweep, latest step, states) restored from a trained sweep workdir; a plug-in
+    task whose source file changed since training is refused unless ``allow_changed_task``."""
     try:
         config = ml_collections.ConfigDict(workdir.config())
     except (TypeError, AttributeError) as exc:
         raise ConfigError(f"--workdir: {workdir.metadata_path} is unreadable ({type(exc).__name__})") from None
-    tasks.restore(workdir.metadata().get("tasks"), workdir.metadata_path)  # plug-in tasks, from where they came
+    # plug-in tasks, from where they came
+    tasks.restore(workdir.metadata().get("tasks"), workdir.metadata_path, allow_changed=bool(allow_changed_task))
     experiment = make_experiment(config)
     if not experiment.analyzable:
         raise ConfigError(f"--workdir: analyze needs a sequence sweep; {workdir} holds a {experiment.kind!r} sweep")
@@ -90,9 +92,11 @@ def analyze_workdir(
     tensorboard: bool = True,
     plot: bool = True,
     log=None,
+    allow_changed_task: bool = False,
     **kwargs,
 ) -> dict:
-    """Analyse every member of a trained sequence sweep (latest checkpoint).
+    """Analyse every member of a trained sequence sweep (latest checkpoint); a plug-in task whose
+    source file changed since training is refused unless ``allow_changed_task``.
 
     Writes ``out/analysis.{json,md,png}`` (default ``out = W/analysis``) with one
     object per member under ``"members"`` (keyed by member name), and, unless
@@ -101,7 +105,7 @@ def analyze_workdir(
     member's run ``W/tb/<member>`` at the checkpoint's step.
     """
     workdir = Workdir.of(workdir)
-    experiment, sweep, step, states = _workdir_sweep(workdir)
+    experiment, sweep, step, states = _workdir_sweep(workdir, allow_changed_task)
     m = experiment.config.model
     batches = {}  # {task_id: (its evaluation Batch, source)}: one per task and parameter values
     sizes = config_sizes(m)
@@ -229,7 +233,13 @@ def _run(args) -> int:
                 raise ConfigError(f"{option}: not used with --workdir (each member's own value is used)")
         workdir = Workdir(args.workdir)
         with WorkdirLock(workdir, "analyze"):
-            result = analyze_workdir(workdir, args.out, tensorboard=not args.no_tensorboard, **common)
+            result = analyze_workdir(
+                workdir,
+                args.out,
+                tensorboard=not args.no_tensorboard,
+                allow_changed_task=args.allow_changed_task,
+                **common,
+            )
         entries = list(result["members"].items())
     if entries:
         e = entries[0][1]

@@ -28,7 +28,14 @@ from mhjax.io.lock import WorkdirLock
 from mhjax.io.results import markdown_table, write_text
 from mhjax.io.workdir import Workdir
 from mhjax.plotting.heads import head_tables
-from mhjax.plotting.report import analysis_tables, plot_curves, plot_mixing_fidelity, plot_synergy, summary_table
+from mhjax.plotting.report import (
+    analysis_tables,
+    plot_accuracy_by_position,
+    plot_curves,
+    plot_mixing_fidelity,
+    plot_synergy,
+    summary_table,
+)
 
 
 def training_curves(workdir: Workdir, names: list[str]) -> dict:
@@ -82,6 +89,9 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
     link = figure("curves.png", plot_curves, members, curves)
     if link:
         lines += ["## Training curves", "", link, ""]
+    link = figure("accuracy_by_position.png", plot_accuracy_by_position, members)
+    if link:
+        lines += ["## Held-out accuracy by position", "", "Mean over seeds; position 0 first.", "", link, ""]
 
     analyzable = is_analyzable(results)
     if analyzable or analysis is not None:

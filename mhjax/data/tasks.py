@@ -215,15 +215,14 @@ def _inside_mhjax(path: str) -> bool:
 
 
 def changed_sources(recorded: dict) -> list[str]:
-    """Lines naming each recorded task whose source file changed (or is gone) since training."""
+    """Lines naming each recorded task whose source file changed since training (one that is
+    gone is restore's to report)."""
     out = []
     for name, source in (recorded or {}).items():
         want = isinstance(source, dict) and source.get("sha256")
         path = want and (source.get("config") or source.get("file"))
-        if want and path:
-            if not os.path.isfile(path):
-                out.append(f"task {name!r}: its source {path} is gone")
-            elif file_sha256(path) != want:
+        if want and path and os.path.isfile(path):
+            if file_sha256(path) != want:
                 out.append(f"task {name!r}: its source {path} changed since training (sha256 differs)")
     return out
 

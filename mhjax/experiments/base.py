@@ -24,6 +24,8 @@ class Experiment:
 
     kind: str = ""
     analyzable: bool = False  # `mhjax analyze --workdir` can read its members (Transformer attention)
+    # Why a finished workdir cannot train longer (a larger config.train.steps); None: it can.
+    cannot_extend: str | None = None
     config: Any
     members: list[Member]
 

@@ -185,6 +185,10 @@ class MixtureRecipe(Recipe):
 # ---------------------------------------------------------------------- #
 class MixtureExperiment(Experiment):
     kind = "mixture"
+    cannot_extend = (
+        "a mixture sweep cannot train longer, as its K (train.steps, or steps_per_example * n) and recorded "
+        "loss steps are set by the total; use a new workdir"
+    )
 
     def __init__(self, config):
         validate(config)

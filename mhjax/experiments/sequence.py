@@ -12,6 +12,7 @@ import numpy as np
 import optax
 
 from mhjax.analysis.metrics import learned_head_weights
+from mhjax.analysis.positions import member_by_position
 from mhjax.data import sequences, tasks
 from mhjax.experiments import task_params
 from mhjax.experiments.base import Experiment
@@ -19,9 +20,10 @@ from mhjax.experiments.sequence_config import validate
 from mhjax.models import Transformer, cost, count_params, flops
 from mhjax.models.attention import resolve_implementation
 from mhjax.models.probe import config_sizes, predict
-from mhjax.plotting.images import attention_grid, diffusion_image
+from mhjax.plotting.images import attention_grid, diffusion_image, position_image
 from mhjax.train.console import Column, SummaryTable
-from mhjax.train.engine import Program, Recipe, Unrolled, recipe_groups
+from mhjax.train.engine import Program, Recipe, Unrolled, recipe_groups, unstack
+from mhjax.train.placement import to_host
 from mhjax.train.sweep import Member, derive_key, key_names
 
 UNROLL_MIN_STEPS, UNROLL_MAX_MEMBERS = 2000, 16  # when `auto` unrolls on a CPU
@@ -286,6 +288,29 @@ class SequenceExperiment(Experiment):
         shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, m.seq_len), jnp.int32)))
         return {"params": count_params(shapes["params"])}
 
+    def held_out(self, member: Member) -> tasks.Batch:
+        """The held-out sequences the loop's evaluation averages over (numpy)."""
+        m, d = self.config.model, self.config.data
+        consts = self.member_constants(member)
+        batch = self.tasks[int(consts["task_id"])].draw(
+            jnp.asarray(consts["eval_key"]), d.num_eval, m.seq_len, m.vocab_size
+        )
+        usable = (d.num_eval // min(d.num_eval, d.batch_size)) * min(d.num_eval, d.batch_size)
+        return tasks.Batch(*(np.asarray(a)[:usable] for a in batch))
+
+    def position_metrics(self, member: Member, params) -> dict[str, list]:
+        """{"eval_loss_by_position", "eval_accuracy_by_position"}: (T,) lists, null where the task
+        weights no sequence (analysis/positions.py), of the plain model at the member's heads."""
+        sizes = config_sizes(self.config.model)
+        metrics = member_by_position(params, member["heads"], self.held_out(member), sizes)
+        return {f"eval_{k}": v for k, v in metrics.items()}
+
+    def extra_results(self, trained, loss_curves) -> dict[int, dict]:
+        """An end-of-training evaluation per position (the loop's own evaluation stays scalar)."""
+        host = {t.program.name: to_host(t.states.params) for t in trained}  # gathered if distributed
+        params = unstack([t.program for t in trained], host)
+        return {i: self.position_metrics(member, params[i]) for i, member in enumerate(self.members)}
+
     def summary_table(self) -> SummaryTable:
         return SummaryTable(
             self.swept_fields("task", "heads"),
@@ -321,6 +346,8 @@ class SequenceExperiment(Experiment):
                 for layer in range(attention.shape[0])
             }
             images["diffusion/sink_signal"] = diffusion_image(combined, member.name)
+            accuracy = self.position_metrics(member, params)["eval_accuracy_by_position"]
+            images["eval/accuracy_by_position"] = position_image(accuracy, member.name)
             out[member.name] = images
         return out
 

@@ -300,10 +300,14 @@ class Workdir:
             exc.hint = "; training is done and checkpointed: free some space and run the same command to write it"
             raise
 
-    def check_or_write_metadata(self, config_dict: dict, kind: str, extra: dict | None = None) -> bool:
+    def check_or_write_metadata(
+        self, config_dict: dict, kind: str, extra: dict | None = None, cannot_extend: str | None = None
+    ) -> bool:
         """True if the workdir already belongs to this exact config (resume), up to HOW_NOT_WHAT
         fields; writes it if new, with the experiment's ``extra`` fields (e.g. ``tasks``: where
-        plug-in tasks came from)."""
+        plug-in tasks came from). A config that differs only by a larger ``train.steps`` trains
+        the workdir longer: mhjax.json then records the new config and, in ``extended_from_steps``,
+        the earlier totals; ``cannot_extend``: why this experiment cannot (a ConfigError then)."""
         current = {"mhjax_version": __version__, "experiment": kind, "config": config_dict, **(extra or {})}
         if os.path.exists(self.metadata_path):
             stored = self.metadata()
@@ -315,21 +319,30 @@ class Workdir:
             stored_config, config_now = _what(stored.get("config", {})), _what(json.loads(json.dumps(config_dict)))
             if stored_config != config_now:
                 diff = _first_difference(stored_config, config_now)
-                raise ConfigError(
-                    f"--workdir: {self.path} holds a run of another config ({diff}); use a new workdir or the same "
-                    "config"
-                )
+                before = _longer(stored_config, config_now)
+                if before is None:
+                    raise ConfigError(
+                        f"--workdir: {self.path} holds a run of another config ({diff}); use a new workdir or the "
+                        "same config (only a larger config.train.steps trains it longer)"
+                    )
+                if cannot_extend:
+                    raise ConfigError(f"--workdir: {self.path} holds a run of {before} steps: {cannot_extend}")
+                history = list(stored.get("extended_from_steps", [])) + [before]
+                self._write_metadata({**current, "extended_from_steps": history})
             return True
         if os.path.exists(self.path) and not os.path.isdir(self.path):
             raise ConfigError(f"--workdir: {self.path} exists and is not a folder")
+        self._write_metadata(current)
+        return False
+
+    def _write_metadata(self, metadata: dict) -> None:
         try:
             os.makedirs(self.path, exist_ok=True)
-            write_json(self.metadata_path, current, sort_keys=True)  # atomic: never a half mhjax.json
+            write_json(self.metadata_path, metadata, sort_keys=True)  # atomic: never a half mhjax.json
         except OSError as exc:
             raise ConfigError(
                 f"--workdir: cannot write {self.metadata_path} ({type(exc).__name__}: {exc.strerror or exc})"
             ) from None
-        return False
 
 
 # Config fields that choose how a sweep is computed, not what: a run may resume under another
@@ -339,6 +352,16 @@ HOW_NOT_WHAT = ("attention", "strategy", "devices")
 
 def _what(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in HOW_NOT_WHAT} if isinstance(config, dict) else config
+
+
+def _longer(stored: dict, now: dict) -> int | None:
+    """The stored train.steps when ``now`` differs from ``stored`` only by a larger one, else None."""
+    try:
+        before, after = stored["train"]["steps"], now["train"]["steps"]
+    except (KeyError, TypeError):
+        return None
+    same = {**stored, "train": {**stored["train"], "steps": after}} == now
+    return before if same and isinstance(before, int) and isinstance(after, int) and after > before else None
 
 
 def _first_difference(a, b, prefix="config") -> str:

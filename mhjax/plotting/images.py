@@ -111,3 +111,21 @@ def diffusion_image(combined: np.ndarray, title: str = "", horizon: int = HORIZO
     image = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
     plt.close(fig)
     return image
+
+
+def position_image(accuracy, title: str = "") -> np.ndarray:
+    """RGB uint8 (HWC): held-out accuracy against position (0 first); positions no sequence
+    weights are left out of the line."""
+    plt = pyplot()
+    values = np.array([np.nan if a is None else 100.0 * a for a in accuracy], float)
+    fig, ax = plt.subplots(figsize=(4.5, 2.8))
+    ax.plot(np.arange(len(values)), values, marker=".")
+    ax.set(xlabel="position", ylabel="held-out accuracy %", ylim=(-2, 102))
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(f"{title}: accuracy by position", fontsize="small")
+    fig.tight_layout()
+    fig.canvas.draw()
+    image = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+    plt.close(fig)
+    return image

@@ -45,9 +45,11 @@ def field_value(member: dict, field: str):
 
 def task_label(entry: dict) -> str:
     """A member's task with its parameters, e.g. ``recall (pairs=8)``."""
+    if entry.get("task") is None:
+        return ""
     params = entry.get("task_params") or {}
     inner = ", ".join(f"{k}={v}" for k, v in params.items())
-    return f"{entry.get('task')} ({inner})" if inner else str(entry.get("task"))
+    return f"{entry['task']} ({inner})" if inner else str(entry["task"])
 
 
 def _group_members(members: list[dict], keys: tuple[str, ...]) -> dict:
@@ -196,7 +198,7 @@ def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
     if not tags:
         return False
     plt = pyplot()
-    tasks = sorted({str(m.get("task", "")) for m in members})
+    tasks = sorted({task_label(m) for m in members})
     colours = heads_colours([m.get("heads") for m in members]) if all("heads" in m for m in members) else {}
     # one row per task; a single task wraps its panels three to a row
     ncols = len(tags) if len(tasks) > 1 else min(3, len(tags))
@@ -211,7 +213,7 @@ def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
         ax = axes.flat[n]
         labelled = set()
         for m in members:
-            if str(m.get("task", "")) != task or tag not in curves.get(m["name"], {}):
+            if task_label(m) != task or tag not in curves.get(m["name"], {}):
                 continue
             steps, values = curves[m["name"]][tag]
             heads = m.get("heads")
@@ -316,5 +318,39 @@ def plot_synergy(analysis: dict, path: str) -> bool:
     if any(1 in by_heads for by_heads in every.values()):
         fig.text(0.01, -0.01, "1 head not shown: its combined operator is that head.", fontsize="small", va="top")
     fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
+def plot_accuracy_by_position(members: list[dict], path: str) -> bool:
+    """Held-out accuracy against position (results.json ``eval_accuracy_by_position``), a panel
+    per task (with its parameters) and a line per head count, the mean over seeds; positions the
+    task never weights are left out. False when no member has it."""
+    have = [m for m in members if m.get("eval_accuracy_by_position")]
+    if not have:
+        return False
+    plt = pyplot()
+    tasks = sorted({task_label(m) for m in have})
+    colours = heads_colours([m.get("heads") for m in have])
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.2), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        by_heads = defaultdict(list)
+        for m in have:
+            if task_label(m) == task:
+                by_heads[m.get("heads")].append(
+                    [np.nan if a is None else 100.0 * a for a in m["eval_accuracy_by_position"]]
+                )
+        for heads, rows in sorted(
+            by_heads.items(), key=lambda kv: str(kv[0]) if not isinstance(kv[0], int) else f"{kv[0]:09d}"
+        ):
+            rows = np.array(rows, float)
+            counts = np.isfinite(rows).sum(axis=0)  # the mean over seeds of the finite values
+            mean = np.where(counts > 0, np.nansum(rows, axis=0) / np.maximum(counts, 1), np.nan)
+            ax.plot(np.arange(rows.shape[1]), mean, marker=".", color=colours.get(heads), label=heads_label(heads))
+        ax.set(xlabel="position (0 first)", ylabel="held-out accuracy %", ylim=(-2, 102), title=task or None)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return True

@@ -169,7 +169,11 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     console = Console(log, progress and primary)
     log = console.log
     resuming = (
-        workdir.check_or_write_metadata(config.to_dict(), experiment.kind, experiment.metadata()) if primary else True
+        workdir.check_or_write_metadata(
+            config.to_dict(), experiment.kind, experiment.metadata(), experiment.cannot_extend
+        )
+        if primary
+        else True
     )
     sweep = Sweep(experiment)
     if jax.process_count() > 1:

@@ -44,10 +44,7 @@ class Placement:
         return jax.tree_util.tree_map(place, tree)
 
     def to_host(self, tree):
-        """Global arrays -> numpy on every process (gathers across processes if needed)."""
-        if jax.process_count() > 1:
-            return multihost_utils.process_allgather(tree, tiled=True)
-        return jax.device_get(tree)
+        return to_host(tree)
 
     def local_members(self, num_members: int) -> list[int]:
         """Positions along the member axis whose shards this process computes."""
@@ -64,3 +61,10 @@ def maybe_initialize_distributed(
     """jax.distributed.initialize: explicit (coordinator/num/id) or auto-detected (SLURM, TPU pods)."""
     if coordinator or auto:
         jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+
+
+def to_host(tree):
+    """Global arrays -> numpy on every process (gathers across processes if needed)."""
+    if jax.process_count() > 1:
+        return multihost_utils.process_allgather(tree, tiled=True)
+    return jax.device_get(tree)

@@ -1,0 +1,59 @@
+"""Loss and accuracy per position: where in the sequence a trained member is right.
+
+At position t, over sequences n with weight w[n, t]: ``loss_by_position[t] = sum_n w loss /
+sum_n w`` and ``accuracy_by_position[t]`` the same of (argmax == target); None (JSON null)
+where no weight falls at t (a task that never scores that position).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from mhjax.models.probe import eval_model
+
+
+def per_token(logits, targets):
+    """(cross-entropy, correct) per token: logits (..., T, V), targets (..., T) -> two (..., T)."""
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    return loss, (jnp.argmax(logits, axis=-1) == targets).astype(loss.dtype)
+
+
+def by_position(loss, correct, weights) -> dict[str, list]:
+    """{"loss_by_position", "accuracy_by_position"}: (T,) lists of weighted means over sequences
+    of per-token ``loss`` and ``correct`` (N, T), None where the weights of a position sum to 0."""
+    loss, correct, weights = (np.asarray(a, np.float64) for a in (loss, correct, weights))
+    total = weights.sum(axis=0)
+
+    def mean(values):
+        sums = (values * weights).sum(axis=0)
+        return [float(s / w) if w > 0 else None for s, w in zip(sums, total)]
+
+    return {"loss_by_position": mean(loss), "accuracy_by_position": mean(correct)}
+
+
+@lru_cache(maxsize=32)
+def _token_fn(vocab_size: int, max_len: int, width: int, num_layers: int, mlp_dim: int, heads: int):
+    model = eval_model(vocab_size, max_len, width, num_layers, mlp_dim, heads)
+
+    @jax.jit
+    def run(params, tokens, targets):
+        return per_token(model.apply({"params": params}, tokens), targets)
+
+    return run
+
+
+def member_by_position(params, heads: int, batch, sizes: dict) -> dict[str, list]:
+    """:func:`by_position` of the plain eval-mode H-head model on ``batch`` (tokens, targets,
+    weights (N, T)), one jitted forward per model shape."""
+    run = _token_fn(
+        sizes["vocab_size"], sizes["max_len"], sizes["width"], sizes["num_layers"], sizes["mlp_dim"], int(heads)
+    )
+    tokens, targets, weights = (np.asarray(a) for a in batch)
+    params = jax.tree_util.tree_map(jnp.asarray, params)
+    loss, correct = jax.device_get(run(params, jnp.asarray(tokens, jnp.int32), jnp.asarray(targets, jnp.int32)))
+    return by_position(loss, correct, weights)
