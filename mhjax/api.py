@@ -16,7 +16,6 @@ from mhjax.commands.analyze import analyze_workdir
 from mhjax.commands.configs import CONFIG_DIR
 from mhjax.commands.train import library_logs
 from mhjax.config import ConfigError, apply_overrides, load_config_file
-from mhjax.data import tasks
 from mhjax.experiments import make_experiment
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.workdir import Workdir
@@ -53,8 +52,9 @@ def sweep(config, workdir, progress: bool = True) -> Run:
 
 
 def load(workdir) -> Run:
-    """The Run trained in ``workdir``; its plug-in tasks are registered again from where
-    W/mhjax.json says they came from (a source that is gone: ConfigError naming it)."""
+    """The Run trained in ``workdir``. Reading it (results, curves, params, analysis, report)
+    needs no task code; ``analyze`` registers its plug-in tasks again from where W/mhjax.json
+    says they came from (a source that is gone: ConfigError saying how to register it)."""
     return Run(workdir)
 
 
@@ -67,7 +67,6 @@ class Run:
         self._files = Workdir(self.workdir)
         metadata = self._files.metadata()
         self.config = ml_collections.ConfigDict(metadata.get("config", {}))
-        tasks.restore(metadata.get("tasks"), self._files.metadata_path)
 
     def __repr__(self) -> str:
         return f"Run({self.workdir!r})"

@@ -279,6 +279,46 @@ def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_sourc
         f"mhjax: error: task 'first_token': its module my_task ({examples / 'my_task.py'}, "
         f"recorded in {os.path.join(workdir, 'mhjax.json')}) is gone; {tasks.HOW_TO_REGISTER}"
     )
+    # Reading needs no task code: report and load work with the source gone.
+    code = (
+        "import mhjax\nfrom mhjax import cli\n"
+        f"assert cli.main(['report', '--workdir', {workdir!r}]) == 0\n"
+        f"run = mhjax.load({workdir!r})\n"
+        "name = run.member_names[0]\n"
+        "print(len(run.results), sorted(run.curves(name))[:1], sorted(run.params(name)))"
+    )
+    done = _python(code, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "2 ['analysis/accuracy'] ['block_0', 'pos_emb', 'readout', 'token_emb']" in done.stdout
+
+
+def test_a_task_defined_in_main_reads_without_code_and_analyze_says_how(tmp_path):
+    script = tmp_path / "train_it.py"
+    script.write_text(
+        "import jax, jax.numpy as jnp, mhjax\nfrom tests.conftest import tiny_sequence_config\n\n\n"
+        "@mhjax.task('in_main')\ndef in_main(key, length, vocab_size):\n"
+        "    x = jax.random.randint(key, (length,), 0, vocab_size, dtype=jnp.int32)\n"
+        "    return x, jnp.roll(x, 1), jnp.ones(length)\n\n\n"
+        f"mhjax.sweep(tiny_sequence_config(task=('in_main',), heads=(2,)), {str(tmp_path / 'w')!r}, progress=False)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    workdir = str(tmp_path / "w")
+    assert cli.main(["report", "--workdir", workdir]) == 0
+    import mhjax
+
+    run = mhjax.load(workdir)
+    assert run.member_names == ["in_main-h2-s0"] and len(run.results[0]["eval_accuracy_by_position"]) == 8
+    assert cli.main(["analyze", "--workdir", workdir, "--no-plot"]) == 2
+    with pytest.raises(ConfigError, match=r"^task 'in_main': __main__ .* no longer registers it .*; register it in"):
+        run.analyze()
 
 
 def test_given_sequences_need_a_task_with_targets_from_tokens():

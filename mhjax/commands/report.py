@@ -23,7 +23,6 @@ import os
 import sys
 
 from mhjax.commands.reproduction import reproduction_markdown
-from mhjax.data import tasks
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.results import markdown_table, write_text
 from mhjax.io.workdir import Workdir
@@ -57,7 +56,6 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
     ``reference``: a folder of released checkpoints to compare with (mhjax.commands.reproduction)."""
     workdir = Workdir.of(workdir)
     results = workdir.results()
-    tasks.restore(workdir.metadata().get("tasks"), workdir.metadata_path)  # plug-in tasks, from where they came
     members = results["members"]
     analysis = workdir.analysis() if workdir.has_analysis() else None
     out_dir, link_dir = workdir.report_dir, os.path.relpath(workdir.report_dir, workdir.path)
