@@ -88,7 +88,7 @@ def test_report_on_a_generic_sweep_without_tensorboard(tmp_path, capsys):
             "test_accuracy": 0.9,
             "ntk_margin": 0.1 * h,
             "ntk_margin_gap": 1e-5,
-            "wall_time_s": 1.0,
+            "program_wall_time_s": 1.0,
             "status": "ok",
         }
         for h in (1, 4)
@@ -105,7 +105,7 @@ def test_report_on_a_generic_sweep_without_tensorboard(tmp_path, capsys):
     assert "mhjax analyze" not in capsys.readouterr().err
     text = (tmp_path / "report.md").read_text()
     assert (
-        "| heads | num_train | members | training loss | test loss | test accuracy % | ntk margin | wall time s |"
+        "| heads | num_train | members | training loss | test loss | test accuracy % | ntk margin | program wall time s |"
         in text
     )
     assert "| 4 | 128 | 2 | 0.1300 ± 0.0050 | 0.1500 ± 0.0000 | 90.00 ± 0.00 | 0.4000 ± 0.0000 | 1.0 ± 0.0 |" in text

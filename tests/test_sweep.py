@@ -219,7 +219,7 @@ def test_run_writes_outputs_and_resume_does_not_retrain(tmp_path):
             "train_loss",
             "eval_loss",
             "eval_accuracy",
-            "wall_time_s",
+            "program_wall_time_s",
         ):
             assert key in member
         assert member["steps"] == config.train.steps
@@ -233,7 +233,7 @@ def test_run_writes_outputs_and_resume_does_not_retrain(tmp_path):
         assert (
             a["eval_loss"] == b["eval_loss"]
             and a["train_loss"] == b["train_loss"]
-            and a["wall_time_s"] == pytest.approx(b["wall_time_s"])
+            and a["program_wall_time_s"] == pytest.approx(b["program_wall_time_s"])
         )
 
 

@@ -47,7 +47,7 @@ def test_event_files_hold_scalars_hparams_images_and_config(sweep_dir):
             "final/train_loss",
             "final/eval_loss",
             "final/eval_accuracy",
-            "final/wall_time_s",
+            "final/program_wall_time_s",
         ):
             assert tag in tags["scalars"], (name, tag)
         assert ea.Scalars("final/eval_accuracy")[-1].value == pytest.approx(results[name]["eval_accuracy"])

@@ -19,7 +19,7 @@ CORE_COLUMNS = (
     "train_loss",
     "eval_loss",
     "eval_accuracy",
-    "wall_time_s",
+    "program_wall_time_s",
     "status",
 )
 

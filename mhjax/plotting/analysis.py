@@ -11,7 +11,7 @@ from mhjax.plotting.style import heads_colours, heads_label, pyplot
 def _entries(result: dict) -> list[tuple[str, dict]]:
     if "members" in result:
         return list(result["members"].items())
-    label = f"{result.get('heads')} heads, {result.get('task')}"
+    label = f"{heads_label(result.get('heads'))}, {result.get('task')}"
     return [(label, result)]
 
 
@@ -35,7 +35,8 @@ def format_analysis(result: dict) -> str:
         lines += [
             f"## {label}",
             "",
-            f"{e['heads']} heads, task {e['task']}, {e['num_sequences']} sequences of length {e['seq_len']}{status}. "
+            f"{heads_label(e['heads'])}, task {e['task']}, {e['num_sequences']} sequences of length "
+            f"{e['seq_len']}{status}. "
             f"Token accuracy {100 * e['accuracy']:.2f}% "
             f"({100 * e['accuracy_excluding_first']:.2f}% excluding position 0).",
             "",

@@ -15,7 +15,8 @@ HORIZON = 100  # the reference fidelity horizon
 def attention_grid(
     attention: np.ndarray, combined: np.ndarray | None = None, gamma: float = 0.5, min_panel: int = 128
 ) -> np.ndarray:
-    """One RGB uint8 image (HWC) drawn by matplotlib: a titled panel per head ("head 1" ...) of
+    """One RGB uint8 image (HWC) drawn by matplotlib: a titled panel per head ("head 0" ...: heads
+    numbered from 0, as analysis.json) of
     ``attention`` (H, T, T) and one for the ``combined`` operator, rows = queries, columns = keys.
 
     Values in [0, 1] are shown as ``value ** gamma`` (gamma 0.5 makes small weights visible)
@@ -25,7 +26,7 @@ def attention_grid(
     """
     from matplotlib import colormaps
 
-    panels = [(f"head {h + 1}", np.asarray(a, np.float64)) for h, a in enumerate(attention)]
+    panels = [(f"head {h}", np.asarray(a, np.float64)) for h, a in enumerate(attention)]
     if combined is not None:
         panels.append(("combined", np.asarray(combined, np.float64)))
     T = panels[0][1].shape[-1]

@@ -68,7 +68,7 @@ _LABELS = {
     "eval_accuracy": "held-out accuracy %",
     "eval_loss": "held-out loss",
     "train_loss": "training loss",
-    "wall_time_s": "wall time s",
+    "program_wall_time_s": "program wall time s",
 }
 _SUMMARY_ENDINGS = ("_loss", "_accuracy", "margin", "fidelity", "mixing_time")  # the rest: in "Every member"
 
@@ -94,8 +94,8 @@ def _summary_metrics(members: list[dict], keys) -> list[str]:
                 continue
             if k in _LABELS or (k.endswith(_SUMMARY_ENDINGS) and "_over_" not in k):
                 seen[k] = None
-    metrics = [k for k in _LABELS if k in seen and k != "wall_time_s"] + [k for k in seen if k not in _LABELS]
-    return metrics + (["wall_time_s"] if "wall_time_s" in seen else [])
+    metrics = [k for k in _LABELS if k in seen and k != "program_wall_time_s"] + [k for k in seen if k not in _LABELS]
+    return metrics + (["program_wall_time_s"] if "program_wall_time_s" in seen else [])
 
 
 def summary_table(members: list[dict], sweep_fields: list[str] | None = None) -> str:
@@ -118,7 +118,7 @@ def summary_table(members: list[dict], sweep_fields: list[str] | None = None) ->
         for k, _ in metrics:
             if "accuracy" in k:
                 cells.append(mean_sd([m.get(k) for m in group], "{:.2f}", 100.0))
-            elif k == "wall_time_s":
+            elif k == "program_wall_time_s":
                 cells.append(mean_sd([m.get(k) for m in group], "{:.1f}"))
             else:
                 cells.append(mean_sd([m.get(k) for m in group], "{:.4f}"))

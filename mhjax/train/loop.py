@@ -340,7 +340,8 @@ def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from)
                 steps=int(steps[j]),
                 train_loss=float(losses[j]),
                 **evaluation[i],
-                wall_time_s=seconds[member.name],
+                # the training time of the member's program, which all its members share (not a per-member share)
+                program_wall_time_s=seconds[member.name],
                 program=p.name,
             )
             record["status"] = "diverged" if diverged[j] else "ok"
