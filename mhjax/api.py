@@ -105,6 +105,23 @@ class Run:
             result = analyze_workdir(self.workdir, **options)
         return result
 
+    def forward(self, member: str, tokens, targets=None, weights=None, heads_off=None):
+        """Member ``member`` (its latest checkpoint, eval mode) on ``tokens`` (N, T): a
+        :class:`mhjax.analysis.forward.Forward` with logits, attention, head outputs, residual
+        stream and, with targets, the per-token loss and loss and accuracy by position.
+        ``targets`` default to the member's task's when it makes them from tokens (copy, cycle,
+        zero); ``heads_off`` {layer: [head, ...]} (0-based) zeroes heads as the analysis does."""
+        from mhjax.analysis.forward import member_forward
+
+        return member_forward(self._files, self._member(member), tokens, targets, weights, heads_off)
+
+    def model(self, member: str):
+        """A pure ``apply(params, tokens) -> logits`` of member ``member``'s model (eval mode);
+        ``run.model(m)(run.params(m), tokens)`` equals ``run.forward(m, tokens).logits``."""
+        from mhjax.analysis.forward import member_apply
+
+        return member_apply(self._files, self._member(member))
+
     def to_pandas(self):
         """results as a pandas DataFrame, one row per member (pandas is optional)."""
         try:

@@ -150,3 +150,60 @@ def apply_fn(sizes: dict, heads: int):
         return model.apply({"params": params}, jnp.asarray(tokens, jnp.int32))
 
     return apply
+
+
+# --------------------------------------------------------------------------- #
+# A member of a trained sweep's workdir
+# --------------------------------------------------------------------------- #
+def member_record(files, member: str) -> dict:
+    """``member``'s entry of W/results.json (its heads, task and task parameters)."""
+    members = files.results()["members"]
+    for record in members:
+        if record.get("name") == member:
+            return record
+    raise ConfigError(f"member: unknown {member!r} (members: {', '.join(m.get('name', '?') for m in members)})")
+
+
+def member_sizes(files) -> dict:
+    """The model sizes of the sweep's config (a Transformer with max_len = seq_len)."""
+    model = files.config_field("model")
+    return {
+        "vocab_size": model["vocab_size"],
+        "max_len": model["seq_len"],
+        "width": model["width"],
+        "num_layers": model["num_layers"],
+        "mlp_dim": model["mlp_dim"],
+    }
+
+
+def task_targets(record: dict, tokens):
+    """The member's task's targets for ``tokens`` (every position weighted), or None when its
+    task is not registered in this process or has no ``targets(tokens)`` form."""
+    from mhjax.data import tasks
+
+    name = record.get("task")
+    if name not in tasks.registered():
+        return None
+    task = tasks.get_task(name).with_params(record.get("task_params"))
+    return None if task.targets is None else np.asarray(task.call_targets(jnp.asarray(tokens, jnp.int32)))
+
+
+def member_forward(files, member: str, tokens, targets=None, weights=None, heads_off=None) -> Forward:
+    """:func:`forward` of ``member`` of the workdir ``files`` (a Workdir) at its latest
+    checkpoint. Without ``targets``, its task's ``targets(tokens)`` when it has that form and is
+    registered (copy, cycle, zero, ...); else the loss fields are None."""
+    record = member_record(files, member)
+    if "heads" not in record:
+        raise ConfigError(f"member: {member!r} is not a Transformer member (no heads in results.json)")
+    tokens = np.asarray(tokens)
+    if targets is None:
+        if weights is not None:
+            raise ConfigError("weights: given without targets; pass targets too")
+        targets = task_targets(record, tokens if tokens.ndim == 2 else tokens[None]) if tokens.size else None
+    return forward(files.params(member), record["heads"], member_sizes(files), tokens, targets, weights, heads_off)
+
+
+def member_apply(files, member: str):
+    """A pure ``apply(params, tokens)`` of ``member``'s model (eval mode, its head count)."""
+    record = member_record(files, member)
+    return apply_fn(member_sizes(files), int(record["heads"]))

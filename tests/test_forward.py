@@ -1,0 +1,103 @@
+"""A task parameter swept over two values, trained; ``run.forward`` on given tokens checked against
+the analysis's own forward and the ablated losses analysis.json records; per-position results; the
+report grouping by the parameter; ``run.model`` a pure apply."""
+
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mhjax
+from mhjax.analysis.forward import head_mask
+from mhjax.analysis.metrics import task_sequences
+from mhjax.data import tasks
+from mhjax.models.probe import config_sizes, predict
+from tests.conftest import tiny_sequence_config, tiny_train
+
+
+@pytest.fixture(scope="module")
+def recall_run(tmp_path_factory):
+    config = tiny_train(tiny_sequence_config(task=("recall", "copy"), heads=(2,)), 6, 3, 3, 6)
+    config.task_params = {"recall": {"pairs": (1, 2)}}
+    workdir = tmp_path_factory.mktemp("forward") / "w"
+    run = mhjax.sweep(config, workdir, progress=False)
+    run.analyze(num_sequences=6, plot=False, tensorboard=False)
+    return run
+
+
+def test_members_per_parameter_value_with_results_per_position(recall_run):
+    run = recall_run
+    assert run.member_names == ["recall-pairs1-h2-s0", "recall-pairs2-h2-s0", "copy-h2-s0"]
+    for record, pairs in zip(run.results, (1, 2)):
+        assert record["task_params"] == {"pairs": pairs}
+        accuracy = record["eval_accuracy_by_position"]
+        assert len(accuracy) == 8 and len(record["eval_loss_by_position"]) == 8
+        assert accuracy[: 2 * pairs] == [None] * 2 * pairs and None not in accuracy[2 * pairs :]
+        # every weighted position holds the same number of sequences: the mean over positions is the accuracy
+        assert np.mean(accuracy[2 * pairs :]) == pytest.approx(record["eval_accuracy"], rel=1e-5)
+        assert np.mean(record["eval_loss_by_position"][2 * pairs :]) == pytest.approx(record["eval_loss"], rel=1e-5)
+    assert "task_params" not in run.results[2] and None not in run.results[2]["eval_accuracy_by_position"]
+    with open(os.path.join(run.workdir, "mhjax.json")) as f:
+        assert json.load(f)["config"]["task_params"] == {"recall": {"pairs": [1, 2]}}
+    from mhjax.io.workdir import Workdir
+
+    fields = Workdir(run.workdir).sweep_fields()
+    assert sorted(fields) == ["heads", "learning_rate", "seed", "task", "task_params.pairs"]
+    assert fields[fields.index("task") + 1] == "task_params.pairs"
+    assert mhjax.load(run.workdir).to_pandas().shape[0] == 3
+
+
+def test_the_report_groups_by_the_parameter_and_plots_accuracy_by_position(recall_run):
+    from mhjax import cli
+
+    assert cli.main(["report", "--workdir", recall_run.workdir]) == 0
+    text = open(os.path.join(recall_run.workdir, "report.md")).read()
+    assert "| task | task_params.pairs | heads | members |" in text
+    assert "| recall | 1 | 2 | 1 |" in text and "| copy | None | 2 | 1 |" in text
+    assert "![accuracy_by_position](report/accuracy_by_position.png)" in text
+    assert "## recall (pairs=2)" in text or "recall (pairs=2)" in text
+
+
+def test_forward_matches_the_analysis_attention_and_ablated_losses(recall_run):
+    run, sizes = recall_run, config_sizes(recall_run.config.model)
+    for name, pairs in (("recall-pairs1-h2-s0", 1), ("recall-pairs2-h2-s0", 2)):
+        entry = run.analysis["members"][name]
+        task = tasks.get_task("recall").with_params({"pairs": pairs})
+        batch, _ = task_sequences(task, None, 6, 0, 8, 16)  # the analysis's own sequences (seed 0)
+        out = run.forward(name, batch.inputs, batch.targets, batch.weights)
+        _, attention = predict(run.params(name), 2, batch.inputs, sizes)
+        np.testing.assert_allclose(np.stack(out.attention), attention, rtol=1e-6, atol=1e-7)
+        assert [a.shape for a in out.attention] == [(6, 2, 8, 8)] and out.head_outputs[0].shape == (6, 8, 2, 8)
+        assert out.residual[0].shape == (6, 8, 16) and out.logits.shape == (6, 8, 16)
+        weights = batch.weights
+
+        def weighted(loss, weights=weights):
+            return float((loss * weights).sum() / weights.sum())
+
+        assert weighted(out.loss) == pytest.approx(entry["loss"], rel=1e-5)
+        for head in range(2):
+            only = run.forward(name, batch.inputs, batch.targets, batch.weights, heads_off={0: [1 - head]})
+            assert weighted(only.loss) == pytest.approx(entry["layers"][0]["ablation"]["loss_only"][head], rel=1e-5)
+            assert not only.head_outputs[0][:, :, 1 - head].any() and only.head_outputs[0][:, :, head].any()
+        assert np.isnan(out.accuracy_by_position[: 2 * pairs]).all()
+        logits = run.model(name)(run.params(name), batch.inputs)
+        np.testing.assert_allclose(np.asarray(logits), out.logits, rtol=1e-6, atol=1e-6)
+
+
+def test_forward_takes_targets_from_a_task_that_makes_them_and_refuses_bad_input(recall_run):
+    run = recall_run
+    tokens = np.arange(16, dtype=np.int32).reshape(2, 8)
+    copy = run.forward("copy-h2-s0", tokens)  # copy: the targets are the tokens
+    np.testing.assert_allclose(copy.loss, run.forward("copy-h2-s0", tokens, tokens).loss)
+    assert copy.accuracy_by_position.shape == (8,)
+    assert run.forward("recall-pairs1-h2-s0", tokens).loss is None  # recall makes no targets from tokens
+    with pytest.raises(mhjax.ConfigError, match=r"^heads_off: layer 0: head 2 is not one of 0..1"):
+        run.forward("copy-h2-s0", tokens, heads_off={0: [2]})
+    with pytest.raises(mhjax.ConfigError, match=r"^tokens: need 1 <= T <= 8 and tokens in \[0, 15\]"):
+        run.forward("copy-h2-s0", tokens + 9)
+    with pytest.raises(mhjax.ConfigError, match=r"^member: unknown 'nope'"):
+        run.forward("nope", tokens)
+    np.testing.assert_array_equal(head_mask({1: 0}, 2, 3), [[1, 1, 1], [0, 1, 1]])
+    assert jnp.asarray(copy.logits).dtype == jnp.float32
