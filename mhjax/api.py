@@ -7,7 +7,9 @@ What ``mhjax train`` and ``mhjax analyze`` do, as functions: bad input raises
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import sys
 
 import ml_collections
@@ -21,7 +23,39 @@ from mhjax.io.lock import WorkdirLock
 from mhjax.io.workdir import Workdir
 from mhjax.train.loop import run
 
+# Flags whose Python argument is not the flag's name in snake case.
+PYTHON_ARGUMENTS = {
+    "--exclude-sink": "include_sink=False",
+    "--no-tensorboard": "tensorboard=False",
+    "--no-plot": "plot=False",
+    "--no-ablation": "ablate=False",
+    "--allow-changed-task": "allow_changed_task=True",
+}
 
+
+def python_wording(message: str) -> str:
+    """A message of the code the command line shares, its leading flag named as the Python
+    argument (``--num-sequences: ...`` -> ``num_sequences: ...``)."""
+    head, sep, rest = message.partition(": ")
+    if sep and re.fullmatch(r"--[a-z][a-z-]*(/--[a-z][a-z-]*)*", head):
+        head = "/".join(PYTHON_ARGUMENTS.get(flag, flag[2:].replace("-", "_")) for flag in head.split("/"))
+    return head + sep + rest
+
+
+def python_errors(fn):
+    """``fn`` whose ConfigErrors name Python arguments, not flags (the API boundary)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as exc:
+            raise ConfigError(python_wording(str(exc))) from exc.__cause__
+
+    return wrapper
+
+
+@python_errors
 def load_config(path_or_name, overrides: dict | None = None) -> ml_collections.ConfigDict:
     """A config file, or a bundled config by name (``"quick"``: configs/quick.py of a checkout),
     with ``overrides`` {dotted field: value}, e.g. ``{"train.steps": 100, "sweep.heads": (1, 4)}``,
@@ -39,6 +73,7 @@ def load_config(path_or_name, overrides: dict | None = None) -> ml_collections.C
     return config
 
 
+@python_errors
 def sweep(config, workdir, progress: bool = True) -> Run:
     """Train (or resume) every member of ``config`` (a ConfigDict, a path or a bundled name) in
     ``workdir``, as ``mhjax train --config ... --workdir workdir``; returns its Run."""
@@ -51,6 +86,7 @@ def sweep(config, workdir, progress: bool = True) -> Run:
     return load(workdir.path)
 
 
+@python_errors
 def load(workdir) -> Run:
     """The Run trained in ``workdir``. Reading it (results, curves, params, analysis, report)
     needs no task code; ``analyze`` registers its plug-in tasks again from where W/mhjax.json
@@ -58,10 +94,28 @@ def load(workdir) -> Run:
     return Run(workdir)
 
 
+ANALYZE_OPTIONS = (
+    "out",
+    "sequences",
+    "num_sequences",
+    "seed",
+    "horizon",
+    "max_steps",
+    "chain",
+    "include_sink",
+    "batch_size",
+    "ablate",
+    "tensorboard",
+    "plot",
+    "allow_changed_task",
+)
+
+
 class Run:
     """A trained (or training) sweep's workdir, read on demand through its Workdir
     (mhjax/io/workdir.py: each file read once while unchanged, again once it changed)."""
 
+    @python_errors
     def __init__(self, workdir):
         self.workdir = os.fspath(workdir)
         self._files = Workdir(self.workdir)
@@ -80,10 +134,12 @@ class Run:
     def member_names(self) -> list[str]:
         return self._files.member_names()
 
+    @python_errors
     def params(self, name: str):
         """Member ``name``'s parameter tree from its latest checkpoint."""
         return self._files.params(self._member(name))
 
+    @python_errors
     def curves(self, name: str) -> dict:
         """{tag: (steps, values)} of member ``name``'s TensorBoard scalars."""
         return self._files.curves(self._member(name))
@@ -98,13 +154,19 @@ class Run:
         """W/analysis/analysis.json; None until analysed (``run.analyze()``)."""
         return self._files.analysis() if self._files.has_analysis() else None
 
+    @python_errors
     def analyze(self, **options) -> dict:
-        """``mhjax analyze --workdir W`` with its options as keywords (num_sequences, seed,
-        sequences, horizon, max_steps, chain, include_sink, batch_size, tensorboard, plot)."""
+        """``mhjax analyze --workdir W`` with its options as keywords (ANALYZE_OPTIONS: out,
+        sequences, num_sequences, seed, horizon, max_steps, chain, include_sink, batch_size,
+        ablate, tensorboard, plot, allow_changed_task)."""
+        unknown = sorted(set(options) - set(ANALYZE_OPTIONS))
+        if unknown:
+            raise ConfigError(f"run.analyze: unknown option {unknown[0]!r} (options: {', '.join(ANALYZE_OPTIONS)})")
         with WorkdirLock(self.workdir, "analyze"):
             result = analyze_workdir(self.workdir, **options)
         return result
 
+    @python_errors
     def forward(self, member: str, tokens, targets=None, weights=None, heads_off=None):
         """Member ``member`` (its latest checkpoint, eval mode) on ``tokens`` (N, T): a
         :class:`mhjax.analysis.forward.Forward` with logits, attention, head outputs, residual
@@ -115,12 +177,22 @@ class Run:
 
         return member_forward(self._files, self._member(member), tokens, targets, weights, heads_off)
 
+    @python_errors
     def model(self, member: str):
         """A pure ``apply(params, tokens) -> logits`` of member ``member``'s model (eval mode);
         ``run.model(m)(run.params(m), tokens)`` equals ``run.forward(m, tokens).logits``."""
         from mhjax.analysis.forward import member_apply
 
         return member_apply(self._files, self._member(member))
+
+    @python_errors
+    def report(self, reference=None) -> dict:
+        """``mhjax report --workdir W``: W/report.md and its figures; returns {"md": path, "figures":
+        [paths], ...}. ``reference``: a folder of released checkpoints to compare with."""
+        from mhjax.commands.report import write_report
+
+        with WorkdirLock(self.workdir, "report"):
+            return write_report(self._files, reference=None if reference is None else os.fspath(reference))
 
     def to_pandas(self):
         """results as a pandas DataFrame, one row per member (pandas is optional)."""

@@ -46,7 +46,7 @@ def test_bad_input_raises_config_error_with_the_command_line_message(tmp_path):
         mhjax.load_config("quick", {"sweep.heads": (3,)})
     with pytest.raises(mhjax.ConfigError, match=r"^config.trian.steps: unknown field \(known here: attention, data, "):
         mhjax.load_config("quick", {"trian.steps": 3})
-    with pytest.raises(mhjax.ConfigError, match="--config: file not found: nope.py"):
+    with pytest.raises(mhjax.ConfigError, match="^config: file not found: nope.py"):
         mhjax.sweep("nope.py", tmp_path / "w")
     with pytest.raises(mhjax.ConfigError, match="has no mhjax.json"):
         mhjax.load(tmp_path)

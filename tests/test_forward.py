@@ -101,3 +101,15 @@ def test_forward_takes_targets_from_a_task_that_makes_them_and_refuses_bad_input
         run.forward("nope", tokens)
     np.testing.assert_array_equal(head_mask({1: 0}, 2, 3), [[1, 1, 1], [0, 1, 1]])
     assert jnp.asarray(copy.logits).dtype == jnp.float32
+
+
+def test_api_errors_name_python_arguments_and_list_the_options(recall_run, tmp_path):
+    run = recall_run
+    with pytest.raises(mhjax.ConfigError, match=r"^workdir: no such directory: "):
+        mhjax.load(tmp_path / "missing")
+    with pytest.raises(mhjax.ConfigError, match=r"^run.analyze: unknown option 'num_seqs' \(options: out, sequences, "):
+        run.analyze(num_seqs=8)
+    with pytest.raises(mhjax.ConfigError, match=r"^num_sequences: must be a positive integer, got 0"):
+        run.analyze(num_sequences=0, plot=False, tensorboard=False)
+    report = run.report()
+    assert report["md"] == os.path.join(run.workdir, "report.md") and os.path.isfile(report["md"])

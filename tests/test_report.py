@@ -105,8 +105,8 @@ def test_report_on_a_generic_sweep_without_tensorboard(tmp_path, capsys):
     assert "mhjax analyze" not in capsys.readouterr().err
     text = (tmp_path / "report.md").read_text()
     assert (
-        "| heads | num_train | members | training loss | test loss | test accuracy % | ntk margin | program wall time s |"
-        in text
+        "| heads | num_train | members | training loss | test loss | test accuracy % | ntk margin "
+        "| program wall time s |" in text
     )
     assert "| 4 | 128 | 2 | 0.1300 ± 0.0050 | 0.1500 ± 0.0000 | 90.00 ± 0.00 | 0.4000 ± 0.0000 | 1.0 ± 0.0 |" in text
     assert "![ntk_margin_vs_H](ntk_margin_vs_H.png)" in text and "Attention as a DAG" not in text
