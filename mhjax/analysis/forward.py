@@ -194,7 +194,7 @@ def member_forward(files, member: str, tokens, targets=None, weights=None, heads
     registered (copy, cycle, zero, ...); else the loss fields are None."""
     record = member_record(files, member)
     if "heads" not in record:
-        raise ConfigError(f"member: {member!r} is not a Transformer member (no heads in results.json)")
+        raise ConfigError(f"member: {member!r} is not a Transformer member (its results record no heads)")
     tokens = np.asarray(tokens)
     if targets is None:
         if weights is not None:
