@@ -2,7 +2,7 @@
 
 The Python API (imported on first use, so ``import mhjax`` stays fast):
 ``load_config``, ``sweep`` (trains; ``mhjax.train`` is the trainer's subpackage), ``load``,
-``Run``, ``ConfigError``, and tasks as plug-ins: ``task``, ``register_task``, ``registered_tasks``.
+``Run``, ``Forward`` (what ``Run.forward`` returns), ``ConfigError``, and tasks as plug-ins: ``task``, ``register_task``, ``registered_tasks``.
 """
 
 __version__ = "0.1.0"
@@ -12,6 +12,7 @@ _LAZY = {
     "sweep": ("mhjax.api", "sweep"),
     "load": ("mhjax.api", "load"),
     "Run": ("mhjax.api", "Run"),
+    "Forward": ("mhjax.analysis.forward", "Forward"),
     "ConfigError": ("mhjax.config", "ConfigError"),
     "task": ("mhjax.data.tasks", "task"),
     "register_task": ("mhjax.data.tasks", "register_task"),
