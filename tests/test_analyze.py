@@ -11,11 +11,11 @@ import pytest
 
 from mhjax.analysis import dag, metrics
 from mhjax.cli import register_analyze as register
-from mhjax.commands import analyze
 from mhjax.commands.analyze import run_analyze
 from mhjax.config import ConfigError
 from mhjax.models import probe
 from mhjax.plotting.images import attention_grid
+from mhjax.workflows import analyze
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
