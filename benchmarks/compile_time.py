@@ -21,7 +21,7 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mhjax.experiments import make_experiment  # noqa: E402
-from mhjax.models.attention import IMPLEMENTATIONS  # noqa: E402
+from mhjax.models.attention_choice import IMPLEMENTATIONS  # noqa: E402
 from mhjax.train import ahead  # noqa: E402
 from mhjax.train.loop import Sweep  # noqa: E402
 from mhjax.workflows.configs import load_config  # noqa: E402
