@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from mhjax.analysis import tags
 from mhjax.analysis.metrics import learned_head_weights
 from mhjax.data import sequences, tasks
 from mhjax.experiments.base import Experiment
@@ -18,7 +19,6 @@ from mhjax.experiments.sequence_config import requested_attention, validate
 from mhjax.models import Transformer, cost, count_params, flops
 from mhjax.models.attention_choice import JAX, AttentionChoice, resolve_attention
 from mhjax.models.probe import config_sizes, predict
-from mhjax.plotting.images import attention_grid, diffusion_image
 from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program, Recipe, Unrolled, recipe_groups
 from mhjax.train.sweep import Member, derive_key, expand, key_names
@@ -304,16 +304,11 @@ class SequenceExperiment(Experiment):
         )
 
     def metric_tags(self) -> list[str]:
-        tags = ["analysis/accuracy", "analysis/loss", "analysis/rollout_min"]  # logged by `mhjax analyze --workdir W`
-        for layer in range(int(self.config.model.num_layers)):
-            tags += [f"analysis/layer{layer}/mixing_time", f"analysis/layer{layer}/fidelity_pct"]
-            tags += [f"analysis/layer{layer}/accuracy_synergy", f"analysis/layer{layer}/rollout_min"]
-        return tags
+        return tags.hparams_metrics(int(self.config.model.num_layers))  # logged by `mhjax analyze --workdir W`
 
-    def images(self, member_states: dict, step: int) -> dict:
-        """Per member, on one fixed evaluation sequence: every head's attention and the combined
-        operator per layer (``attention/layer{l}``), and the signal reaching the sink after t steps
-        of the combined operator (``diffusion/sink_signal``)."""
+    def attention_maps(self, member_states: dict) -> dict:
+        """Per member, on one fixed evaluation sequence: every head's attention (L, H, T, T) and
+        the combined operator (L, T, T) per layer, drawn by the trainer (plotting/images.py)."""
         m = self.config.model
         tokens = np.random.default_rng(EXAMPLE_SEED).integers(0, m.vocab_size, size=(1, m.seq_len), dtype=np.int32)
         sizes = config_sizes(m)
@@ -323,12 +318,7 @@ class SequenceExperiment(Experiment):
             _, attn = predict(params, member["heads"], tokens, sizes)
             attention = np.asarray(attn[:, 0], np.float64)  # (L, H, T, T)
             combined = np.einsum("lh,lhij->lij", learned_head_weights(params, member["heads"]), attention)
-            images = {
-                f"attention/layer{layer}": attention_grid(attention[layer], combined[layer])
-                for layer in range(attention.shape[0])
-            }
-            images["diffusion/sink_signal"] = diffusion_image(combined, member.name)
-            out[member.name] = images
+            out[member.name] = (attention, combined)
         return out
 
     def describe(self, backend: str) -> list[str]:

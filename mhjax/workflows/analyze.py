@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mhjax.analysis import tags
 from mhjax.analysis.metrics import analyze_checkpoint, analyze_params, one_line, task_sequences
 from mhjax.config import ConfigError
 from mhjax.io.results import write_json, write_text
@@ -123,7 +124,7 @@ def analyze_workdir(
             scalars, images = _tensorboard_entry(entry, attention, combined)
             scalars.update(_head_scalars(entry))
             if sink_rows is not None:
-                images["analysis/rollout/sink_row"] = sink_row_image(sink_rows)
+                images[tags.ROLLOUT_SINK_ROW] = sink_row_image(sink_rows)
             log_to_run(workdir.run_dir(member.name), scalars, images, step)
     result = {
         "workdir": os.path.abspath(workdir.path),
@@ -139,37 +140,25 @@ def analyze_workdir(
 
 def _tensorboard_entry(entry: dict, attention, combined) -> tuple[dict, dict]:
     """(scalars ``analysis/accuracy``, ``analysis/layer{l}/...``; heatmaps ``analysis/attention/layer{l}``)."""
-    scalars = {
-        "analysis/accuracy": entry["accuracy"],
-        "analysis/accuracy_excluding_first": entry["accuracy_excluding_first"],
-    }
+    scalars = {tags.ACCURACY: entry["accuracy"], tags.ACCURACY_EXCLUDING_FIRST: entry["accuracy_excluding_first"]}
     images = {}
     for layer in entry["layers"]:
         l = layer["layer"]
-        for key, tag in (
-            ("mixing_time_mean", "mixing_time"),
-            ("mixing_time_std", "mixing_time_std"),
-            ("fidelity_pct_mean", "fidelity_pct"),
-            ("fidelity_pct_std", "fidelity_pct_std"),
-            ("best_single_fidelity_pct_mean", "best_single_fidelity_pct"),
-            ("combined_beats_best_share", "combined_beats_best_share"),
-        ):
-            scalars[f"analysis/layer{l}/{tag}"] = layer[key]
+        for key, name in tags.LAYER_METRICS.items():
+            scalars[tags.layer_tag(l, name)] = layer[key]
         if attention is not None:
-            images[f"analysis/attention/layer{l}"] = attention_grid(
-                attention[l], None if combined is None else combined[l]
-            )
+            images[tags.attention_tag(l)] = attention_grid(attention[l], None if combined is None else combined[l])
     return scalars, images
 
 
 def _head_scalars(entry: dict) -> dict:
     """Head ablation and rollout scalars: ``analysis/loss``, ``analysis/rollout_min``,
     ``analysis/layer{l}/rollout_min`` and ``analysis/layer{l}/accuracy_synergy`` (when ablated)."""
-    scalars = {"analysis/loss": entry["loss"], "analysis/rollout_min": entry["rollout_min"]}
+    scalars = {tags.LOSS: entry["loss"], tags.ROLLOUT_MIN: entry["rollout_min"]}
     for layer in entry["layers"]:
-        for key in ("rollout_min", "rollout_fidelity_spearman", "accuracy_synergy"):
+        for key in tags.LAYER_HEAD_METRICS:
             if layer.get(key) is not None:
-                scalars[f"analysis/layer{layer['layer']}/{key}"] = layer[key]
+                scalars[tags.layer_tag(layer["layer"], key)] = layer[key]
     return scalars
 
 

@@ -65,7 +65,7 @@ def library_logs(path: str):
         root.setLevel(saved[1])
 
 
-def train(experiment, workdir, *, progress: bool = True, log=None, primary: bool = True) -> dict:
+def train(experiment, workdir, *, progress: bool = True, log=print, primary: bool = True) -> dict:
     """Train (or resume) every member of ``experiment`` in ``workdir``; returns results.json's
     payload. ``primary``: this process holds the workdir's lock and its log (several processes of
     one distributed run share the workdir: process 0 does)."""
