@@ -327,7 +327,7 @@ class SequenceExperiment(Experiment):
         m, d = config.model, config.data
         programs = self.programs(config.strategy, backend)
         strategy = (
-            config.strategy if config.strategy != "auto" else f"auto ({self.auto_strategy(backend)} on {backend})"
+            config.strategy if config.strategy != "auto" else f"auto ({self.resolved_strategy(backend)} on {backend})"
         )
         lines = [
             f"strategy: {strategy} -> {len(programs)} program(s): "
