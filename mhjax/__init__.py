@@ -2,7 +2,8 @@
 
 The Python API (imported on first use, so ``import mhjax`` stays fast):
 ``load_config``, ``sweep`` (trains; ``mhjax.train`` is the trainer's subpackage), ``load``,
-``Run``, ``Forward`` (what ``Run.forward`` returns), ``ConfigError``, and tasks as plug-ins: ``task``, ``register_task``, ``registered_tasks``.
+``Run``, ``Forward`` (what ``Run.forward`` returns), ``ConfigError``, and tasks as plug-ins:
+``task``, ``register_task``, ``registered_tasks``.
 """
 
 __version__ = "0.1.0"

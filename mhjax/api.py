@@ -14,14 +14,15 @@ import sys
 
 import ml_collections
 
-from mhjax.commands.analyze import analyze_workdir
-from mhjax.commands.configs import CONFIG_DIR
-from mhjax.commands.train import library_logs
-from mhjax.config import ConfigError, apply_overrides, load_config_file
+from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
 from mhjax.io.lock import WorkdirLock
-from mhjax.io.workdir import Workdir
-from mhjax.train.loop import run
+from mhjax.workflows.analyze import analyze_workdir
+from mhjax.workflows.configs import load_config as _load_config
+from mhjax.workflows.forward import member_forward, member_model
+from mhjax.workflows.report import write_report
+from mhjax.workflows.train import train
+from mhjax.workflows.workdir import open_workdir
 
 # Flags whose Python argument is not the flag's name in snake case.
 PYTHON_ARGUMENTS = {
@@ -57,20 +58,10 @@ def python_errors(fn):
 
 @python_errors
 def load_config(path_or_name, overrides: dict | None = None) -> ml_collections.ConfigDict:
-    """A config file, or a bundled config by name (``"quick"``: configs/quick.py of a checkout),
-    with ``overrides`` {dotted field: value}, e.g. ``{"train.steps": 100, "sweep.heads": (1, 4)}``,
-    validated as on the command line."""
-    path = os.fspath(path_or_name)
-    if not os.path.isfile(path):
-        bundled = os.path.join(CONFIG_DIR, path if path.endswith(".py") else f"{path}.py")
-        if os.path.sep not in path and os.path.isfile(bundled):
-            path = bundled
-    config = load_config_file(path)
-    if overrides:
-        text = {field: value if isinstance(value, str) else repr(value) for field, value in overrides.items()}
-        config = apply_overrides(config, text)
-    make_experiment(config)  # validates, before anything compiles
-    return config
+    """A config file, or a bundled config by name (``"quick"``: configs/quick.py of a checkout;
+    an installed package ships no configs), with ``overrides`` {dotted field: value}, e.g.
+    ``{"train.steps": 100, "sweep.heads": (1, 4)}``, validated as on the command line."""
+    return _load_config(path_or_name, overrides)
 
 
 @python_errors
@@ -79,18 +70,17 @@ def sweep(config, workdir, progress: bool = True) -> Run:
     ``workdir``, as ``mhjax train --config ... --workdir workdir``; returns its Run."""
     if not isinstance(config, ml_collections.ConfigDict):
         config = load_config(config)
-    experiment = make_experiment(config)
-    workdir = Workdir(os.fspath(workdir))
-    with WorkdirLock(workdir.path, "train", create=True), library_logs(workdir.log_path):
-        run(experiment, workdir, progress=progress, log=lambda message: print(message, file=sys.stderr))
-    return load(workdir.path)
+    workdir = os.fspath(workdir)
+    train(make_experiment(config), workdir, progress=progress, log=lambda message: print(message, file=sys.stderr))
+    return load(workdir)
 
 
 @python_errors
 def load(workdir) -> Run:
-    """The Run trained in ``workdir``. Reading it (results, curves, params, analysis, report)
-    needs no task code; ``analyze`` registers its plug-in tasks again from where W/mhjax.json
-    says they came from (a source that is gone: ConfigError saying how to register it)."""
+    """The Run trained in ``workdir`` (no W/mhjax.json: ConfigError). Reading it (results, curves,
+    params, analysis, report) needs no task code; its plug-in tasks are registered again, from
+    where W/mhjax.json says they came, only when ``run.analyze()`` (or ``run.forward`` without
+    targets) needs them (a source that is gone: ConfigError saying how to register it)."""
     return Run(workdir)
 
 
@@ -112,15 +102,16 @@ ANALYZE_OPTIONS = (
 
 
 class Run:
-    """A trained (or training) sweep's workdir, read on demand through its Workdir
-    (mhjax/io/workdir.py: each file read once while unchanged, again once it changed)."""
+    """A trained (or training) sweep's workdir, opened by workflows/workdir.py and read on demand
+    through its Workdir (mhjax/io/workdir.py: each file read once while unchanged, again once it
+    changed); no task code runs until ``analyze``."""
 
     @python_errors
     def __init__(self, workdir):
         self.workdir = os.fspath(workdir)
-        self._files = Workdir(self.workdir)
-        metadata = self._files.metadata()
-        self.config = ml_collections.ConfigDict(metadata.get("config", {}))
+        self._opened = open_workdir(self.workdir)
+        self._files = self._opened.files
+        self.config = self._opened.config  # reads W/mhjax.json: a folder that is not a workdir fails here
 
     def __repr__(self) -> str:
         return f"Run({self.workdir!r})"
@@ -163,36 +154,31 @@ class Run:
         if unknown:
             raise ConfigError(f"run.analyze: unknown option {unknown[0]!r} (options: {', '.join(ANALYZE_OPTIONS)})")
         with WorkdirLock(self.workdir, "analyze"):
-            result = analyze_workdir(self.workdir, **options)
+            result = analyze_workdir(self._opened, **options)
         return result
-
-    @python_errors
-    def forward(self, member: str, tokens, targets=None, weights=None, heads_off=None):
-        """Member ``member`` (its latest checkpoint, eval mode) on ``tokens`` (N, T): a
-        :class:`mhjax.analysis.forward.Forward` with logits, attention, head outputs, residual
-        stream and, with targets, the per-token loss and loss and accuracy by position.
-        ``targets`` default to the member's task's when it makes them from tokens (copy, cycle,
-        zero); ``heads_off`` {layer: [head, ...]} (0-based) zeroes heads as the analysis does."""
-        from mhjax.analysis.forward import member_forward
-
-        return member_forward(self._files, self._member(member), tokens, targets, weights, heads_off)
-
-    @python_errors
-    def model(self, member: str):
-        """A pure ``apply(params, tokens) -> logits`` of member ``member``'s model (eval mode);
-        ``run.model(m)(run.params(m), tokens)`` equals ``run.forward(m, tokens).logits``."""
-        from mhjax.analysis.forward import member_apply
-
-        return member_apply(self._files, self._member(member))
 
     @python_errors
     def report(self, reference=None) -> dict:
         """``mhjax report --workdir W``: W/report.md and its figures; returns {"md": path, "figures":
         [paths], ...}. ``reference``: a folder of released checkpoints to compare with."""
-        from mhjax.commands.report import write_report
-
         with WorkdirLock(self.workdir, "report"):
-            return write_report(self._files, reference=None if reference is None else os.fspath(reference))
+            return write_report(self._opened, reference=None if reference is None else os.fspath(reference))
+
+    @python_errors
+    def forward(self, member: str, tokens, targets=None, weights=None, heads_off=None):
+        """Member ``member`` (its latest checkpoint, eval mode) on ``tokens`` (N, T): a
+        :class:`mhjax.Forward` with logits, attention, head outputs, residual stream and, with
+        targets, the per-token loss and loss and accuracy by position (weighted by ``weights``).
+        ``targets`` default to the member's task's when it makes them from tokens (copy, cycle,
+        zero); ``heads_off`` {layer: [head, ...]} (0-based) zeroes heads as the analysis does.
+        One compile per model shape (workflows/forward.py)."""
+        return member_forward(self._opened, self._member(member), tokens, targets, weights, heads_off)
+
+    @python_errors
+    def model(self, member: str):
+        """A pure ``apply(params, tokens) -> logits`` of member ``member``'s model (eval mode);
+        ``run.model(m)(run.params(m), tokens)`` equals ``run.forward(m, tokens).logits``."""
+        return member_model(self._opened, self._member(member))
 
     def to_pandas(self):
         """results as a pandas DataFrame, one row per member (pandas is optional)."""

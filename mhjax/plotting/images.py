@@ -114,6 +114,15 @@ def diffusion_image(combined: np.ndarray, title: str = "", horizon: int = HORIZO
     return image
 
 
+def member_images(name: str, attention: np.ndarray, combined: np.ndarray) -> dict[str, np.ndarray]:
+    """A member's end-of-training images from Experiment.attention_maps: every head's attention
+    and the combined operator per layer (``attention/layer{l}``), and the signal reaching the sink
+    after t steps of the combined operator (``diffusion/sink_signal``)."""
+    images = {f"attention/layer{l}": attention_grid(attention[l], combined[l]) for l in range(len(attention))}
+    images["diffusion/sink_signal"] = diffusion_image(combined, name)
+    return images
+
+
 def position_image(accuracy, title: str = "") -> np.ndarray:
     """RGB uint8 (HWC): held-out accuracy against position (0 first); positions no sequence
     weights are left out of the line."""

@@ -14,6 +14,7 @@ from mhjax.io.checkpoint import member_key
 from mhjax.io.curves import train_window
 from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.workdir import Workdir
+from mhjax.plotting.images import member_images, position_image
 from mhjax.train import ahead, engine
 from mhjax.train.console import Console
 from mhjax.train.interrupt import StopOnSignal
@@ -262,7 +263,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         # Host copies are gathered by EVERY process (a collective); then only process 0 draws.
         member_states = sweep.member_states(states)
         if primary:
-            _images(experiment, writers, member_states, step, log)
+            _images(experiment, writers, member_states, step, log, payload["members"])
             experiment.finalize(workdir, payload)  # experiment-specific figures and summaries
         return payload
     finally:
@@ -281,10 +282,16 @@ def _compile_ahead(sweep, console, lengths, init: bool) -> None:
     console.compiled(report.seconds, len(report.executables), report.from_cache)
 
 
-def _images(experiment, writers, member_states: dict, step: int, log) -> None:
+def _images(experiment, writers, member_states: dict, step: int, log, records: list[dict]) -> None:
     try:
         for name, images in experiment.images(member_states, step).items():
             writers.images(name, images, step)
+        for name, (attention, combined) in experiment.attention_maps(member_states).items():
+            writers.images(name, member_images(name, attention, combined), step)
+        for record in records:  # results per position (an experiment's extra_results) as a line
+            if record.get("eval_accuracy_by_position"):
+                image = position_image(record["eval_accuracy_by_position"], record["name"])
+                writers.images(record["name"], {"eval/accuracy_by_position": image}, step)
         writers.flush()
     except Exception as exc:  # figures must never cost a finished training run
         log(f"tensorboard: end-of-training images skipped ({type(exc).__name__}: {exc})")
