@@ -160,7 +160,7 @@ def _check_params(name: str, sample, params) -> dict:
         accepted = inspect.signature(sample).parameters
     except (TypeError, ValueError):  # a builtin or C function: no signature to check against
         accepted = None
-    takes_any = accepted is not None and any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+    takes_any = accepted is not None and inspect.Parameter.VAR_KEYWORD in {p.kind for p in accepted.values()}
     for param, default in params.items():
         if not isinstance(param, str) or not param.isidentifier() or param in RESERVED:
             raise ConfigError(
