@@ -242,7 +242,7 @@ def _python(code: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_source(tmp_path, monkeypatch):
+def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_source(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "path", list(sys.path))  # the example config puts its folder on it
     monkeypatch.delitem(sys.modules, "my_task", raising=False)
     examples = tmp_path / "examples"
@@ -269,6 +269,16 @@ def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_sourc
     )
     # a task that samples whole sequences is not described as random tokens
     assert "on 4 sequences of length 16 drawn by each task's sampler (--seed 0)" in done.stdout
+    # The source changed since training: analyze refuses in one line unless --allow-changed-task.
+    with open(examples / "my_task.py", "a") as f:
+        f.write("# edited after training\n")
+    analyze = ["analyze", "--workdir", workdir, "--num-sequences", "4", "--no-plot", "--no-tensorboard"]
+    capsys.readouterr()
+    assert cli.main(analyze) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"mhjax: error: task 'first_token': its source {examples / 'my_task.py'} changed since ")
+    assert "pass --allow-changed-task (Python: allow_changed_task=True)" in err and "\n" not in err
+    assert cli.main([*analyze, "--allow-changed-task"]) == 0
     # The source gone: a one-line error naming it, exit status 2.
     os.remove(examples / "my_task.py")
     done = _python(
