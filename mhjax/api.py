@@ -181,10 +181,15 @@ class Run:
         return member_model(self._opened, self._member(member))
 
     def to_pandas(self):
-        """results as a pandas DataFrame, one row per member (pandas is optional)."""
+        """results as a pandas DataFrame, one row per member (pandas is optional); a dict field
+        such as ``task_params`` as columns ``task_params.<name>``."""
         try:
             import pandas as pd
         except ImportError:
             raise ImportError("Run.to_pandas needs pandas: pip install pandas") from None
-        rows = [{k: v for k, v in m.items() if not isinstance(v, (dict, list))} for m in self.results]
+        rows = []
+        for m in self.results:  # lists (curves, per-position results) left out; task_params as task_params.<name>
+            row = {k: v for k, v in m.items() if not isinstance(v, (dict, list))}
+            row.update({f"{k}.{n}": x for k, v in m.items() if isinstance(v, dict) for n, x in v.items()})
+            rows.append(row)
         return pd.DataFrame(rows)

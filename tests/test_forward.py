@@ -46,7 +46,8 @@ def test_members_per_parameter_value_with_results_per_position(recall_run):
     fields = Workdir(run.workdir).sweep_fields()
     assert sorted(fields) == ["heads", "learning_rate", "seed", "task", "task_params.pairs"]
     assert fields[fields.index("task") + 1] == "task_params.pairs"
-    assert mhjax.load(run.workdir).to_pandas().shape[0] == 3
+    table = mhjax.load(run.workdir).to_pandas()
+    assert table.shape[0] == 3 and list(table["task_params.pairs"][:2]) == [1, 2]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(Workdir(run.workdir).run_dir("recall-pairs1-h2-s0"), size_guidance={"images": 0})
