@@ -17,7 +17,7 @@ from mhjax.commands.configs import CONFIG_DIR
 from mhjax.commands.train import library_logs
 from mhjax.config import ConfigError, apply_overrides, load_config_file
 from mhjax.data import tasks
-from mhjax.experiments import make_experiment
+from mhjax.experiments import make_experiment, override_defaults
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.workdir import Workdir
 from mhjax.train.loop import run
@@ -35,7 +35,7 @@ def load_config(path_or_name, overrides: dict | None = None) -> ml_collections.C
     config = load_config_file(path)
     if overrides:
         text = {field: value if isinstance(value, str) else repr(value) for field, value in overrides.items()}
-        config = apply_overrides(config, text)
+        config = apply_overrides(config, text, override_defaults(config))
     make_experiment(config)  # validates, before anything compiles
     return config
 

@@ -12,7 +12,7 @@ import time
 import jax
 
 from mhjax.config import ConfigError, apply_overrides, load_config_file
-from mhjax.experiments import make_experiment
+from mhjax.experiments import make_experiment, override_defaults
 from mhjax.io import compile_cache
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.results import WriteFailed
@@ -25,7 +25,7 @@ from mhjax.train.placement import maybe_initialize_distributed
 
 def load_config(path: str, overrides: dict):
     config = load_config_file(path)
-    return apply_overrides(config, overrides) if overrides else config
+    return apply_overrides(config, overrides, override_defaults(config)) if overrides else config
 
 
 def describe(experiment, backend: str) -> str:

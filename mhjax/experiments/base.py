@@ -46,9 +46,24 @@ class Experiment:
         return [f"{m.name:<28} {self.member_info(m)}" for m in self.members]
 
     # -- optional hooks (no-op defaults) ------------------------------------------
+    @classmethod
+    def restore_plugins(cls, metadata: dict, where: str) -> None:
+        """Register again the plug-ins W/mhjax.json (``metadata``, read from ``where``) says the
+        run used, before the experiment is made from its config."""
+
+    @classmethod
+    def stored_params(cls, record: dict, params):
+        """A member's parameters as a user sees them, from the checkpoint's tree (``record``: the
+        member's results.json entry), e.g. cut to its own head count."""
+        return params
+
     def metadata(self) -> dict:
         """Extra fields of W/mhjax.json (e.g. where plug-in tasks came from)."""
         return {}
+
+    def check_start(self) -> None:
+        """Before training (and before the workdir is written): raise ConfigError when the
+        members' start cannot train (e.g. a non-finite loss at theta_0)."""
 
     def extra_results(self, trained: list[TrainedProgram], loss_curves: dict[int, dict]) -> dict[int, dict]:
         """{member index: extra results.json fields} computed from the final states: ``trained``

@@ -168,6 +168,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     primary = jax.process_index() == 0
     console = Console(log, progress and primary)
     log = console.log
+    if not workdir.has_checkpoints():  # a fresh run: its start checked before the workdir is written
+        experiment.check_start()
     resuming = (
         workdir.check_or_write_metadata(config.to_dict(), experiment.kind, experiment.metadata()) if primary else True
     )
