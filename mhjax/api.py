@@ -17,7 +17,7 @@ from mhjax.commands.configs import CONFIG_DIR
 from mhjax.commands.train import library_logs
 from mhjax.config import ConfigError, apply_overrides, load_config_file
 from mhjax.data import tasks
-from mhjax.experiments import make_experiment, override_defaults
+from mhjax.experiments import experiment_class, make_experiment, override_defaults
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.workdir import Workdir
 from mhjax.train.loop import run
@@ -68,6 +68,9 @@ class Run:
         metadata = self._files.metadata()
         self.config = ml_collections.ConfigDict(metadata.get("config", {}))
         tasks.restore(metadata.get("tasks"), self._files.metadata_path)
+        self._kind = experiment_class(metadata.get("experiment", self.config.get("experiment", "sequence")))
+        self._kind.restore_plugins(metadata, self._files.metadata_path)
+        self._experiment = None
 
     def __repr__(self) -> str:
         return f"Run({self.workdir!r})"
@@ -81,9 +84,54 @@ class Run:
     def member_names(self) -> list[str]:
         return self._files.member_names()
 
-    def params(self, name: str):
-        """Member ``name``'s parameter tree from its latest checkpoint."""
-        return self._files.params(self._member(name))
+    @property
+    def experiment(self):
+        """The sweep's Experiment, made once from the run's config (its plug-ins restored)."""
+        if self._experiment is None:
+            self._experiment = make_experiment(self.config)
+        return self._experiment
+
+    @property
+    def checkpoint_steps(self) -> list[int]:
+        """The steps of the kept checkpoints, ascending."""
+        return self._files.checkpoint_steps()
+
+    def _raw_params(self, name: str, step: int | None):
+        name = self._member(name)
+        if step is not None and step not in self.checkpoint_steps:
+            kept = ", ".join(map(str, self.checkpoint_steps)) or "none"
+            raise ConfigError(f"step: no checkpoint at step {step} in {self.workdir} (kept: {kept})")
+        return self._files.params(name, step)
+
+    def _record(self, name: str) -> dict:
+        return next(m for m in self.results if m["name"] == self._member(name))
+
+    def params(self, name: str, step: int | None = None):
+        """Member ``name``'s parameter tree at checkpoint ``step`` (default: the latest; another
+        step needs a kept checkpoint, ``checkpoint_steps``). A mixture member's come cut to its
+        own head count."""
+        return self._kind.stored_params(self._record(name), self._raw_params(name, step))
+
+    def data(self, seed: int):
+        """(mixture) The seed's data as the run drew it: ``x_train, y_train`` (its largest n) and
+        ``x_test, y_test``."""
+        return self.experiment.seed_data(seed)
+
+    def theta0(self, name: str):
+        """(mixture) theta_0 of member ``name``, as training drew it (unpadded)."""
+        return self.experiment.theta0(self._member(name))
+
+    def model(self, name: str):
+        """A pure ``apply(params, X)`` of member ``name``'s model (mixture: (N, T, d) -> (N,) at its
+        own head count; params as ``params`` and ``theta0`` return them)."""
+        return self.experiment.model(self._member(name))
+
+    def ntk(self, name: str, step: int = 0):
+        """(mixture) The NTK record of member ``name`` at ``step`` (0: theta_0, else a kept
+        checkpoint): ``gram`` (n x n, its own n examples), ``margin`` (results.json's ntk_margin
+        at step 0), ``gap``, ``radius``."""
+        padded = None if step == 0 else self._raw_params(name, step)
+        return self.experiment.ntk(self._member(name), padded, step)
 
     def curves(self, name: str) -> dict:
         """{tag: (steps, values)} of member ``name``'s TensorBoard scalars."""
@@ -99,9 +147,26 @@ class Run:
         """W/analysis/analysis.json; None until analysed (``run.analyze()``)."""
         return self._files.analysis() if self._files.has_analysis() else None
 
-    def analyze(self, **options) -> dict:
-        """``mhjax analyze --workdir W`` with its options as keywords (num_sequences, seed,
-        sequences, horizon, max_steps, chain, include_sink, batch_size, tensorboard, plot)."""
+    def analyze(self, steps=None, **options):
+        """Sequence sweeps: ``mhjax analyze --workdir W`` with its options as keywords
+        (num_sequences, seed, sequences, horizon, max_steps, chain, include_sink, batch_size,
+        tensorboard, plot); returns the analysis dict.
+
+        Mixture sweeps: margins and Hessian quantities at ``steps`` (0 and kept checkpoints;
+        default: 0 and the latest). Returns a list of records, one per (member, step):
+        member, step, ntk_margin, ntk_margin_gap, ntk_radius and the evaluation's fields
+        (train_loss_eval, test_loss, test_accuracy, train_accuracy, hessian_min, hessian_max,
+        step_times_hessian_max, distance_from_init; grad_norm_over_loss and
+        min_hessian_eig_over_loss_sqrtH for a loss with an exponential tail)."""
+        if self._kind.analyzes_states:
+            if options:
+                raise ConfigError(f"analyze: a mixture sweep takes only steps=, got {', '.join(options)}")
+            latest = self._files.latest_step()
+            wanted = sorted({0, *([latest] if latest is not None else [])} if steps is None else set(steps))
+            states = {}
+            for step in wanted:
+                states[step] = {n: None if step == 0 else self._raw_params(n, step) for n in self.member_names}
+            return self.experiment.analyze_states(states)
         with WorkdirLock(self.workdir, "analyze"):
             result = analyze_workdir(self.workdir, **options)
         return result

@@ -24,6 +24,7 @@ class Experiment:
 
     kind: str = ""
     analyzable: bool = False  # `mhjax analyze --workdir` can read its members (Transformer attention)
+    analyzes_states: bool = False  # Run.analyze(steps=...) evaluates kept states (analyze_states)
     config: Any
     members: list[Member]
 
@@ -50,6 +51,27 @@ class Experiment:
     def restore_plugins(cls, metadata: dict, where: str) -> None:
         """Register again the plug-ins W/mhjax.json (``metadata``, read from ``where``) says the
         run used, before the experiment is made from its config."""
+
+    # -- a trained run from Python (mhjax.load): what an experiment offers -------
+    def seed_data(self, seed: int):
+        raise self._unavailable("data")
+
+    def theta0(self, name: str):
+        raise self._unavailable("theta0")
+
+    def model(self, name: str):
+        raise self._unavailable("model")
+
+    def ntk(self, name: str, padded_params, step: int):
+        raise self._unavailable("ntk")
+
+    def analyze_states(self, states: dict):
+        raise self._unavailable("analyze(steps=...)")
+
+    def _unavailable(self, what: str) -> Exception:
+        from mhjax.config import ConfigError
+
+        return ConfigError(f"run.{what}: not available for a {self.kind} sweep")
 
     @classmethod
     def stored_params(cls, record: dict, params):

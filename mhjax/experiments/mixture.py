@@ -219,6 +219,7 @@ def restore_plugins(recorded: dict | None, where: str) -> None:
 
 class MixtureExperiment(Experiment):
     kind = "mixture"
+    analyzes_states = True
 
     def __init__(self, config):
         validate(config)
@@ -243,6 +244,27 @@ class MixtureExperiment(Experiment):
     def stored_params(cls, record: dict, params):
         """Cut to the member's own heads: checkpoints hold them padded to H_max."""
         return mixture_access.unpad(params, int(record["heads"]))
+
+    # -- a trained run from Python (mixture_access.py) ------------------------
+    def seed_data(self, seed: int):
+        return mixture_access.data(self, seed)
+
+    def theta0(self, name: str):
+        return mixture_access.theta0(self, name)
+
+    def model(self, name: str):
+        return mixture_access.model(self, name)
+
+    def ntk(self, name: str, padded_params, step: int):
+        params = mixture_access.padded_theta0(self, name) if padded_params is None else padded_params
+        return mixture_access.ntk(self, name, params, step)
+
+    def analyze_states(self, states: dict):
+        states = {
+            step: {n: mixture_access.padded_theta0(self, n) if p is None else p for n, p in members.items()}
+            for step, members in states.items()
+        }
+        return mixture_access.analyze(self, states)
 
     # -- data --------------------------------------------------------------
     def data_key(self, seed: int):

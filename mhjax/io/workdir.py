@@ -235,6 +235,13 @@ class Workdir:
     def has_checkpoints(self) -> bool:
         return os.path.isdir(self.checkpoints_dir)
 
+    def checkpoint_steps(self) -> list[int]:
+        """The steps of the complete checkpoints kept, ascending (orbax names a step's folder by
+        its number; a save in progress has another name)."""
+        if not self.has_checkpoints():
+            return []
+        return sorted(int(e) for e in os.listdir(self.checkpoints_dir) if e.isdigit())
+
     def latest_step(self) -> int | None:
         """The step of the latest complete checkpoint, or None."""
 

@@ -36,7 +36,7 @@ class Sweep:
     def __init__(self, experiment, backend: str | None = None):
         self.experiment = experiment
         backend = backend or jax.default_backend()
-        self.programs = experiment.programs(experiment.config.strategy, backend)
+        self.programs = experiment.programs(experiment.config.get("strategy", "auto"), backend)
         count = int(experiment.config.get("devices", 0) or 0)  # 0: every device
         self.placement = Placement(jax.devices()[:count] if count else None)
         self.consts = {
