@@ -40,6 +40,15 @@ def test_chunk_lengths_are_those_the_loop_uses():
     assert ahead.chunk_lengths(7, 7, 3) == []  # a finished run only evaluates
 
 
+def test_the_first_chunk_is_cut_at_early_evaluation_steps():
+    """Evaluations at k = 1, 2, 5 below a chunk of 10 cut the first chunk there (three more piece
+    lengths: 1, 3, 5); steps at or past the first chunk's end cut nothing."""
+    assert ahead.chunk_schedule(0, 25, 10, splits=(0, 1, 2, 5, 10, 12)) == [1, 1, 3, 5, 10, 5]
+    assert ahead.chunk_lengths(0, 25, 10, splits=(0, 1, 2, 5, 10, 12)) == [10, 5, 3, 1]
+    assert ahead.chunk_schedule(10, 25, 10, splits=(1, 2, 5)) == [10, 5]  # resumed past them
+    assert ahead.chunk_schedule(0, 4, 10, splits=(2, 6)) == [2, 2]
+
+
 def test_the_loop_calls_only_executables_compiled_ahead(tmp_path, monkeypatch):
     """jit functions that refuse to be called (lowering still works): the run must go through
     the compiled executables alone, the last shorter chunk and the resume included."""

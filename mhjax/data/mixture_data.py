@@ -64,32 +64,27 @@ def _freeze(value):
     return value
 
 
-class DataView(Mapping):
-    """A read-only, hashable view of config.data: ``data.dim`` or ``data["dim"]``."""
+class DataView:
+    """A read-only, hashable view of config.data: ``data.dim`` or ``data["dim"]`` (hashable, so a
+    compiled sampler is kept per data view)."""
 
     def __init__(self, fields: Mapping):
-        object.__setattr__(self, "_items", tuple(sorted((str(k), _freeze(v)) for k, v in dict(fields).items())))
+        items = tuple(sorted((str(k), _freeze(v)) for k, v in dict(fields).items()))
+        object.__setattr__(self, "_items", items)
+        for name, value in items:
+            object.__setattr__(self, name, value)
 
     def __getitem__(self, key):
-        for name, value in self._items:
-            if name == key:
-                return value
-        raise KeyError(key)
+        return dict(self._items)[key]
 
-    def __getattr__(self, name):
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(f"config.data has no field {name!r}") from None
-
-    def __setattr__(self, name, value):
-        raise AttributeError("the data view is read-only")
+    def __contains__(self, key) -> bool:
+        return key in dict(self._items)
 
     def __iter__(self):
         return (name for name, _ in self._items)
 
-    def __len__(self):
-        return len(self._items)
+    def __setattr__(self, name, value):
+        raise AttributeError("the data view is read-only")
 
     def __hash__(self):
         return hash(self._items)

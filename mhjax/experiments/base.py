@@ -7,14 +7,21 @@ so the generic code never asks what kind of experiment it runs.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from mhjax.io.workdir import Workdir
 from mhjax.train.console import SummaryTable
 from mhjax.train.engine import Program, TrainedProgram
 from mhjax.train.sweep import Member
+
+
+class FigureRequest(NamedTuple):
+    """Figures to draw: ``name`` a plotting entry (mhjax.plotting.FIGURES), ``data`` its keywords."""
+
+    name: str
+    data: dict
+
 
 STRATEGIES = ("auto", "unrolled", "fused", "grouped", "one_program")  # how the trainer may lay out a sweep
 
@@ -127,6 +134,7 @@ class Experiment:
         more = [f for f, values in self.config.sweep.items() if len(values) > 1 and f not in (*first, "seed")]
         return (*first, *more)
 
-    def finalize(self, workdir: Workdir, payload: dict) -> None:
-        """Experiment-specific files (figures, summaries: ``workdir.file(name)``) once the results
-        are written (``payload``: what results.json holds)."""
+    def figures(self, payload: dict) -> list[FigureRequest]:
+        """The experiment's figures and summaries, as data for the plotting layer
+        (mhjax.plotting.draw), once the results are written (``payload``: what results.json holds)."""
+        return []

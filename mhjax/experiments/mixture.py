@@ -44,8 +44,8 @@ program, no extra device work.
 
 Per-member results (``mixture_results``): NTK margin at theta_0 and linear baselines,
 param_distance, head_spread, loss_slope, margin_loss_product; ``evaluate`` adds test loss and
-accuracy and the Hessian/gradient quantities at theta_K. ``finalize`` draws the figures and
-mixture_summary.md (``mhjax.plotting.mixture``).
+accuracy and the Hessian/gradient quantities at theta_K. ``figures`` hands the records to the
+plotting layer (mixture_summary.md and the figures of ``mhjax.plotting.mixture``).
 """
 
 from __future__ import annotations
@@ -63,12 +63,9 @@ from mhjax.analysis import ntk
 from mhjax.data import mixture_data
 from mhjax.data.mixture_data import HostSampler
 from mhjax.experiments import mixture_access, mixture_checks, mixture_results
-from mhjax.experiments.base import Experiment
+from mhjax.experiments.base import Experiment, FigureRequest
 from mhjax.experiments.mixture_config import parts, setting, validate
-from mhjax.io.workdir import Workdir
 from mhjax.models import classifier, mixture_parts
-from mhjax.plotting.mixture import write_figures_and_summary
-from mhjax.plotting.mixture_init import write_init_comparison
 from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program, Recipe, TrainedProgram
 from mhjax.train.sweep import Member, derive_key, expand, key_names
@@ -368,13 +365,19 @@ class MixtureExperiment(Experiment):
             )
         ]
 
-    def finalize(self, workdir: Workdir, payload: dict) -> None:
-        """Figures (PNG) and mixture_summary.md in the workdir; a sweep over several init_tau
-        writes the init comparison instead (mixture_init.md, test_accuracy_vs_H.png): the rate
-        and margin figures average over members and would mix the scales."""
+    def figures(self, payload: dict) -> list[FigureRequest]:
+        """Figures (PNG) and mixture_summary.md (plotting/mixture.py); a sweep over several init_tau
+        gets the init comparison instead (mixture_init.md, test_accuracy_vs_H.png): the rate and
+        margin figures average over members and would mix the scales."""
+        scheme = setting(self.config, "init.scheme")
         if len(self.config.sweep.get("init_tau", ())) > 1:
-            write_init_comparison(workdir, payload["members"], scheme=self.config.init.scheme)
-            return
-        write_figures_and_summary(
-            workdir, payload["members"], chunk_steps=int(self.config.train.chunk_steps), init=self.config.init.scheme
-        )
+            return [FigureRequest("mixture_init", {"records": payload["members"], "scheme": scheme})]
+        loss = setting(self.config, "train.loss")
+        data = {
+            "records": payload["members"],
+            "chunk_steps": int(self.config.train.chunk_steps),
+            "init": scheme,
+            "loss": loss,
+            "exponential_tail": mixture_parts.exponential_tail(loss),
+        }
+        return [FigureRequest("mixture", data)]

@@ -36,9 +36,26 @@ class Compiled(NamedTuple):
     from_cache: int  # executables JAX's persistent cache answered
 
 
-def chunk_lengths(step: int, total: int, chunk: int) -> list[int]:
-    """The chunk lengths a run from ``step`` to ``total`` uses, largest first."""
-    return sorted({min(chunk, total - s) for s in range(step, total, chunk)}, reverse=True)
+def chunk_schedule(step: int, total: int, chunk: int, splits=()) -> list[int]:
+    """The lengths of the chunks a run from ``step`` to ``total`` trains, in order: ``chunk``
+    steps each (the last one shorter), the first chunk cut at every step k of ``splits`` with
+    step < k < chunk, so that an evaluation can fall on those early steps (each distinct piece
+    length is one more compiled program)."""
+    first_end = min(step + chunk, total)
+    bounds = sorted({int(k) for k in splits if step < k < min(chunk, first_end)}) + [first_end]
+    while bounds[-1] < total:
+        bounds.append(min(bounds[-1] + chunk, total))
+    lengths, previous = [], step
+    for bound in bounds:
+        if bound > previous:
+            lengths.append(bound - previous)
+        previous = bound
+    return lengths
+
+
+def chunk_lengths(step: int, total: int, chunk: int, splits=()) -> list[int]:
+    """The distinct chunk lengths a run from ``step`` to ``total`` uses (``chunk_schedule``), largest first."""
+    return sorted(set(chunk_schedule(step, total, chunk, splits)), reverse=True)
 
 
 def jobs(sweep, lengths: list[int], init: bool) -> list[Job]:

@@ -14,6 +14,7 @@ from mhjax.io.checkpoint import member_key
 from mhjax.io.curves import train_window
 from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.workdir import Workdir
+from mhjax.plotting import draw as draw_figures
 from mhjax.train import ahead, engine
 from mhjax.train.console import Console
 from mhjax.train.interrupt import StopOnSignal
@@ -196,22 +197,22 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         writers = MemberWriters(workdir.tensorboard_dir, names, log=log) if primary else NoWriters()
         hparams = {m.name: m.hparams for m in members}
         writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
-        _compile_ahead(sweep, console, ahead.chunk_lengths(step, total, chunk), init=latest is None)
+        evals = sorted(set(experiment.eval_steps()))
+        schedule = ahead.chunk_schedule(step, total, chunk, splits=evals)  # the first chunk cut at early evals
+        _compile_ahead(sweep, console, sorted(set(schedule), reverse=True), init=latest is None)
         stop.where = "at the end of the running chunk"
         if latest is None:
             states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
         reported_divergence, evaluation = set(), None
         started, trained = time.perf_counter(), 0
-        evals = sorted(set(experiment.eval_steps()))
         if 0 in evals and step == 0:
             _log_eval(writers, members, sweep.evaluate(states), 0)
         console.start(total, step)
-        while step < total:
+        for n in schedule:
             if stop.raised:  # before any chunk of this run: nothing to save
                 raise Interrupted(
                     f"interrupted at step {step} before training; nothing new to save, run the same command to resume"
                 )
-            n = min(chunk, total - step)
             chunk_time = 0.0
             for program in sweep.programs:
                 name, idx = program.name, program.members
@@ -261,7 +262,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         member_states = sweep.member_states(states)
         if primary:
             _images(experiment, writers, member_states, step, log)
-            experiment.finalize(workdir, payload)  # experiment-specific figures and summaries
+            for request in experiment.figures(payload):  # experiment-specific figures and summaries
+                draw_figures(workdir, request, log)
         return payload
     finally:
         stop.close()
