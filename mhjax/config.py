@@ -103,23 +103,25 @@ def apply_overrides(
 ) -> ml_collections.ConfigDict:
     """overrides: dotted field -> string value, e.g. {"train.steps": "100"}. ``defaults``
     ({dotted field: default value}, the experiment's table): a field the config leaves out may be
-    set too, typed as its default."""
+    set too, typed as its default; "<section>.*" admits any new field of that section (parsed as
+    a Python literal, e.g. a plug-in's own data field)."""
     config = ml_collections.ConfigDict(config.to_dict())  # copy; keep the caller's untouched
     defaults = defaults or {}
     for field, text in overrides.items():
         parts = field.split(".")
+        known = field in defaults or ".".join(parts[:-1] + ["*"]) in defaults
         node = config
         for i, part in enumerate(parts[:-1]):
-            if isinstance(node, ml_collections.ConfigDict) and part not in node and field in defaults:
+            if isinstance(node, ml_collections.ConfigDict) and part not in node and known:
                 with node.unlocked():
                     node[part] = ml_collections.ConfigDict()
             if not isinstance(node, ml_collections.ConfigDict) or part not in node:
                 raise ConfigError(f"config.{field}: unknown field (known here: {_known(node, defaults, parts[:i])})")
             node = node[part]
         last = parts[-1]
-        if not isinstance(node, ml_collections.ConfigDict) or (last not in node and field not in defaults):
+        if not isinstance(node, ml_collections.ConfigDict) or (last not in node and not known):
             raise ConfigError(f"config.{field}: unknown field (known here: {_known(node, defaults, parts[:-1])})")
-        current = node[last] if last in node else defaults[field]
+        current = node[last] if last in node else defaults.get(field)
         if current is None and field in defaults:
             current = defaults[field]
         try:
@@ -134,7 +136,7 @@ def apply_overrides(
 def _known(node, defaults: dict, prefix: list[str]) -> str:
     names = set(node.keys()) if isinstance(node, ml_collections.ConfigDict) else set()
     start = ".".join(prefix) + "." if prefix else ""
-    names |= {f[len(start) :].split(".")[0] for f in defaults if f.startswith(start)}
+    names |= {f[len(start) :].split(".")[0] for f in defaults if f.startswith(start) and not f.endswith("*")}
     return ", ".join(sorted(names))
 
 

@@ -27,6 +27,7 @@ DEFAULTS = {
     "devices": 0,
     "sweep.init_tau": (),  # absent: every member's tau is init.tau
     "data.generator": mixture_data.DEFAULT_GENERATOR,
+    "data.*": None,  # a plug-in generator's own fields (the built-in one rejects any other)
     "model.query": "full",
     "model.phi": mixture_parts.DEFAULTS["phi"],
     "init.scheme": "random_decoders",

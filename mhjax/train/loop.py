@@ -43,7 +43,7 @@ class Sweep:
         self.consts = {
             p.name: self.placement.put(stack_constants(experiment, p.members), len(p.members)) for p in self.programs
         }
-        self._chunks = {}
+        self._chunks, self._pieces = {}, {}
         # What the host accumulates for results.json (the exact losses at the experiment's
         # loss_steps()), saved with every checkpoint.
         self.records = HostRecords([m.name for m in experiment.members], experiment.loss_steps())
@@ -60,6 +60,8 @@ class Sweep:
                 self._init[name] = executable
             elif role == "chunk":
                 self._chunks[(name, key[2])] = executable
+            elif role == "piece":
+                self._pieces[(name, key[2])] = executable
             else:
                 self._evaluate[name] = executable
 
@@ -129,8 +131,19 @@ class Sweep:
             fn = self._chunks[(program.name, length)] = engine.make_train_chunk(program.recipe, length)
         return fn
 
+    def piece_fn(self, program, length: int):
+        fn = self._pieces.get((program.name, length))
+        if fn is None:
+            fn = self._pieces[(program.name, length)] = engine.make_partial_chunk(program.recipe, length)
+        return fn
+
     def run_chunk(self, program, states, length: int):
         return self.chunk_fn(program, length)(states, self.consts[program.name])
+
+    def run_piece(self, program, states, length: int, piece_length: int):
+        """``length`` steps by the pieces' program of ``piece_length`` steps (its metric rows cut to ``length``)."""
+        states, metrics = self.piece_fn(program, piece_length)(states, self.consts[program.name], np.int32(length))
+        return states, jax.tree_util.tree_map(lambda x: x[:length], metrics)
 
     def record(self, program, losses, start: int) -> None:
         """Keep the wanted exact losses of a chunk that started at step ``start`` (host ``losses``:
@@ -198,8 +211,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         hparams = {m.name: m.hparams for m in members}
         writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
         evals = sorted(set(experiment.eval_steps()))
-        schedule = ahead.chunk_schedule(step, total, chunk, splits=evals)  # the first chunk cut at early evals
-        _compile_ahead(sweep, console, sorted(set(schedule), reverse=True), init=latest is None)
+        plan = ahead.chunk_plan(step, total, chunk, splits=evals)  # the first chunk cut at early evals
+        _compile_ahead(sweep, console, plan, init=latest is None)
         stop.where = "at the end of the running chunk"
         if latest is None:
             states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
@@ -208,7 +221,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         if 0 in evals and step == 0:
             _log_eval(writers, members, sweep.evaluate(states), 0)
         console.start(total, step)
-        for n in schedule:
+        for n, piece in plan.lengths():
             if stop.raised:  # before any chunk of this run: nothing to save
                 raise Interrupted(
                     f"interrupted at step {step} before training; nothing new to save, run the same command to resume"
@@ -217,7 +230,10 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             for program in sweep.programs:
                 name, idx = program.name, program.members
                 start = time.perf_counter()
-                states[name], metrics = sweep.run_chunk(program, states[name], n)
+                if piece:
+                    states[name], metrics = sweep.run_piece(program, states[name], n, plan.piece_length)
+                else:
+                    states[name], metrics = sweep.run_chunk(program, states[name], n)
                 # One device-to-host transfer per program and chunk: the metrics and status.
                 metrics, status = sweep.host((metrics, engine.member_status(states[name])))
                 elapsed = time.perf_counter() - start
@@ -274,10 +290,10 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             multihost_utils.sync_global_devices("mhjax:run-end")
 
 
-def _compile_ahead(sweep, console, lengths, init: bool) -> None:
+def _compile_ahead(sweep, console, plan, init: bool) -> None:
     """Every executable of the run, compiled before the loop (train/ahead.py), said on the console."""
-    console.compiling(ahead.describe(sweep, lengths, init))
-    report = ahead.compile_sweep(sweep, lengths, init)
+    console.compiling(ahead.describe(sweep, plan.chunk_lengths, init, plan.piece_length))
+    report = ahead.compile_sweep(sweep, plan.chunk_lengths, init, plan.piece_length)
     console.compiled(report.seconds, len(report.executables), report.from_cache)
 
 
