@@ -223,6 +223,8 @@ def _draw_vs_n(ax, group, field, title, records, theory: bool):
         ax.plot(ns, v0 * n0 / ns, "k--", lw=1, label="1/n")
         ax.plot([], [], ls=":", color="gray", label="c/(gamma^2 n) per H, scaled")
     log_axes(ax)
+    sizes = sorted({r["num_train"] for r in group})
+    ax.set_xticks(sizes, [str(n) for n in sizes])  # the sweep's n as labels: often less than a decade
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("training set size n")
     ax.set_ylabel(f"{field} (mean, min-max over seeds)")
