@@ -112,7 +112,7 @@ class MixtureRecipe(Recipe):
         self.exponential_tail = mixture_parts.exponential_tail(names["loss"])
         first = setting(config, "init.first_step")
         self.takes_step = self.scheme == "zero_plus_step" or (first is not None and first > 0)
-        self.lanczos_iters = int(config.analysis.lanczos_iters)
+        self.lanczos_iters = int(setting(config, "analysis.lanczos_iters"))
         self.max_heads, self.max_train = int(max_heads), int(max_train)
         self.shape = types.SimpleNamespace(dim=int(config.data.dim), seq_len=int(config.data.seq_len))
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mhjax.analysis import ntk as ntk_lib
+from mhjax.experiments.mixture_config import solver_settings
 from mhjax.experiments.mixture_results import member_margin
 
 
@@ -111,10 +112,7 @@ def ntk(experiment, name: str, padded_params, step: int) -> NTK:
     params = jax.tree_util.tree_map(jnp.asarray, padded_params)
     fn = jax.jit(lambda p, c: ntk_lib.ntk_gram(recipe.apply_single(c), p, c["X"], chunk_size=min(64, recipe.max_train)))
     gram = np.asarray(fn(params, consts))[:n, :n]
-    a = experiment.config.analysis
-    margin, gap, info = member_margin(
-        gram, np.asarray(consts["y"])[:n], dict(num_iters=int(a.margin_iters), tol=float(a.margin_tol))
-    )
+    margin, gap, info = member_margin(gram, np.asarray(consts["y"])[:n], solver_settings(experiment.config))
     return NTK(int(step), gram, margin, gap, info["radius"])
 
 

@@ -38,7 +38,19 @@ DEFAULTS = {
     "train.eval_points": 0,
     "train.steps_per_example": 0.0,
     "train.divergence_factor": 1e3,
+    "analysis.lanczos_iters": 16,
+    "analysis.margin_iters": 20000,
+    "analysis.margin_tol": 1e-4,
 }
+
+
+def solver_settings(config) -> dict:
+    """The NTK margin solver's keywords (ntk.simplex_margin) from analysis.margin_iters and margin_tol."""
+    return {
+        "num_iters": int(setting(config, "analysis.margin_iters")),
+        "tol": float(setting(config, "analysis.margin_tol")),
+    }
+
 
 # Every field a mixture config may have (a typo in a config file is an error, not ignored); the
 # data fields besides these are the generator's (the tokenized mixture's, or a plug-in's own).
@@ -155,8 +167,12 @@ def validate(config) -> None:
         raise cfg.ConfigError(f"config.train.divergence_factor: must be a finite number >= 0 (0 = off); got {factor!r}")
     mixture_parts.check_parts(parts(config), config.data.seq_len)
     for field in ("analysis.lanczos_iters", "analysis.margin_iters"):
-        cfg.require_positive(config, field, int)
-    cfg.require_range(config, "analysis.margin_tol", 0.0, 1.0, inclusive_low=False, inclusive_high=False)
+        value = setting(config, field)
+        if not (is_int(value) and value > 0):
+            raise cfg.ConfigError(f"config.{field}: must be a positive integer, got {value!r}")
+    tol = setting(config, "analysis.margin_tol")
+    if not (is_number(tol) and 0 < tol < 1):
+        raise cfg.ConfigError(f"config.analysis.margin_tol: must be in (0.0, 1.0), got {tol!r}")
 
 
 def _validate_data(config) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from mhjax.analysis import ntk
-from mhjax.experiments.mixture_config import setting
+from mhjax.experiments.mixture_config import setting, solver_settings
 from mhjax.models import mixture_parts
 
 
@@ -89,8 +89,7 @@ def member_margin(gram, y, solver: dict):
 def extra_results(experiment, trained, loss_curves: dict[int, dict]) -> dict:
     """{member index: fields} for every member of the sweep (see the module docstring);
     ``trained``: the trainer's TrainedProgram list, ``loss_curves``: {member index: recorded curve}."""
-    a = experiment.config.analysis
-    solver = dict(num_iters=int(a.margin_iters), tol=float(a.margin_tol))
+    solver = solver_settings(experiment.config)
     factor = float(setting(experiment.config, "train.divergence_factor"))
     out, linear = {}, {}
     for done in trained:
