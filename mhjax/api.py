@@ -12,32 +12,21 @@ import sys
 
 import ml_collections
 
-from mhjax.commands.analyze import analyze_workdir
-from mhjax.commands.configs import CONFIG_DIR
-from mhjax.commands.train import library_logs
-from mhjax.config import ConfigError, apply_overrides, load_config_file
-from mhjax.data import tasks
-from mhjax.experiments import experiment_class, make_experiment, override_defaults
+from mhjax.config import ConfigError
+from mhjax.experiments import make_experiment
 from mhjax.io.lock import WorkdirLock
-from mhjax.io.workdir import Workdir
-from mhjax.train.loop import run
+from mhjax.workflows import members
+from mhjax.workflows.analyze import analyze_workdir
+from mhjax.workflows.configs import load_config as _load_config
+from mhjax.workflows.train import train
+from mhjax.workflows.workdir import open_workdir
 
 
 def load_config(path_or_name, overrides: dict | None = None) -> ml_collections.ConfigDict:
-    """A config file, or a bundled config by name (``"quick"``: configs/quick.py of a checkout),
-    with ``overrides`` {dotted field: value}, e.g. ``{"train.steps": 100, "sweep.heads": (1, 4)}``,
-    validated as on the command line."""
-    path = os.fspath(path_or_name)
-    if not os.path.isfile(path):
-        bundled = os.path.join(CONFIG_DIR, path if path.endswith(".py") else f"{path}.py")
-        if os.path.sep not in path and os.path.isfile(bundled):
-            path = bundled
-    config = load_config_file(path)
-    if overrides:
-        text = {field: value if isinstance(value, str) else repr(value) for field, value in overrides.items()}
-        config = apply_overrides(config, text, override_defaults(config))
-    make_experiment(config)  # validates, before anything compiles
-    return config
+    """A config file, or a bundled config by name (``"quick"``: configs/quick.py of a checkout;
+    an installed package ships no configs), with ``overrides`` {dotted field: value}, e.g.
+    ``{"train.steps": 100, "sweep.heads": (1, 4)}``, validated as on the command line."""
+    return _load_config(path_or_name, overrides)
 
 
 def sweep(config, workdir, progress: bool = True) -> Run:
@@ -45,32 +34,28 @@ def sweep(config, workdir, progress: bool = True) -> Run:
     ``workdir``, as ``mhjax train --config ... --workdir workdir``; returns its Run."""
     if not isinstance(config, ml_collections.ConfigDict):
         config = load_config(config)
-    experiment = make_experiment(config)
-    workdir = Workdir(os.fspath(workdir))
-    with WorkdirLock(workdir.path, "train", create=True), library_logs(workdir.log_path):
-        run(experiment, workdir, progress=progress, log=lambda message: print(message, file=sys.stderr))
-    return load(workdir.path)
+    workdir = os.fspath(workdir)
+    train(make_experiment(config), workdir, progress=progress, log=lambda message: print(message, file=sys.stderr))
+    return load(workdir)
 
 
 def load(workdir) -> Run:
-    """The Run trained in ``workdir``; its plug-in tasks are registered again from where
-    W/mhjax.json says they came from (a source that is gone: ConfigError naming it)."""
+    """The Run trained in ``workdir`` (no W/mhjax.json: ConfigError). Its plug-in tasks are
+    registered again, from where W/mhjax.json says they came, only when ``run.analyze()`` needs
+    them (a source that is gone: ConfigError naming it)."""
     return Run(workdir)
 
 
 class Run:
-    """A trained (or training) sweep's workdir, read on demand through its Workdir
-    (mhjax/io/workdir.py: each file read once while unchanged, again once it changed)."""
+    """A trained (or training) sweep's workdir, opened by workflows/workdir.py and read on demand
+    through its Workdir (mhjax/io/workdir.py: each file read once while unchanged, again once it
+    changed); no task code runs until ``analyze``."""
 
     def __init__(self, workdir):
         self.workdir = os.fspath(workdir)
-        self._files = Workdir(self.workdir)
-        metadata = self._files.metadata()
-        self.config = ml_collections.ConfigDict(metadata.get("config", {}))
-        tasks.restore(metadata.get("tasks"), self._files.metadata_path)
-        self._kind = experiment_class(metadata.get("experiment", self.config.get("experiment", "sequence")))
-        self._kind.restore_plugins(metadata, self._files.metadata_path)
-        self._experiment = None
+        self._opened = open_workdir(self.workdir)
+        self._files = self._opened.files
+        self.config = self._opened.config  # reads W/mhjax.json: a folder that is not a workdir fails here
 
     def __repr__(self) -> str:
         return f"Run({self.workdir!r})"
@@ -85,53 +70,35 @@ class Run:
         return self._files.member_names()
 
     @property
-    def experiment(self):
-        """The sweep's Experiment, made once from the run's config (its plug-ins restored)."""
-        if self._experiment is None:
-            self._experiment = make_experiment(self.config)
-        return self._experiment
-
-    @property
     def checkpoint_steps(self) -> list[int]:
         """The steps of the kept checkpoints, ascending."""
         return self._files.checkpoint_steps()
-
-    def _raw_params(self, name: str, step: int | None):
-        name = self._member(name)
-        if step is not None and step not in self.checkpoint_steps:
-            kept = ", ".join(map(str, self.checkpoint_steps)) or "none"
-            raise ConfigError(f"step: no checkpoint at step {step} in {self.workdir} (kept: {kept})")
-        return self._files.params(name, step)
-
-    def _record(self, name: str) -> dict:
-        return next(m for m in self.results if m["name"] == self._member(name))
 
     def params(self, name: str, step: int | None = None):
         """Member ``name``'s parameter tree at checkpoint ``step`` (default: the latest; another
         step needs a kept checkpoint, ``checkpoint_steps``). A mixture member's come cut to its
         own head count."""
-        return self._kind.stored_params(self._record(name), self._raw_params(name, step))
+        return members.params(self._opened, name, step)
 
     def data(self, seed: int):
         """(mixture) The seed's data as the run drew it: ``x_train, y_train`` (its largest n) and
         ``x_test, y_test``."""
-        return self.experiment.seed_data(seed)
+        return members.data(self._opened, seed)
 
     def theta0(self, name: str):
-        """(mixture) theta_0 of member ``name``, as training drew it (unpadded)."""
-        return self.experiment.theta0(self._member(name))
+        """(mixture) theta_0 of member ``name`` as training drew it, cut to its own heads."""
+        return members.theta0(self._opened, name)
 
     def model(self, name: str):
         """A pure ``apply(params, X)`` of member ``name``'s model (mixture: (N, T, d) -> (N,) at its
-        own head count; params as ``params`` and ``theta0`` return them)."""
-        return self.experiment.model(self._member(name))
+        own head count, with the run's phi; params as ``params`` and ``theta0`` return them)."""
+        return members.model(self._opened, name)
 
     def ntk(self, name: str, step: int = 0):
-        """(mixture) The NTK record of member ``name`` at ``step`` (0: theta_0, else a kept
-        checkpoint): ``gram`` (n x n, its own n examples), ``margin`` (results.json's ntk_margin
-        at step 0), ``gap``, ``radius``."""
-        padded = None if step == 0 else self._raw_params(name, step)
-        return self.experiment.ntk(self._member(name), padded, step)
+        """(mixture) Member ``name``'s NTK at ``step`` (0: theta_0; else a kept checkpoint) on its
+        own n examples: a record with ``gram`` (n x n), ``margin`` (results.json's ntk_margin at
+        step 0, with the run's margin_iters and margin_tol), ``gap`` and ``radius``."""
+        return members.ntk(self._opened, name, step)
 
     def curves(self, name: str) -> dict:
         """{tag: (steps, values)} of member ``name``'s TensorBoard scalars."""
@@ -153,22 +120,19 @@ class Run:
         tensorboard, plot); returns the analysis dict.
 
         Mixture sweeps: margins and Hessian quantities at ``steps`` (0 and kept checkpoints;
-        default: 0 and the latest). Returns a list of records, one per (member, step):
-        member, step, ntk_margin, ntk_margin_gap, ntk_radius and the evaluation's fields
+        default: 0 and the latest). Returns a list of records, one per (member, step): member,
+        step, ntk_margin, ntk_margin_gap, ntk_radius and the evaluation's fields at that step
         (train_loss_eval, test_loss, test_accuracy, train_accuracy, hessian_min, hessian_max,
         step_times_hessian_max, distance_from_init; grad_norm_over_loss and
         min_hessian_eig_over_loss_sqrtH for a loss with an exponential tail)."""
-        if self._kind.analyzes_states:
+        if self._opened.kind.analyzes_states:
             if options:
-                raise ConfigError(f"analyze: a mixture sweep takes only steps=, got {', '.join(options)}")
-            latest = self._files.latest_step()
-            wanted = sorted({0, *([latest] if latest is not None else [])} if steps is None else set(steps))
-            states = {}
-            for step in wanted:
-                states[step] = {n: None if step == 0 else self._raw_params(n, step) for n in self.member_names}
-            return self.experiment.analyze_states(states)
+                raise ConfigError(f"analyze: a mixture sweep takes steps= only, got {', '.join(options)}")
+            return members.analyze_steps(self._opened, steps)
+        if steps is not None:
+            raise ConfigError("analyze: steps= is for mixture sweeps")
         with WorkdirLock(self.workdir, "analyze"):
-            result = analyze_workdir(self.workdir, **options)
+            result = analyze_workdir(self._opened, **options)
         return result
 
     def to_pandas(self):
