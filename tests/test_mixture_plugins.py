@@ -244,3 +244,44 @@ def test_divergence_factor_marks_a_member_whose_loss_grew(tmp_path):
     payload = run(make_experiment(config), str(tmp_path / "b"), progress=False, log=lambda m: None)
     assert all(m["status"] == "ok" for m in payload["members"] if np.isfinite(m["train_loss"]))
     assert member_margin(np.full((2, 2), np.inf), np.ones(2), {}) == (None, None, {"radius": None})
+
+
+def test_step_rule_drives_the_optimizer_and_its_sum_replaces_eta_k():
+    """inverse_sqrt: step k moves theta by eta / sqrt(1 + k) times the gradient (checked against
+    plain GD by hand for 2 steps), and step_sum is sum_k eta_k (eta K exactly for constant)."""
+    from mhjax.models import mixture_parts
+    from mhjax.train.loop import Sweep
+
+    assert mixture_parts.step_sum(mixture_parts.get("step_rule", "constant").fn, 0.1, 7) == 0.1 * 7
+    rule = mixture_parts.get("step_rule", "inverse_sqrt").fn
+    assert mixture_parts.step_sum(rule, 0.5, 3) == pytest.approx(0.5 * (1 + 2**-0.5 + 3**-0.5), rel=1e-6)
+    config = tiny_mixture_config(heads=(2,), num_train=(8,), step_size=(0.5,))
+    config.init.scheme = "random_decoders"
+    with config.train.unlocked():
+        config.train.step_rule = "inverse_sqrt"
+    experiment = make_experiment(config)
+    sweep = Sweep(experiment)
+    program = sweep.programs[0]
+    states = sweep.init_states()
+    recipe = program.recipe
+    consts = jax.tree_util.tree_map(jnp.asarray, experiment.member_constants(experiment.members[0]))
+    params = jax.tree_util.tree_map(lambda x: x[0], states[program.name].params)
+    for k in range(2):
+        grads = jax.grad(recipe.train_loss)(params, consts)
+        params = jax.tree_util.tree_map(lambda p, g, k=k: p - 0.5 / np.sqrt(1 + k) * g, params, grads)
+    states[program.name], _ = sweep.run_chunk(program, states[program.name], 2)
+    for key in ("W", "U"):
+        np.testing.assert_allclose(np.asarray(states[program.name].params[key][0]), params[key], rtol=1e-5, atol=1e-7)
+
+
+def test_a_phi_that_is_not_finite_at_zero_scores_is_refused():
+    import mhjax
+
+    mhjax.register_mixture("phi", "log_scores", lambda s: jnp.log(s))
+    config = tiny_mixture_config()
+    with config.model.unlocked():
+        config.model.phi = "log_scores"
+    with pytest.raises(ConfigError, match=r"^config\.model\.phi: phi 'log_scores' .* not finite at zero scores$"):
+        make_experiment(config)
+    with pytest.raises(ConfigError, match=r"^register_mixture: kind must be one of data, phi, loss, step_rule"):
+        mhjax.register_mixture("optimizer", "adam", lambda x: x)

@@ -36,8 +36,13 @@ tau = 0 makes every draw zero, so all heads start equal and stay equal):
 the member's own step size; a positive number = one full-batch GD step of that size after
 the scheme's draw (0 = no step).
 
-Training is plain full-batch GD (optax.sgd, constant step = the member's ``step_size``) on
-the logistic loss softplus(-y Phi), K = ``train.steps`` steps. The exact train loss
+Training is plain full-batch GD (optax.sgd) for K = ``train.steps`` steps, with plug-ins chosen by
+name (models/mixture_parts.py, data/mixture_data.py): the data generator ``data.generator``
+(default the tokenized mixture), the attention map ``model.phi`` (softmax), the loss of the
+margin ``train.loss`` (logistic: softplus(-y Phi)) and the step rule ``train.step_rule``
+(constant: the member's ``step_size``). W/mhjax.json records where each came from. Before the
+first step every member's loss, gradient and NTK Gram at theta_0 must be finite
+(mixture_checks.py). The exact train loss
 L(theta_k) is recorded at ``train.loss_points`` log-spaced k (plus k = 0 and k = K) from the
 per-step losses the program already returns (results field ``loss_curve``): one compiled
 program, no extra device work.

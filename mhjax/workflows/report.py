@@ -49,7 +49,7 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
     opened = open_workdir(workdir)
     workdir = opened.files
     results = workdir.results()
-    opened.restore_plugins()  # plug-in tasks, from where they came
+    opened.restore_tasks()  # plug-in tasks, from where they came
     members = results["members"]
     analysis = workdir.analysis() if workdir.has_analysis() else None
     out_dir, link_dir = workdir.report_dir, os.path.relpath(workdir.report_dir, workdir.path)

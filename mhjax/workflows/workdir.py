@@ -44,13 +44,17 @@ class Opened:
         metadata = self.files.metadata()
         return experiment_class(metadata.get("experiment") or self.config.get("experiment", "sequence"))
 
+    def restore_tasks(self) -> None:
+        """Register again the plug-in tasks W/mhjax.json says the sweep used, from where they
+        came (a source that is gone: a one-line ConfigError naming it)."""
+        tasks.restore(self.files.metadata().get("tasks"), self.files.metadata_path)
+
     def restore_plugins(self) -> None:
         """Register again the plug-ins W/mhjax.json says the sweep used (its tasks; a mixture
         sweep's data generator, phi, loss and step rule), from where they came (a source that is
         gone: a one-line ConfigError naming it)."""
-        metadata = self.files.metadata()
-        tasks.restore(metadata.get("tasks"), self.files.metadata_path)
-        self.kind.restore_plugins(metadata, self.files.metadata_path)
+        self.restore_tasks()
+        self.kind.restore_plugins(self.files.metadata(), self.files.metadata_path)
 
     def experiment(self):
         """The sweep's Experiment, made once (its plug-ins restored first)."""
