@@ -9,7 +9,7 @@
     W/results.json, .md       written when training ends (io/results.py)
     W/analysis/analysis.*     `mhjax analyze --workdir W`
     W/report.md, W/report/    `mhjax report --workdir W`
-    W/<figure>.png, <name>.md an experiment's own figures and summaries (Experiment.finalize)
+    W/<figure>.png, <name>.md an experiment's own figures and summaries (Experiment.figures, drawn by plotting)
 
 No other module of mhjax names these files: they ask a ``Workdir``. Its readers keep what they
 read, so a command holding one Workdir reads an unchanged file once, and read it again once it
