@@ -150,3 +150,9 @@ def apply_fn(sizes: dict, heads: int):
         return model.apply({"params": params}, jnp.asarray(tokens, jnp.int32))
 
     return apply
+
+
+def model_sizes(model: dict) -> dict:
+    """The Transformer sizes of a config's ``model`` section (a dict; max_len = seq_len)."""
+    keys = {"vocab_size": "vocab_size", "max_len": "seq_len", "width": "width", "num_layers": "num_layers"}
+    return {**{k: model[v] for k, v in keys.items()}, "mlp_dim": model["mlp_dim"]}

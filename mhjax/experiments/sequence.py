@@ -12,6 +12,7 @@ import numpy as np
 import optax
 
 from mhjax.analysis import tags
+from mhjax.analysis.forward import apply_fn, model_sizes
 from mhjax.analysis.metrics import learned_head_weights
 from mhjax.analysis.positions import member_by_position
 from mhjax.data import sequences, tasks
@@ -300,20 +301,21 @@ class SequenceExperiment(Experiment):
 
     def held_out(self, member: Member) -> tasks.Batch:
         """The held-out sequences the loop's evaluation averages over (numpy)."""
-        m, d = self.config.model, self.config.data
-        consts = self.member_constants(member)
-        batch = self.tasks[int(consts["task_id"])].draw(
-            jnp.asarray(consts["eval_key"]), d.num_eval, m.seq_len, m.vocab_size
-        )
+        m, d, consts = self.config.model, self.config.data, self.member_constants(member)
+        batch = self.tasks[int(consts["task_id"])].draw(consts["eval_key"], d.num_eval, m.seq_len, m.vocab_size)
         usable = (d.num_eval // min(d.num_eval, d.batch_size)) * min(d.num_eval, d.batch_size)
         return tasks.Batch(*(np.asarray(a)[:usable] for a in batch))
 
     def position_metrics(self, member: Member, params) -> dict[str, list]:
-        """{"eval_loss_by_position", "eval_accuracy_by_position"}: (T,) lists, null where the task
-        weights no sequence (analysis/positions.py), of the plain model at the member's heads."""
+        """eval_{loss,accuracy}_by_position: (T,) lists, null where unweighted (analysis/positions.py)."""
         sizes = config_sizes(self.config.model)
         metrics = member_by_position(params, member["heads"], self.held_out(member), sizes)
         return {f"eval_{k}": v for k, v in metrics.items()}
+
+    @classmethod
+    def record_model(cls, record: dict, config: dict):
+        """Eval-mode apply(params, tokens) at the member's heads, from its record: no task code."""
+        return apply_fn(model_sizes(config["model"]), int(record["heads"]))
 
     def extra_results(self, trained, loss_curves) -> dict[int, dict]:
         """An end-of-training evaluation per position (the loop's own evaluation stays scalar)."""

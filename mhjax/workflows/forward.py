@@ -1,12 +1,12 @@
-"""A trained member run on given tokens (``Run.forward``) and its model as a pure function
-(``Run.model``): read from a workdir with no task code, except for the targets a task makes from
+"""A trained member run on given tokens (``Run.forward``; its model as a pure function is
+``Run.model``, Experiment.record_model): read from a workdir with no task code, except for the targets a task makes from
 tokens (copy, cycle, zero, ...), registered again from where W/mhjax.json says it came."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from mhjax.analysis.forward import Forward, apply_fn, forward
+from mhjax.analysis.forward import Forward, forward, model_sizes
 from mhjax.config import ConfigError
 from mhjax.data import tasks
 from mhjax.workflows.workdir import open_workdir
@@ -21,13 +21,6 @@ def member_record(opened, member: str) -> dict:
                 raise ConfigError(f"member: {member!r} is not a Transformer member (its results record no heads)")
             return record
     raise ConfigError(f"member: unknown {member!r} (members: {', '.join(m.get('name', '?') for m in members)})")
-
-
-def model_sizes(opened) -> dict:
-    """The model sizes of the sweep's config (a Transformer with max_len = seq_len)."""
-    model = opened.files.config_field("model")
-    keys = {"vocab_size": "vocab_size", "max_len": "seq_len", "width": "width", "num_layers": "num_layers"}
-    return {**{k: model[v] for k, v in keys.items()}, "mlp_dim": model["mlp_dim"]}
 
 
 def task_targets(opened, record: dict, tokens):
@@ -59,10 +52,6 @@ def member_forward(workdir, member: str, tokens, targets=None, weights=None, hea
         if tokens.ndim in (1, 2) and tokens.size and np.issubdtype(tokens.dtype, np.integer):
             targets = task_targets(opened, record, tokens if tokens.ndim == 2 else tokens[None])
     params = opened.files.params(member)
-    return forward(params, record["heads"], model_sizes(opened), tokens, targets, weights, heads_off)
-
-
-def member_model(workdir, member: str):
-    """A pure ``apply(params, tokens) -> logits`` of ``member``'s model (eval mode, its heads)."""
-    opened = open_workdir(workdir)
-    return apply_fn(model_sizes(opened), int(member_record(opened, member)["heads"]))
+    return forward(
+        params, record["heads"], model_sizes(opened.files.config_field("model")), tokens, targets, weights, heads_off
+    )
