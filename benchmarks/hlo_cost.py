@@ -137,7 +137,7 @@ def kernel_cost(experiment, programs) -> tuple[float, float]:
         for members, heads, mixed in groups:
             if mixed:
                 raise ValueError("the Pallas kernel runs static head counts only (not fused over several)")
-            f, b = pallas_attention.kernel_cost(batch, m.seq_len, m.width, heads)
+            f, b, _ = pallas_attention.kernel_cost(batch, m.seq_len, m.width, heads)
             flops, nbytes = flops + members * m.num_layers * f, nbytes + members * m.num_layers * b
     return flops, nbytes
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -168,8 +169,14 @@ def _attention_bwd(heads, threshold, inv_keep, residuals, dout):
 attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def kernel_cost(batch: int, length: int, width: int, heads: int) -> tuple[float, float]:
-    """(FLOPs, HBM bytes) of one forward and backward of the kernel, counted analytically.
+class KernelCost(NamedTuple):
+    flops: float
+    bytes: float
+    dot_flops: float  # of ``flops``, the matmuls' (TF32 on a GPU's tensor cores)
+
+
+def kernel_cost(batch: int, length: int, width: int, heads: int) -> KernelCost:
+    """FLOPs and HBM bytes of one forward and backward of the kernel, counted analytically.
     Bytes: forward reads q, k, v and writes out and the row statistics; backward reads q, k,
     v, out, dout and the statistics and writes dq, dk, dv (fp32). FLOPs: the seven matmuls
     at the padded block sizes the programs compute (2 forward, 5 backward), plus ~60
@@ -177,5 +184,5 @@ def kernel_cost(batch: int, length: int, width: int, heads: int) -> tuple[float,
     rows, cols = block_sizes(length, width // heads)
     tokens = batch * length * width
     nbytes = 4.0 * (12 * tokens + 2 * batch * heads * length)
-    flops = batch * heads * (7 * 2 * rows * rows * cols + 60 * rows * rows)
-    return float(flops), nbytes
+    dots = batch * heads * 7 * 2 * rows * rows * cols
+    return KernelCost(float(dots + batch * heads * 60 * rows * rows), nbytes, float(dots))
