@@ -92,11 +92,74 @@ def _layout_value_and_grad(inputs, length, deterministic, implementation):
 
 
 @pytest.mark.parametrize(
-    "length,deterministic", [(32, False), (100, True), pytest.param(100, False, marks=pytest.mark.slow)]
+    "length,deterministic",
+    [(32, False), (100, True)] + [pytest.param(*case, marks=pytest.mark.slow) for case in ((100, False), (32, True))],
 )
 def test_kernel_equals_jax_inside_one_program_layout(inputs, length, deterministic):
     run = lambda implementation: _layout_value_and_grad(inputs, length, deterministic, implementation)  # noqa: E731
     _assert_close(run("jax"), run("pallas"))
+
+
+def test_members_attention_reads_and_writes_each_group_at_its_offset():
+    """The kernel on member-axis arrays: each member (group offsets 0, 2, 3) at its own head
+    count with its own dropout seeds equals the JAX path run on that member alone, values and
+    the gradients of q, k and v, so no group's in-place writes touch another's members."""
+    layout, width, length = ((2, 1), (1, 4), (2, 16)), 16, 8
+    heads = [h for n, h in layout for _ in range(n)]
+    keys = jax.random.split(jax.random.PRNGKey(11), 5)
+    q, k, v, cotangent = (jax.random.normal(key, (len(heads), BATCH, length, width)) for key in keys[:4])
+    seeds = jax.random.bits(keys[4], (len(heads), 16, 2), jnp.uint32)
+    threshold, inv_keep = attention.dropout_threshold(RATE)
+
+    def kernel(q, k, v):
+        return pallas_attention.members_attention(q, k, v, seeds, layout, threshold, inv_keep, True)
+
+    def alone(q, k, v):
+        each = [
+            attention.jax_attention(q[i], k[i], v[i], h, None, seeds[i, :h], threshold, inv_keep)[0]
+            for i, h in enumerate(heads)
+        ]
+        return jnp.stack(each)
+
+    (out, pull), (expected, pull_expected) = jax.vjp(kernel, q, k, v), jax.vjp(alone, q, k, v)
+    np.testing.assert_allclose(out, expected, rtol=VALUE_RTOL, atol=1e-6)
+    for got, want in zip(pull(cotangent), pull_expected(cotangent)):
+        np.testing.assert_allclose(got, want, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+
+
+def _primitives(jaxpr, counts):
+    """Primitive names of ``jaxpr`` and its sub-jaxprs, except inside kernels."""
+    for eqn in jaxpr.eqns:
+        counts[eqn.primitive.name] = counts.get(eqn.primitive.name, 0) + 1
+        if eqn.primitive.name == "pallas_call":
+            continue
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    _primitives(inner, counts)
+    return counts
+
+
+@pytest.mark.parametrize("implementation,copies", [("pallas", False), ("jax", True)])
+def test_one_program_layout_has_no_per_group_copies_under_the_kernel(inputs, implementation, copies):
+    """The gradient of a layout layer (5 members in 3 groups): under the kernel, no slice of a
+    group's members and no pad of its gradient to all members (the JAX path has both)."""
+    x, params = inputs
+    layout = ((2, 1), (1, 2), (2, 4))
+    layer = attention.CausalSelfAttention(WIDTH, 4, RATE, layout, implementation)
+    heads = jnp.array([h for n, h in layout for _ in range(n)], jnp.int32)
+    stacked = jax.tree_util.tree_map(lambda p: jnp.stack([p] * len(heads)), params)
+    drops, short = jax.random.split(jax.random.PRNGKey(5), len(heads)), x[:, :8]
+
+    def loss(p, h, drop):
+        return jnp.sum(layer.apply({"params": p}, short, h, False, rngs={"dropout": drop})[0])
+
+    grad = jax.grad(lambda p: jnp.sum(jax.vmap(loss)(p, heads, drops)))
+    counts = _primitives(jax.make_jaxpr(grad)(stacked).jaxpr, {})
+    assert counts.get("pallas_call", 0) == (6 if implementation == "pallas" else 0)  # 3 groups, forward and backward
+    assert (counts.get("pad", 0) > 0 and counts.get("slice", 0) > 0) == copies
+    assert (counts.get("pad", 0) + counts.get("slice", 0) == 0) == (not copies)
 
 
 @pytest.mark.parametrize(

@@ -189,8 +189,9 @@ def layout_attention(
     """jax_attention's output for one member, which under vmap over a program's members runs
     group by group at static head counts: group g's members (consecutive on the member axis)
     at ``layout[g][1]`` heads with the dropout seeds of those coarse heads, so every member
-    computes what plain attention at its own head count does (tested); with ``kernel``, each
-    group runs the Pallas kernel (pallas_attention) at its head count. Reverse mode
+    computes what plain attention at its own head count does (tested); with ``kernel``, the
+    Pallas kernel (pallas_attention.members_attention) runs each group at its head count on
+    the member-axis arrays themselves: no per-group slice, concatenation or padded gradient. Reverse mode
     differentiates a custom_vmap function only from outside the vmap (neither inside it nor
     unbatched): such a model's gradient is taken of the summed member losses
     (engine.members_step); for one member alone, use the plain model at its head count."""
@@ -200,10 +201,6 @@ def layout_attention(
         return jax_attention(q, k, v, fine, heads, seeds, threshold, inv_keep)[0]
 
     def static(q, k, v, seeds, h):
-        if kernel:
-            from mhjax.models import pallas_attention
-
-            return pallas_attention.attention(q, k, v, seeds[:h], h, threshold, inv_keep)
         return jax_attention(q, k, v, h, None, seeds[:h], threshold, inv_keep)[0]
 
     @core.def_vmap
@@ -212,6 +209,10 @@ def layout_attention(
         if axis_size != members:
             raise ValueError(f"layout_attention: vmapped over {axis_size} members, the layout has {members}")
         q, k, v, _, seeds = (x if b else jnp.broadcast_to(x, (axis_size, *x.shape)) for x, b in zip(args, in_batched))
+        if kernel:  # one kernel call per group, reading and writing its members in place
+            from mhjax.models import pallas_attention
+
+            return pallas_attention.members_attention(q, k, v, seeds, layout, threshold, inv_keep), True
         outs, start = [], 0
         for n, h in layout:
             group = slice(start, start + n)

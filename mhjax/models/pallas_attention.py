@@ -69,8 +69,9 @@ def _scores(q, k, scale: float):
 
 
 def _keep(seeds_ref, rows: int, length: int, threshold: int):
-    """This program's (R, R) dropout keep mask: hash_keep's bits at (b * T + i, j)."""
-    first = (pl.program_id(0) * length).astype(jnp.uint32)
+    """This program's (R, R) dropout keep mask: hash_keep's bits at (b * T + i, j); b is the
+    grid's second axis (members, batch, heads)."""
+    first = (pl.program_id(1) * length).astype(jnp.uint32)
     i = first + jnp.arange(rows).astype(jnp.uint32)
     j = jnp.arange(rows).astype(jnp.uint32)
     bits = hash_mix(seeds_ref[0], seeds_ref[1], i[:, None], j[None, :])
@@ -115,58 +116,109 @@ def _backward_kernel(
     plgpu.store(dk_ref, pl.dot(ds, q, trans_a=True), mask=tile)
 
 
-def _call(kernel, name, seeds, args, outs, heads, threshold, inv_keep):
-    """pallas_call of ``kernel`` over a (batch, heads) grid. seeds (H, 2) uint32; args and outs
-    are (array, kind) and kinds: 'tile' a (B, T, D) array (viewed as (B, T, H, D/H)), 'rows'
-    (B, H, T) row statistics."""
-    batch, length, width = args[0][0].shape
+Layout = tuple[tuple[int, int], ...]  # (members, heads) per group, in member-axis order (attention.Layout)
+
+
+def _call(kernel, name, seeds, args, outs, group, threshold, inv_keep, interpret, into=()):
+    """pallas_call of ``kernel`` for one group of members over a (members, batch, heads) grid.
+    group = (first member, members, heads). seeds (M, S >= heads, 2) uint32; args are
+    (array, kind), kinds: 'tile' an (M, B, T, D) array of every member (viewed as
+    (M, B, T, H, D/H)), read and written at the group's offset on the member axis; 'rows'
+    the group's own (members, B, H, T) row statistics. ``into``: arrays the 'tile' outputs
+    are written into, in place (input_output_aliases): another group's members are left as
+    they are. Without them the other members' blocks of a 'tile' output are not written."""
+    first, count, heads = group
+    members, batch, length, width = args[0][0].shape
     rows, cols = check_lowering(length, width, heads, args[0][0].dtype)
     head_dim = width // heads
-    shapes = {"tile": (batch, length, heads, head_dim), "rows": (batch, heads, length)}
+    shapes = {"tile": (members, batch, length, heads, head_dim), "rows": (count, batch, heads, length)}
     specs = {
-        "tile": pl.BlockSpec((None, rows, None, cols), lambda b, h: (b, 0, h, 0)),
-        "rows": pl.BlockSpec((None, None, rows), lambda b, h: (b, h, 0)),
+        "tile": pl.BlockSpec((None, None, rows, None, cols), lambda m, b, h: (m + first, b, 0, h, 0)),
+        "rows": pl.BlockSpec((None, None, None, rows), lambda m, b, h: (m, b, h, 0)),
     }
     body = functools.partial(kernel, length=length, head_dim=head_dim, threshold=threshold, inv_keep=inv_keep)
+    inputs = [(x, kind) for x, kind in args] + [(x, "tile") for x in into]
+
+    def run(*refs):  # the aliased inputs are the outputs' own buffers: the kernel writes, never reads them
+        body(*refs[: 1 + len(args)], *refs[1 + len(inputs) :])
+
     results = pl.pallas_call(
-        body,
-        grid=(batch, heads),
-        in_specs=[pl.BlockSpec((None, 2), lambda b, h: (h, 0))] + [specs[kind] for _, kind in args],
+        run,
+        grid=(count, batch, heads),
+        in_specs=[pl.BlockSpec((None, None, 2), lambda m, b, h: (m + first, h, 0))] + [specs[k] for _, k in inputs],
         out_specs=[specs[kind] for kind in outs],
         out_shape=[jax.ShapeDtypeStruct(shapes[kind], jnp.float32) for kind in outs],
+        input_output_aliases={1 + len(args) + i: i for i in range(len(into))},
         compiler_params=plgpu.CompilerParams(num_warps=8 if rows >= 128 else 4, num_stages=1),
-        interpret=jax.default_backend() == "cpu",
+        interpret=interpret,
         name=name,
-    )(seeds, *(x.reshape(shapes[kind]) for x, kind in args))
-    return [r.reshape(batch, length, width) if kind == "tile" else r for r, kind in zip(results, outs)]
+    )(seeds, *(x.reshape(shapes[kind]) for x, kind in inputs))
+    return [r.reshape(members, batch, length, width) if kind == "tile" else r for r, kind in zip(results, outs)]
 
 
-def _forward(q, k, v, seeds, heads, threshold, inv_keep):
-    args = [(q, "tile"), (k, "tile"), (v, "tile")]
-    return _call(_forward_kernel, "mhjax_attention_fwd", seeds, args, ("tile", "rows"), heads, threshold, inv_keep)
+def _groups(layout: Layout):
+    """(first member, members, heads) of each group."""
+    first = 0
+    for count, heads in layout:
+        yield first, count, heads
+        first += count
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def attention(q, k, v, seeds, heads: int, threshold: int, inv_keep: float):
+def _interpret(interpret: bool | None) -> bool:
+    """Pallas interpret mode: given, or where the default backend is a CPU."""
+    return jax.default_backend() == "cpu" if interpret is None else interpret
+
+
+def _forward(q, k, v, seeds, layout, threshold, inv_keep, interpret):
+    args, out, stats = [(q, "tile"), (k, "tile"), (v, "tile")], (), []
+    for group in _groups(layout):
+        into = out
+        out, lse = _call(
+            _forward_kernel, "mhjax_attention_fwd", seeds, args, ("tile", "rows"), group, threshold, inv_keep,
+            interpret, into,
+        )  # fmt: skip
+        out, stats = (out,), stats + [lse]
+    return out[0], stats
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def members_attention(q, k, v, seeds, layout: Layout, threshold: int, inv_keep: float, interpret: bool | None = None):
+    """Causal attention of M members' (M, B, T, D) float32 q, k, v, the members in ``layout``
+    groups ((members, heads), ... along the member axis; static), each at its own head count
+    of dim D/heads; dropout seeds (M, S, 2) uint32 per member and coarse head (S >= every
+    head count; threshold >= 2^24: no dropout). Each group's programs read their members'
+    blocks where they lie and write the (M, B, T, D) output (and, backward, the gradients)
+    in place: no per-group copy. Returns jax_attention's output of each member at its head count."""
+    return _forward(q, k, v, seeds, layout, threshold, inv_keep, _interpret(interpret))[0]
+
+
+def _members_fwd(q, k, v, seeds, layout, threshold, inv_keep, interpret):
+    out, stats = _forward(q, k, v, seeds, layout, threshold, inv_keep, _interpret(interpret))
+    return out, (q, k, v, seeds, out, stats)
+
+
+def _members_bwd(layout, threshold, inv_keep, interpret, residuals, dout):
+    q, k, v, seeds, out, stats = residuals
+    grads = ()
+    for group, lse in zip(_groups(layout), stats):
+        args = [(q, "tile"), (k, "tile"), (v, "tile"), (out, "tile"), (lse, "rows"), (dout, "tile")]
+        grads = _call(
+            _backward_kernel, "mhjax_attention_bwd", seeds, args, ("tile",) * 3, group, threshold, inv_keep,
+            _interpret(interpret), grads,
+        )  # fmt: skip
+    return (*grads, np.zeros(seeds.shape, jax.dtypes.float0))
+
+
+members_attention.defvjp(_members_fwd, _members_bwd)
+
+
+def attention(q, k, v, seeds, heads: int, threshold: int, inv_keep: float, interpret: bool | None = None):
     """Causal attention of (B, T, D) float32 q, k, v at ``heads`` (static) heads of dim D/heads,
     dropout seeds (heads, 2) uint32 per head (threshold >= 2^24: no dropout). Returns the
-    (B, T, D) heads' outputs before the output projection: jax_attention's, computed on chip."""
-    return _forward(q, k, v, seeds, heads, threshold, inv_keep)[0]
-
-
-def _attention_fwd(q, k, v, seeds, heads, threshold, inv_keep):
-    out, lse = _forward(q, k, v, seeds, heads, threshold, inv_keep)
-    return out, (q, k, v, seeds, out, lse)
-
-
-def _attention_bwd(heads, threshold, inv_keep, residuals, dout):
-    q, k, v, seeds, out, lse = residuals
-    args = [(q, "tile"), (k, "tile"), (v, "tile"), (out, "tile"), (lse, "rows"), (dout, "tile")]
-    dq, dk, dv = _call(_backward_kernel, "mhjax_attention_bwd", seeds, args, ("tile",) * 3, heads, threshold, inv_keep)
-    return dq, dk, dv, np.zeros(seeds.shape, jax.dtypes.float0)
-
-
-attention.defvjp(_attention_fwd, _attention_bwd)
+    (B, T, D) heads' outputs before the output projection: jax_attention's, computed on chip.
+    (members_attention of one member; the added member axis is a free reshape.)"""
+    one = lambda x: x[None]  # noqa: E731
+    return members_attention(one(q), one(k), one(v), one(seeds), ((1, heads),), threshold, inv_keep, interpret)[0]
 
 
 class KernelCost(NamedTuple):
