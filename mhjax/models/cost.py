@@ -94,6 +94,11 @@ SCORE_ROW = (23.0, 8.0)  # per (b, t, s) per layer, whatever F: the mask and ind
 MIXING = (4.0, 44.0)  # fused only, per score element per layer (FLOPs also x F: the F x F einsum)
 WIDTH, MLP, VOCAB = (127.0, 512.0), (6.4, 58.6), (8.4, 70.6)  # per (b, t) row and unit of D, MLP (per layer), V
 PARAM = (38.0, 99.0)  # per parameter: Adam, the divergence check, gradients
+# Under the Pallas kernel, per (b, t) row and unit of D per layer: WIDTH less what the JAX core's
+# layout changes of q, k, v, its output and their gradients cost, which the kernel, reading and
+# writing them in place, does not (XLA's count of the paper sweep's one_program:pallas, 8 seeds,
+# after issue 29 item 1: 0.834 GB per member-step against 0.975 by the terms above).
+KERNEL_WIDTH = (-20.0, -110.0)
 
 
 class Shape(NamedTuple):
@@ -149,6 +154,7 @@ def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = Fal
     flops, nbytes = sum(c[0] * n for c, n in counts + core), sum(c[1] * n for c, n in counts) + core_bytes
     if not kernel:
         return Cost(matmul + flops, nbytes, matmul, core_bytes)
+    flops, nbytes = flops + KERNEL_WIDTH[0] * layers * b * t * d, nbytes + KERNEL_WIDTH[1] * layers * b * t * d
     k = kernel_cost(b, t, d, fine)
     kernel_flops, kernel_bytes, kernel_dots = layers * k.flops, layers * k.bytes, layers * k.dot_flops
     return Cost(matmul + flops + kernel_flops, nbytes + kernel_bytes, matmul + kernel_dots, 0.0, kernel_bytes)
