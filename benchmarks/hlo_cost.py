@@ -92,24 +92,25 @@ def _opaque(shapes, *args):
     return jax.pure_callback(lambda *a: None, shapes, *args, vmap_method="broadcast_all")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _kernel_stand_in(q, k, v, seeds, layout):
-    return _kernel_stand_in_fwd(q, k, v, seeds, layout)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _kernel_stand_in(qkv, seeds, layout):
+    return _kernel_stand_in_fwd(qkv, seeds, layout)[0]
 
 
-def _kernel_stand_in_fwd(q, k, v, seeds, layout):
+def _kernel_stand_in_fwd(qkv, seeds, layout):
     """members_attention's outputs: the (M, B, T, D) output, written in place group by group,
     and each group's (members, B, heads, T) row statistics."""
-    batch, length = q.shape[-3:-1]
-    stats = [jax.ShapeDtypeStruct((*q.shape[:-4], n, batch, h, length), q.dtype) for n, h in layout]
-    out, *lse = _opaque((jax.ShapeDtypeStruct(q.shape, q.dtype), *stats), q, k, v, seeds)
-    return out, (q, k, v, seeds, out, lse)
+    batch, length, fused = qkv.shape[-3:]
+    stats = [jax.ShapeDtypeStruct((*qkv.shape[:-4], n, batch, h, length), qkv.dtype) for n, h in layout]
+    out_shape = jax.ShapeDtypeStruct((*qkv.shape[:-1], fused // 3), qkv.dtype)
+    out, *lse = _opaque((out_shape, *stats), qkv, seeds)
+    return out, (qkv, seeds, out, lse)
 
 
 def _kernel_stand_in_bwd(layout, residuals, dout):
-    q, k, v, seeds, out, lse = residuals
-    grads = _opaque((jax.ShapeDtypeStruct(q.shape, q.dtype),) * 3, q, k, v, seeds, out, *lse, dout)
-    return (*grads, None)
+    qkv, seeds, out, lse = residuals
+    (grad,) = _opaque((jax.ShapeDtypeStruct(qkv.shape, qkv.dtype),), qkv, seeds, out, *lse, dout)
+    return grad, None
 
 
 _kernel_stand_in.defvjp(_kernel_stand_in_fwd, _kernel_stand_in_bwd)
@@ -125,7 +126,7 @@ def variant(name: str | None):
         (
             pallas_attention,
             "members_attention",
-            lambda q, k, v, seeds, layout, *_: _kernel_stand_in(q, k, v, seeds, layout),
+            lambda qkv, seeds, layout, *_: _kernel_stand_in(qkv, seeds, layout),
         )
         if name == KERNEL_VARIANT
         else (attention, "jax_attention", VARIANTS[name])

@@ -7,8 +7,11 @@ probabilities instead of storing them (flash attention). Dropout is mhjax's coun
 hash (dropout_hash.hash_mix) recomputed in both passes from the head's seed and the element's
 (b * T + i, j) position, with the UNPADDED length T: the JAX path's keep decisions exactly.
 
-q, k and v are read where the model's projection wrote them: a (B, T, D) array viewed as
-(B, T, H, D/H) (a free reshape, no transposed copy). The Triton lowering wants every block
+q, k and v are read where the model's one projection matmul wrote them: its (B, T, 3D) output
+viewed as (B, T, 3, H, D/H) (a free reshape, no split or transposed copy), and the backward
+writes the one (B, T, 3D) gradient of it. Under one_program's member layout the arrays are
+every member's (M, B, T, ...), and each group of members is read and written at its offset
+on the member axis (members_attention). The Triton lowering wants every block
 dimension a power of two and every matmul dimension >= 16, so a program's block is
 (T padded to a power of two, D/H padded to >= 16 and a power of two): the padding exists
 only on chip, as masked loads (zeros) and masked stores; the padded key columns and rows
@@ -94,8 +97,7 @@ def _forward_kernel(seeds_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, *, length,
 
 
 def _backward_kernel(
-    seeds_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, dout_ref, dq_ref, dk_ref, dv_ref, *, length, head_dim, threshold,
-    inv_keep,
+    seeds_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, dout_ref, dqkv_ref, *, length, head_dim, threshold, inv_keep
 ):  # fmt: skip
     rows, cols = q_ref.shape
     row, tile = _masks(rows, cols, length, head_dim)
@@ -111,9 +113,11 @@ def _backward_kernel(
         dp = jnp.where(keep, dp * inv_keep, 0.0)
     # softmax backward: sum_j p_ij dp_ij = dout_i . out_i (out = attended @ v); padded rows: 0
     ds = p * (dp - jnp.sum(out * dout, axis=1)[:, None]) * scale
-    plgpu.store(dv_ref, pl.dot(attended, dout, trans_a=True), mask=tile)
-    plgpu.store(dq_ref, pl.dot(ds, k), mask=tile)
-    plgpu.store(dk_ref, pl.dot(ds, q, trans_a=True), mask=tile)
+    # dq, dk, dv into this head's (R, 4, C) block of the (3, H, D/H)-viewed gradient (index 3 past its end);
+    # an array index, not a Python int, which interpret mode's discharge of the store does not take
+    grads = (pl.dot(ds, k), pl.dot(ds, q, trans_a=True), pl.dot(attended, dout, trans_a=True))
+    for part, grad in enumerate(grads):
+        plgpu.store(dqkv_ref.at[:, jnp.int32(part), :], grad, mask=tile)
 
 
 Layout = tuple[tuple[int, int], ...]  # (members, heads) per group, in member-axis order (attention.Layout)
@@ -122,22 +126,32 @@ Layout = tuple[tuple[int, int], ...]  # (members, heads) per group, in member-ax
 def _call(kernel, name, seeds, args, outs, group, threshold, inv_keep, interpret, into=()):
     """pallas_call of ``kernel`` for one group of members over a (members, batch, heads) grid.
     group = (first member, members, heads). seeds (M, S >= heads, 2) uint32; args are
-    (array, kind), kinds: 'tile' an (M, B, T, D) array of every member (viewed as
-    (M, B, T, H, D/H)), read and written at the group's offset on the member axis; 'rows'
-    the group's own (members, B, H, T) row statistics. ``into``: arrays the 'tile' outputs
-    are written into, in place (input_output_aliases): another group's members are left as
-    they are. Without them the other members' blocks of a 'tile' output are not written."""
+    (array, kind), read at the group's offset on the member axis; kinds: 'q', 'k', 'v' the
+    (M, B, T, 3D) projection of every member (viewed as (M, B, T, 3, H, D/H)), read at this
+    head's query, key or value columns; 'tile' an (M, B, T, D) array (viewed as (M, B, T, H,
+    D/H)); 'qkv' a (M, B, T, 3D) output, written at all three of this head's column blocks;
+    'rows' the group's own (members, B, H, T) row statistics. ``into``: arrays the first
+    outputs are written into in place (input_output_aliases), another group's members left
+    as they are; without them the other members' blocks of an output are not written."""
     first, count, heads = group
-    members, batch, length, width = args[0][0].shape
+    members, batch, length, width = args[0][0].shape  # args[0]: the projection's query columns
+    width //= 3
     rows, cols = check_lowering(length, width, heads, args[0][0].dtype)
     head_dim = width // heads
-    shapes = {"tile": (members, batch, length, heads, head_dim), "rows": (count, batch, heads, length)}
+    fused = (members, batch, length, 3, heads, head_dim)
+    shapes = {"tile": (members, batch, length, heads, head_dim), "rows": (count, batch, heads, length), "qkv": fused}
+    shapes.update(q=fused, k=fused, v=fused)
+    part = lambda c: pl.BlockSpec((None, None, rows, None, None, cols), lambda m, b, h: (m + first, b, 0, c, h, 0))  # noqa: E731
     specs = {
         "tile": pl.BlockSpec((None, None, rows, None, cols), lambda m, b, h: (m + first, b, 0, h, 0)),
+        "qkv": pl.BlockSpec((None, None, rows, 4, None, cols), lambda m, b, h: (m + first, b, 0, 0, h, 0)),
         "rows": pl.BlockSpec((None, None, None, rows), lambda m, b, h: (m, b, h, 0)),
+        "q": part(0),
+        "k": part(1),
+        "v": part(2),
     }
     body = functools.partial(kernel, length=length, head_dim=head_dim, threshold=threshold, inv_keep=inv_keep)
-    inputs = [(x, kind) for x, kind in args] + [(x, "tile") for x in into]
+    inputs = [(x, kind) for x, kind in args] + [(x, kind) for x, kind in zip(into, outs)]
 
     def run(*refs):  # the aliased inputs are the outputs' own buffers: the kernel writes, never reads them
         body(*refs[: 1 + len(args)], *refs[1 + len(inputs) :])
@@ -153,7 +167,8 @@ def _call(kernel, name, seeds, args, outs, group, threshold, inv_keep, interpret
         interpret=interpret,
         name=name,
     )(seeds, *(x.reshape(shapes[kind]) for x, kind in inputs))
-    return [r.reshape(members, batch, length, width) if kind == "tile" else r for r, kind in zip(results, outs)]
+    flat = {"tile": width, "qkv": 3 * width}
+    return [r.reshape(members, batch, length, flat[kind]) if kind in flat else r for r, kind in zip(results, outs)]
 
 
 def _groups(layout: Layout):
@@ -169,8 +184,8 @@ def _interpret(interpret: bool | None) -> bool:
     return jax.default_backend() == "cpu" if interpret is None else interpret
 
 
-def _forward(q, k, v, seeds, layout, threshold, inv_keep, interpret):
-    args, out, stats = [(q, "tile"), (k, "tile"), (v, "tile")], (), []
+def _forward(qkv, seeds, layout, threshold, inv_keep, interpret):
+    args, out, stats = [(qkv, "q"), (qkv, "k"), (qkv, "v")], (), []
     for group in _groups(layout):
         into = out
         out, lse = _call(
@@ -181,44 +196,45 @@ def _forward(q, k, v, seeds, layout, threshold, inv_keep, interpret):
     return out[0], stats
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def members_attention(q, k, v, seeds, layout: Layout, threshold: int, inv_keep: float, interpret: bool | None = None):
-    """Causal attention of M members' (M, B, T, D) float32 q, k, v, the members in ``layout``
-    groups ((members, heads), ... along the member axis; static), each at its own head count
-    of dim D/heads; dropout seeds (M, S, 2) uint32 per member and coarse head (S >= every
-    head count; threshold >= 2^24: no dropout). Each group's programs read their members'
-    blocks where they lie and write the (M, B, T, D) output (and, backward, the gradients)
-    in place: no per-group copy. Returns jax_attention's output of each member at its head count."""
-    return _forward(q, k, v, seeds, layout, threshold, inv_keep, _interpret(interpret))[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def members_attention(qkv, seeds, layout: Layout, threshold: int, inv_keep: float, interpret: bool | None = None):
+    """Causal attention of M members from their (M, B, T, 3D) float32 fused projection (q, k
+    and v side by side on the last axis, as the model's one matmul writes them), the members
+    in ``layout`` groups ((members, heads), ... along the member axis; static), each at its
+    own head count of dim D/heads; dropout seeds (M, S, 2) uint32 per member and coarse head
+    (S >= every head count; threshold >= 2^24: no dropout). Each group's programs read their
+    members' blocks where they lie and write the (M, B, T, D) output (and, backward, the one
+    (M, B, T, 3D) gradient) in place: no per-group copy, no q/k/v split or concatenation.
+    Returns jax_attention's output of each member at its head count."""
+    return _forward(qkv, seeds, layout, threshold, inv_keep, _interpret(interpret))[0]
 
 
-def _members_fwd(q, k, v, seeds, layout, threshold, inv_keep, interpret):
-    out, stats = _forward(q, k, v, seeds, layout, threshold, inv_keep, _interpret(interpret))
-    return out, (q, k, v, seeds, out, stats)
+def _members_fwd(qkv, seeds, layout, threshold, inv_keep, interpret):
+    out, stats = _forward(qkv, seeds, layout, threshold, inv_keep, _interpret(interpret))
+    return out, (qkv, seeds, out, stats)
 
 
 def _members_bwd(layout, threshold, inv_keep, interpret, residuals, dout):
-    q, k, v, seeds, out, stats = residuals
+    qkv, seeds, out, stats = residuals
     grads = ()
     for group, lse in zip(_groups(layout), stats):
-        args = [(q, "tile"), (k, "tile"), (v, "tile"), (out, "tile"), (lse, "rows"), (dout, "tile")]
+        args = [(qkv, "q"), (qkv, "k"), (qkv, "v"), (out, "tile"), (lse, "rows"), (dout, "tile")]
         grads = _call(
-            _backward_kernel, "mhjax_attention_bwd", seeds, args, ("tile",) * 3, group, threshold, inv_keep,
+            _backward_kernel, "mhjax_attention_bwd", seeds, args, ("qkv",), group, threshold, inv_keep,
             _interpret(interpret), grads,
         )  # fmt: skip
-    return (*grads, np.zeros(seeds.shape, jax.dtypes.float0))
+    return grads[0], np.zeros(seeds.shape, jax.dtypes.float0)
 
 
 members_attention.defvjp(_members_fwd, _members_bwd)
 
 
-def attention(q, k, v, seeds, heads: int, threshold: int, inv_keep: float, interpret: bool | None = None):
-    """Causal attention of (B, T, D) float32 q, k, v at ``heads`` (static) heads of dim D/heads,
-    dropout seeds (heads, 2) uint32 per head (threshold >= 2^24: no dropout). Returns the
-    (B, T, D) heads' outputs before the output projection: jax_attention's, computed on chip.
-    (members_attention of one member; the added member axis is a free reshape.)"""
-    one = lambda x: x[None]  # noqa: E731
-    return members_attention(one(q), one(k), one(v), one(seeds), ((1, heads),), threshold, inv_keep, interpret)[0]
+def attention(qkv, seeds, heads: int, threshold: int, inv_keep: float, interpret: bool | None = None):
+    """Causal attention of one (B, T, 3D) float32 fused projection at ``heads`` (static) heads
+    of dim D/heads, dropout seeds (heads, 2) uint32 per head (threshold >= 2^24: no dropout).
+    Returns the (B, T, D) heads' outputs before the output projection: jax_attention's,
+    computed on chip (members_attention of one member; the member axis is a free reshape)."""
+    return members_attention(qkv[None], seeds[None], ((1, heads),), threshold, inv_keep, interpret)[0]
 
 
 class KernelCost(NamedTuple):
