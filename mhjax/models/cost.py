@@ -94,11 +94,12 @@ SCORE_ROW = (23.0, 8.0)  # per (b, t, s) per layer, whatever F: the mask and ind
 MIXING = (4.0, 44.0)  # fused only, per score element per layer (FLOPs also x F: the F x F einsum)
 WIDTH, MLP, VOCAB = (127.0, 512.0), (6.4, 58.6), (8.4, 70.6)  # per (b, t) row and unit of D, MLP (per layer), V
 PARAM = (38.0, 99.0)  # per parameter: Adam, the divergence check, gradients
-# Under the Pallas kernel, per (b, t) row and unit of D per layer: WIDTH less what the JAX core's
-# layout changes of q, k, v, its output and their gradients cost, which the kernel, reading and
-# writing them in place, does not (XLA's count of the paper sweep's one_program:pallas, 8 seeds,
-# after issue 29 item 1: 0.834 GB per member-step against 0.975 by the terms above).
-KERNEL_WIDTH = (-20.0, -110.0)
+# Under the Pallas kernel, per (b, t) row and unit of D per layer: WIDTH less what the kernel
+# reads and writes in place that the JAX path copies (its core's layout changes of q, k, v, the
+# output and their gradients; the q/k/v split and the dq/dk/dv concatenation). Fitted on XLA's
+# count of the paper sweep's one_program:pallas, 8 seeds, after issue 29 items 1 and 4: 0.773
+# GB per member-step against 0.975 by the terms above.
+KERNEL_WIDTH = (-26.5, -158.0)
 
 
 class Shape(NamedTuple):
