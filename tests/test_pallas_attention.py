@@ -22,6 +22,7 @@ from mhjax.models import attention, pallas_attention
 
 WIDTH, BATCH, RATE = 64, 2, 0.3
 ON_GPU = jax.default_backend() == "gpu"  # the real Triton lowering: TF32 matmuls (see above)
+INTERPRET = not ON_GPU  # the kernel's static interpret mode (attention_choice.resolve_attention decides it in mhjax)
 VALUE_RTOL, GRAD_RTOL = (2e-3, 2e-3) if ON_GPU else (1e-5, 1e-4)
 GRAD_ATOL = 1e-4 if ON_GPU else 1e-5  # as the CPU kernel's width-64 test: sums of ~100 terms in another order
 
@@ -43,7 +44,7 @@ def _assert_close(a, b):
 
 def _layer_value_and_grad(inputs, heads, length, deterministic, implementation):
     x, params = inputs
-    layer = attention.CausalSelfAttention(WIDTH, heads, RATE, implementation=implementation)
+    layer = attention.CausalSelfAttention(WIDTH, heads, RATE, implementation=implementation, interpret=INTERPRET)
 
     def loss(p, x):
         out, _ = layer.apply({"params": p}, x, None, deterministic, rngs={"dropout": jax.random.PRNGKey(7)})
@@ -74,7 +75,7 @@ def _layout_value_and_grad(inputs, length, deterministic, implementation):
     member losses (as engine.members_step takes it)."""
     x, params = inputs
     members = sum(n for n, _ in LAYOUT)
-    layer = attention.CausalSelfAttention(WIDTH, 16, RATE, LAYOUT, implementation)
+    layer = attention.CausalSelfAttention(WIDTH, 16, RATE, LAYOUT, implementation, INTERPRET)
     heads = jnp.array([h for n, h in LAYOUT for _ in range(n)], jnp.int32)
     stacked = jax.tree_util.tree_map(lambda p: p * (1.0 + 0.1 * jnp.arange(members)).reshape(-1, *[1] * p.ndim), params)
     drops = jax.random.split(jax.random.PRNGKey(5), members)
@@ -113,7 +114,7 @@ def test_members_attention_reads_and_writes_each_group_at_its_offset():
 
     def kernel(q, k, v):  # the kernel reads the fused projection; its gradient comes back as one array
         qkv = jnp.concatenate([q, k, v], axis=-1)
-        return pallas_attention.members_attention(qkv, seeds, layout, threshold, inv_keep, True)
+        return pallas_attention.members_attention(qkv, seeds, layout, threshold, inv_keep, INTERPRET)
 
     def alone(q, k, v):
         each = [
@@ -152,7 +153,7 @@ def test_one_program_layout_has_no_per_group_copies_under_the_kernel(inputs, imp
     outputs or of dq, dk, dv into the projection's gradient (the JAX path has all three)."""
     x, params = inputs
     layout = ((2, 1), (1, 2), (2, 4))
-    layer = attention.CausalSelfAttention(WIDTH, 4, RATE, layout, implementation)
+    layer = attention.CausalSelfAttention(WIDTH, 4, RATE, layout, implementation, INTERPRET)
     heads = jnp.array([h for n, h in layout for _ in range(n)], jnp.int32)
     stacked = jax.tree_util.tree_map(lambda p: jnp.stack([p] * len(heads)), params)
     drops, short = jax.random.split(jax.random.PRNGKey(5), len(heads)), x[:, :8]
@@ -217,7 +218,7 @@ def test_kernel_dropout_keeps_the_jax_paths_elements():
     q = k = jnp.zeros((batch, length, 128))  # uniform causal attention: p_ij = 1 / (i + 1)
     v = jnp.broadcast_to(jnp.eye(length, 128), (batch, length, 128))  # value j = unit vector j
     qkv = jnp.concatenate([q, k, v], axis=-1)
-    out = pallas_attention.attention(qkv, seeds, heads, threshold, inv_keep)[..., :length]
+    out = pallas_attention.attention(qkv, seeds, heads, threshold, inv_keep, INTERPRET)[..., :length]
     keep = attention.dropout_keep(seeds[0], batch, length, threshold)
     expected = jnp.where(keep & jnp.tril(jnp.ones((length, length), bool)), inv_keep, 0.0)
     expected = expected / jnp.arange(1, length + 1)[:, None]
@@ -229,7 +230,7 @@ def test_the_lowerings_constraints_are_checked_before_interpreting():
     seeds = jnp.zeros((2, 2), jnp.uint32)
     too_long = jnp.zeros((1, pallas_attention.MAX_LENGTH + 1, 3 * 32))
     with pytest.raises(ValueError, match="sequence length"):
-        pallas_attention.attention(too_long, seeds, 2, 1 << 24, 1.0)
+        pallas_attention.attention(too_long, seeds, 2, 1 << 24, 1.0, True)
     half = jnp.zeros((1, 8, 3 * 32), jnp.bfloat16)
     with pytest.raises(ValueError, match="float32"):
-        pallas_attention.attention(half, seeds, 2, 1 << 24, 1.0)
+        pallas_attention.attention(half, seeds, 2, 1 << 24, 1.0, True)

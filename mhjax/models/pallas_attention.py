@@ -17,8 +17,9 @@ dimension a power of two and every matmul dimension >= 16, so a program's block 
 only on chip, as masked loads (zeros) and masked stores; the padded key columns and rows
 are removed by the causal mask (a real query i < T sees only keys j <= i < T).
 
-On a CPU the same kernel runs in Pallas interpret mode (how CI tests it); on a GPU matmuls
-use the lowering's default precision (TF32, like XLA's default for fp32 dots).
+On a CPU the same kernel runs in Pallas interpret mode (how CI tests it): ``interpret`` is a
+static argument, decided by models/attention_choice.py for the backend compiled for. On a GPU
+matmuls use the lowering's default precision (TF32, like XLA's default for fp32 dots).
 """
 
 from __future__ import annotations
@@ -179,11 +180,6 @@ def _groups(layout: Layout):
         first += count
 
 
-def _interpret(interpret: bool | None) -> bool:
-    """Pallas interpret mode: given, or where the default backend is a CPU."""
-    return jax.default_backend() == "cpu" if interpret is None else interpret
-
-
 def _forward(qkv, seeds, layout, threshold, inv_keep, interpret):
     args, out, stats = [(qkv, "q"), (qkv, "k"), (qkv, "v")], (), []
     for group in _groups(layout):
@@ -197,7 +193,7 @@ def _forward(qkv, seeds, layout, threshold, inv_keep, interpret):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
-def members_attention(qkv, seeds, layout: Layout, threshold: int, inv_keep: float, interpret: bool | None = None):
+def members_attention(qkv, seeds, layout: Layout, threshold: int, inv_keep: float, interpret: bool):
     """Causal attention of M members from their (M, B, T, 3D) float32 fused projection (q, k
     and v side by side on the last axis, as the model's one matmul writes them), the members
     in ``layout`` groups ((members, heads), ... along the member axis; static), each at its
@@ -205,12 +201,14 @@ def members_attention(qkv, seeds, layout: Layout, threshold: int, inv_keep: floa
     (S >= every head count; threshold >= 2^24: no dropout). Each group's programs read their
     members' blocks where they lie and write the (M, B, T, D) output (and, backward, the one
     (M, B, T, 3D) gradient) in place: no per-group copy, no q/k/v split or concatenation.
-    Returns jax_attention's output of each member at its head count."""
-    return _forward(qkv, seeds, layout, threshold, inv_keep, _interpret(interpret))[0]
+    Returns jax_attention's output of each member at its head count. ``interpret`` (static):
+    Pallas's interpret mode, for a CPU; the caller decides it for the backend it compiles for
+    (attention_choice.resolve_attention), not this process's."""
+    return _forward(qkv, seeds, layout, threshold, inv_keep, interpret)[0]
 
 
 def _members_fwd(qkv, seeds, layout, threshold, inv_keep, interpret):
-    out, stats = _forward(qkv, seeds, layout, threshold, inv_keep, _interpret(interpret))
+    out, stats = _forward(qkv, seeds, layout, threshold, inv_keep, interpret)
     return out, (qkv, seeds, out, stats)
 
 
@@ -221,7 +219,7 @@ def _members_bwd(layout, threshold, inv_keep, interpret, residuals, dout):
         args = [(qkv, "q"), (qkv, "k"), (qkv, "v"), (out, "tile"), (lse, "rows"), (dout, "tile")]
         grads = _call(
             _backward_kernel, "mhjax_attention_bwd", seeds, args, ("qkv",), group, threshold, inv_keep,
-            _interpret(interpret), grads,
+            interpret, grads,
         )  # fmt: skip
     return grads[0], np.zeros(seeds.shape, jax.dtypes.float0)
 
@@ -229,11 +227,12 @@ def _members_bwd(layout, threshold, inv_keep, interpret, residuals, dout):
 members_attention.defvjp(_members_fwd, _members_bwd)
 
 
-def attention(qkv, seeds, heads: int, threshold: int, inv_keep: float, interpret: bool | None = None):
+def attention(qkv, seeds, heads: int, threshold: int, inv_keep: float, interpret: bool):
     """Causal attention of one (B, T, 3D) float32 fused projection at ``heads`` (static) heads
     of dim D/heads, dropout seeds (heads, 2) uint32 per head (threshold >= 2^24: no dropout).
     Returns the (B, T, D) heads' outputs before the output projection: jax_attention's,
-    computed on chip (members_attention of one member; the member axis is a free reshape)."""
+    computed on chip (members_attention of one member; the member axis is a free reshape);
+    ``interpret`` as there."""
     return members_attention(qkv[None], seeds[None], ((1, heads),), threshold, inv_keep, interpret)[0]
 
 

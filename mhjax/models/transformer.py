@@ -39,12 +39,13 @@ class Block(nn.Module):
     dropout_rate: float
     layout: Layout | None = None
     attention: str = "jax"
+    interpret: bool = False
 
     @nn.compact
     def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None):
         h = RMSNorm(name="ln1")(x)
         attn_out, probs = CausalSelfAttention(
-            self.width, self.num_heads, self.dropout_rate, self.layout, self.attention, name="attn"
+            self.width, self.num_heads, self.dropout_rate, self.layout, self.attention, self.interpret, name="attn"
         )(h, heads, deterministic, head_mask)
         x = x + attn_out
         h = RMSNorm(name="ln2")(x)
@@ -61,7 +62,8 @@ class Transformer(nn.Module):
     with fewer, coarser heads in the same program (see attention.py); ``layout`` names the
     program's member groups when the model is vmapped over them (the one_program strategy);
     ``attention`` how the attention core is computed ("jax", "cpu_kernel" or "pallas",
-    models/attention.py), the same function whichever.
+    models/attention.py), the same function whichever, and ``interpret`` whether the Pallas
+    kernel runs in interpret mode (both from attention_choice.resolve_attention).
     ``head_mask`` (L, num_heads) scales each head's output at the input of its layer's output
     projection (head ablation, mhjax.analysis.ablation); None leaves the program as it was.
     """
@@ -75,6 +77,7 @@ class Transformer(nn.Module):
     dropout_rate: float = 0.1
     layout: Layout | None = None
     attention: str = "jax"
+    interpret: bool = False
 
     @nn.compact
     def __call__(self, tokens, heads=None, deterministic: bool = True, return_attention: bool = False, head_mask=None):
@@ -92,6 +95,7 @@ class Transformer(nn.Module):
                 self.dropout_rate,
                 self.layout,
                 self.attention,
+                self.interpret,
                 name=f"block_{layer}",
             )(x, heads, deterministic, None if head_mask is None else head_mask[layer])
             maps.append(probs)

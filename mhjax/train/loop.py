@@ -14,6 +14,7 @@ from mhjax.io.checkpoint import member_key
 from mhjax.io.curves import train_window
 from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.workdir import Workdir
+from mhjax.plotting.images import member_images
 from mhjax.train import ahead, engine
 from mhjax.train.console import Console
 from mhjax.train.interrupt import StopOnSignal
@@ -281,6 +282,8 @@ def _images(experiment, writers, member_states: dict, step: int, log) -> None:
     try:
         for name, images in experiment.images(member_states, step).items():
             writers.images(name, images, step)
+        for name, (attention, combined) in experiment.attention_maps(member_states).items():
+            writers.images(name, member_images(name, attention, combined), step)
         writers.flush()
     except Exception as exc:  # figures must never cost a finished training run
         log(f"tensorboard: end-of-training images skipped ({type(exc).__name__}: {exc})")
