@@ -103,17 +103,14 @@ def run_strategy(config, spec: str, device: cost.Device) -> dict:
     model = None if variant and not kernel else cost.sweep_cost(cost.Shape.of(config), groups, device, kernel=kernel)
     scale = lambda key, unit: None if model is None else model[key] / unit  # noqa: E731
     # XLA's count priced as cost.py prices its own: the kernel's bytes exact, the rest converted
-    # to the compiled GPU program's count (for a JAX-path row, at the model's ratio for this
-    # sweep), dots (the analytic matmuls) at the device's dot rate.
+    # to the compiled GPU program's count (Device.compiled_bytes), dots (the analytic matmuls)
+    # at the device's dot rate.
     kernel_bytes = measured["kernel_bytes_per_member_step"] if kernel else 0.0
     calibrated = None
     if model is not None:
-        rest = (model["compiled_bytes_per_member_step"] - kernel_bytes) / (
-            model["bytes_per_member_step"] - kernel_bytes
-        )
         dots = min(model["dot_flops_per_member_step"], hlo.flops)
-        priced = cost.Cost(hlo.flops, hlo.bytes, dots, 0.0, kernel_bytes)
-        gpu_bytes = (hlo.bytes - kernel_bytes) * rest + kernel_bytes
+        priced = cost.Cost(hlo.flops, hlo.bytes, dots, kernel_bytes)
+        gpu_bytes = cost.device_bytes(priced, device)
         compute, _ = cost.times(priced, device)
         calibrated = {
             "gb_per_member_step": gpu_bytes / 1e9,
