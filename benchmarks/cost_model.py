@@ -103,13 +103,15 @@ def run_strategy(config, spec: str, device: cost.Device) -> dict:
     model = None if variant and not kernel else cost.sweep_cost(cost.Shape.of(config), groups, device, kernel=kernel)
     scale = lambda key, unit: None if model is None else model[key] / unit  # noqa: E731
     # XLA's count priced as cost.py prices its own: the kernel's bytes exact, the rest converted
-    # to the compiled GPU program's count (Device.compiled_bytes), dots (the analytic matmuls)
-    # at the device's dot rate.
+    # to the compiled GPU program's count (Device.compiled_bytes; on the JAX path, all that the
+    # model's rest-of-step terms do not count taken as the attention core's), dots (the analytic
+    # matmuls) at the device's dot rate.
     kernel_bytes = measured["kernel_bytes_per_member_step"] if kernel else 0.0
     calibrated = None
     if model is not None:
         dots = min(model["dot_flops_per_member_step"], hlo.flops)
-        priced = cost.Cost(hlo.flops, hlo.bytes, dots, kernel_bytes)
+        core = 0.0 if kernel else max(0.0, hlo.bytes - model["rest_bytes_per_member_step"])
+        priced = cost.Cost(hlo.flops, hlo.bytes, dots, core, kernel_bytes)
         gpu_bytes = cost.device_bytes(priced, device)
         compute, _ = cost.times(priced, device)
         calibrated = {

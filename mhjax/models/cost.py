@@ -38,7 +38,7 @@ class Device(NamedTuple):
     source: str
     dot_flops: float | None = None  # FLOP/s of fp32 matmuls at the default precision (None: peak_flops)
     effective_bytes_per_s: float | None = None  # calibrated bandwidth (None: hbm_bytes_per_s)
-    # the compiled program's bytes per XLA:CPU byte: (around the Pallas kernel, the JAX path)
+    # the compiled program's bytes per XLA:CPU byte: (the rest of the step, the JAX attention core)
     compiled_bytes: tuple[float, float] = (1.0, 1.0)
 
     def dot_rate(self) -> float:
@@ -49,16 +49,17 @@ class Device(NamedTuple):
 
 
 # Calibration (issue 29). The terms below count what XLA:CPU counts; a GPU's compiled program
-# fuses more and moves fewer bytes, in a ratio that depends on the path (XLA:GPU fuses the JAX
-# core, and the slices and pads around a kernel, far better than XLA:CPU), so one ratio per path,
-# each measured on the code as it is. benchmarks/gpu_bytes.py (deviceless H200 compile, each
+# fuses more and moves fewer bytes, and not in one ratio: XLA:GPU fuses the JAX attention core
+# (and one_program's slices and pads around it) far better than the rest of the step. So two
+# ratios, measured on the code as it is: benchmarks/gpu_bytes.py (deviceless H200 compile, each
 # top-level kernel of the compiled program reading its operands and writing its results once,
 # the Pallas calls at kernel_cost's bytes) against benchmarks/cost_model.py (XLA:CPU), paper
 # config, one_program, per member-step, jax 0.10.2, 2026-12-05:
-#   JAX path:         1.483 GB on the GPU, 2.453 GB by XLA:CPU;
-#   attention=pallas: 0.687 GB on the GPU, 0.773 GB by XLA:CPU, the kernel's 0.063 GB in both.
-GPU_JAX = 1.483 / 2.453  # 0.60
-GPU_AROUND_KERNEL = (0.687 - 0.063) / (0.773 - 0.063)  # 0.88: the step around the Pallas kernel
+#   attention=pallas: 0.687 GB on the GPU, 0.773 GB by XLA:CPU, the kernel's 0.063 GB in both;
+#   JAX path:         1.483 GB on the GPU, 2.453 GB by XLA:CPU, of which the rest of the step
+#                     (WIDTH, MLP, VOCAB, PARAM below) 0.913 GB.
+GPU_REST = (0.687 - 0.063) / (0.773 - 0.063)  # 0.88: the step around the attention core
+GPU_JAX_CORE = (1.483 - GPU_REST * 0.913) / (2.453 - 0.913)  # 0.44: the JAX core with one_program's copies
 # The one device measurement (benchmarks/RESULTS.md, "Cost model"): the JAX path, one_program,
 # the paper sweep, 2,104 member-steps/s on an H200, so 1.483 GB x 2,104/s = 3.12 TB/s moved, 65 %
 # of the 4.8 TB/s peak (the step is many small kernels). The issue's own walk of the same
@@ -81,7 +82,7 @@ DEVICES = {
         "effective on 2,104 member-steps/s measured (models/cost.py, calibration)",
         dot_flops=494.7e12,
         effective_bytes_per_s=H200_EFFECTIVE,
-        compiled_bytes=(GPU_AROUND_KERNEL, GPU_JAX),
+        compiled_bytes=(GPU_REST, GPU_JAX_CORE),
     ),
     # TPUs run fp32 matmuls as bf16 passes at JAX's default precision, so the bf16 MXU peak.
     # Not calibrated: no TPU measurement; XLA:CPU's bytes at the peak bandwidth.
@@ -127,13 +128,14 @@ class Shape(NamedTuple):
 
 
 class Cost(NamedTuple):
-    """Per member-step. ``bytes`` is XLA:CPU's count; of it ``kernel_bytes`` are the Pallas
-    kernel's (exact, counted analytically; 0 on the JAX path); of ``flops``, ``dot_flops``
-    are matmuls."""
+    """Per member-step. ``bytes`` is XLA:CPU's count; of it ``core_bytes`` are the JAX
+    attention core's and ``kernel_bytes`` the Pallas kernel's (exact, counted analytically);
+    of ``flops``, ``dot_flops`` are matmuls."""
 
     flops: float
     bytes: float
     dot_flops: float = 0.0
+    core_bytes: float = 0.0
     kernel_bytes: float = 0.0
 
 
@@ -155,21 +157,20 @@ def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = Fal
     core = [(ATTENTION, elements), (SCORE_ROW, scores)] if not kernel else []
     if mixed:
         core.append(((MIXING[0] * fine, MIXING[1]), elements))
-    flops, nbytes = (sum(c[i] * n for c, n in counts + core) for i in (0, 1))
+    core_bytes = sum(c[1] * n for c, n in core)
+    flops, nbytes = sum(c[0] * n for c, n in counts + core), sum(c[1] * n for c, n in counts) + core_bytes
     if not kernel:
-        return Cost(matmul + flops, nbytes, matmul)
+        return Cost(matmul + flops, nbytes, matmul, core_bytes)
     flops, nbytes = flops + KERNEL_WIDTH[0] * layers * b * t * d, nbytes + KERNEL_WIDTH[1] * layers * b * t * d
     k = kernel_cost(b, t, d, fine)
     kernel_flops, kernel_bytes, kernel_dots = layers * k.flops, layers * k.bytes, layers * k.dot_flops
-    return Cost(matmul + flops + kernel_flops, nbytes + kernel_bytes, matmul + kernel_dots, kernel_bytes)
+    return Cost(matmul + flops + kernel_flops, nbytes + kernel_bytes, matmul + kernel_dots, 0.0, kernel_bytes)
 
 
 def device_bytes(cost: Cost, device: Device) -> float:
     """``cost``'s bytes as the device's compiled program moves them (Device.compiled_bytes)."""
-    around_kernel, jax_path = device.compiled_bytes
-    if cost.kernel_bytes:
-        return (cost.bytes - cost.kernel_bytes) * around_kernel + cost.kernel_bytes
-    return cost.bytes * jax_path
+    rest, core = device.compiled_bytes
+    return (cost.bytes - cost.core_bytes - cost.kernel_bytes) * rest + cost.core_bytes * core + cost.kernel_bytes
 
 
 def times(cost: Cost, device: Device) -> tuple[float, float]:
@@ -196,7 +197,7 @@ def sweep_cost(shape: Shape, programs, device: Device, devices: int = 1, kernel:
     head counts run the Pallas kernel.
     """
     members = sum(n for groups in programs for n, _, _ in groups)
-    flops = nbytes = compiled = dots = seconds = 0.0
+    flops = nbytes = compiled = dots = rest = seconds = 0.0
     states = activations = 0.0
     member_state = 16.0 * shape.params()  # params, gradients, Adam m and v
     bound = {}
@@ -208,6 +209,7 @@ def sweep_cost(shape: Shape, programs, device: Device, devices: int = 1, kernel:
             cost = member_cost(shape, fine, mixed, kernel)
             flops, nbytes = flops + n * cost.flops, nbytes + n * cost.bytes
             compiled, dots = compiled + n * device_bytes(cost, device), dots + n * cost.dot_flops
+            rest += n * (cost.bytes - cost.core_bytes - cost.kernel_bytes)
             compute, memory = times(cost, device)
             bound[fine] = {
                 "compute_s": compute,
@@ -222,6 +224,7 @@ def sweep_cost(shape: Shape, programs, device: Device, devices: int = 1, kernel:
         "flops_per_member_step": flops / members,
         "dot_flops_per_member_step": dots / members,
         "bytes_per_member_step": nbytes / members,
+        "rest_bytes_per_member_step": rest / members,  # of bytes, neither the JAX core's nor the kernel's
         "compiled_bytes_per_member_step": compiled / members,
         "member_steps_per_s": members / seconds,
         "memory_per_device_bytes": states + activations,
