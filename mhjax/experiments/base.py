@@ -14,7 +14,7 @@ import numpy as np
 from mhjax.io.workdir import Workdir
 from mhjax.train.console import SummaryTable
 from mhjax.train.engine import Program, TrainedProgram
-from mhjax.train.sweep import Member
+from mhjax.train.members import Member
 
 STRATEGIES = ("auto", "unrolled", "fused", "grouped", "one_program")  # how the trainer may lay out a sweep
 

@@ -21,7 +21,7 @@ from mhjax.models.attention_choice import JAX, AttentionChoice, resolve_attentio
 from mhjax.models.probe import config_sizes, predict
 from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program, Recipe, Unrolled, recipe_groups
-from mhjax.train.sweep import Member, derive_key, expand, key_names
+from mhjax.train.members import Member, derive_key, expand, key_names
 
 UNROLL_MIN_STEPS, UNROLL_MAX_MEMBERS = 2000, 16  # when `auto` unrolls on a CPU
 EXAMPLE_SEED = 0  # the fixed evaluation sequence of the end-of-training images (numpy: no compile)
