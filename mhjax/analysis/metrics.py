@@ -30,7 +30,7 @@ from mhjax.analysis import ablation, dag, rollout
 from mhjax.config import ConfigError
 from mhjax.data import sequences as seqdata
 from mhjax.data.tasks import Batch, Task, get_task
-from mhjax.io.torch_import import CheckpointFormatError, UnsafeCheckpointError, load_reference_params
+from mhjax.io.released import read_released
 from mhjax.models.probe import forward_fn, model_sizes
 
 DEFAULTS = {"horizon": 100, "max_steps": 100, "include_sink": True, "chain": "reference"}
@@ -345,19 +345,8 @@ def analyze_checkpoint(
     Extra keyword arguments go to :func:`analyze_params`.
     """
     check_task(task)
-    path = str(path)
-    if not os.path.isfile(path):
-        raise ConfigError(f"--torch-checkpoint: no such file: {path}")
-    if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads < 1:
-        raise ConfigError(f"--heads: must be a positive integer, got {heads!r}")
-    try:
-        params, info = load_reference_params(path, num_heads=int(heads))
-    except (CheckpointFormatError, UnsafeCheckpointError) as exc:
-        option = "--heads" if "num_heads" in str(exc) else "--torch-checkpoint"
-        raise ConfigError(f"{option}: {one_line(exc)}") from None
-    sizes = {k: info[k] for k in ("vocab_size", "max_len", "num_layers", "mlp_dim")}
-    sizes["width"] = info["d_model"]
+    params, sizes = read_released(path, heads)
     batch, source = task_sequences(task, sequences, num_sequences, seed, sizes["max_len"], sizes["vocab_size"])
     result = analyze_params(params, int(heads), task, batch, sizes, **kwargs)
-    result = {"source": {"torch_checkpoint": os.path.abspath(path), **source}, **result}
+    result = {"source": {"torch_checkpoint": os.path.abspath(str(path)), **source}, **result}
     return result
