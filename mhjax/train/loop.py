@@ -301,14 +301,12 @@ def _log_chunk(writers, members, idx, metrics, status, step, reported, log):
     diverged, diverged_at, lr = status["diverged"], status["diverged_at"], status.get("learning_rate")
     n = metrics["loss"].shape[0]
     window = train_window(n)
+    ends = [min(end, n) for end in range(window, n + window, window)]
+    means = {f"train/{k}": window_means(v, window, finite_only=k == "loss") for k, v in metrics.items()}
+    means = {"train/loss": means.pop("train/loss"), **means}
     for j, i in enumerate(idx):
-        for end in range(window, n + window, window):
-            rows = slice(end - window, min(end, n))
-            losses = metrics["loss"][rows, j]
-            finite = losses[np.isfinite(losses)]
-            values = {"train/loss": float(finite.mean()) if finite.size else float("nan")}
-            values.update({f"train/{k}": float(np.nanmean(v[rows, j])) for k, v in metrics.items() if k != "loss"})
-            writers.scalars(members[i].name, values, step - n + min(end, n))
+        for w, end in enumerate(ends):
+            writers.scalars(members[i].name, {tag: float(m[w, j]) for tag, m in means.items()}, step - n + end)
         if lr is not None:
             writers.scalars(members[i].name, {"train/learning_rate": float(lr[j])}, step)
         if diverged[j] and i not in reported:
@@ -318,6 +316,37 @@ def _log_chunk(writers, members, idx, metrics, status, step, reported, log):
                 "(non-finite loss or parameters); frozen, others continue"
             )
             writers.text(members[i].name, "status", f"diverged at step {int(diverged_at[j])}", step)
+
+
+def window_means(values, window: int, finite_only: bool):
+    """(windows, members) means of a chunk's (steps, members) rows over consecutive windows of
+    ``window`` steps (the last one may be shorter), skipping NaNs (``finite_only``: infinities too;
+    none left: NaN). Equal bit for bit to a per-member, per-window ``np.nanmean``: each window is
+    one contiguous row, which numpy sums pairwise as it does a 1-D slice."""
+    values = np.asarray(values)
+    n, m = values.shape
+    rows = []
+    for lo, hi in ((0, n - n % window), (n - n % window, n)):  # whole windows, then the short one
+        if hi > lo:
+            block = np.ascontiguousarray(
+                values[lo:hi].reshape(-1, hi - lo if hi - lo < window else window, m).transpose(0, 2, 1)
+            )
+            rows.append(_row_means(block, finite_only))
+    return np.concatenate(rows)
+
+
+def _row_means(block, finite_only: bool):
+    """Means over the last axis of ``block`` skipping what is not kept (np.nanmean's algorithm:
+    zero-filled sum over kept count); rows with a dropped value are recomputed from the kept ones
+    alone when ``finite_only``, as ``finite.mean()`` sums them."""
+    kept = np.isfinite(block) if finite_only else ~np.isnan(block)
+    count = kept.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = (np.where(kept, block, 0).sum(axis=-1) / count).astype(block.dtype)
+    if finite_only:
+        for w, j in zip(*np.nonzero(~kept.all(axis=-1) & (count > 0))):
+            means[w, j] = block[w, j][kept[w, j]].mean()
+    return np.where(count > 0, means, np.nan).astype(block.dtype)
 
 
 def _log_eval(writers, members, evaluation, step):
