@@ -31,7 +31,7 @@ from mhjax.config import ConfigError
 from mhjax.data import sequences as seqdata
 from mhjax.data.tasks import Batch, Task, get_task
 from mhjax.io.released import read_released
-from mhjax.models.probe import forward_fn, model_sizes
+from mhjax.models.probe import model_sizes
 
 DEFAULTS = {"horizon": 100, "max_steps": 100, "include_sink": True, "chain": "reference"}
 _CHAINS = ("reference", "normalized")
@@ -232,7 +232,7 @@ def analyze_params(
     tokens = tokens.astype(np.int32)
     weights = weights.astype(np.float64)  # 0/1 sums are exact: uniform weights give today's plain means
     N, T = tokens.shape
-    forward = forward_fn(
+    forward = ablation.scored_forward_fn(
         sizes["vocab_size"], sizes["max_len"], sizes["width"], sizes["num_layers"], sizes["mlp_dim"], heads
     )
     params = jax.tree_util.tree_map(jnp.asarray, params)
@@ -240,14 +240,17 @@ def analyze_params(
 
     bs = max(1, min(int(batch_size), N))
     correct = np.zeros((N, T), bool)
+    full_totals = np.zeros(2)  # the full model's weighted (loss sum, correct sum), for the ablation
     parts: dict[str, list] = {}
     example = None
     for start in range(0, N, bs):
-        chunk = tokens[start : start + bs]
-        n = chunk.shape[0]
-        if n < bs:  # pad the tail so every call has one shape (one compile)
-            chunk = np.concatenate([chunk, np.repeat(chunk[:1], bs - n, axis=0)])
-        preds, attn = forward(params, chunk)
+        rows = slice(start, start + bs)
+        n = tokens[rows].shape[0]
+        # pad the tail so every call has one shape (one compile); padded rows weigh nothing
+        chunk, chunk_targets = (np.concatenate([a[rows], np.repeat(a[:1], bs - n, axis=0)]) for a in (tokens, targets))
+        chunk_weights = np.concatenate([weights[rows], np.zeros((bs - n, T))]).astype(np.float32)
+        preds, attn, totals = forward(params, chunk, chunk_targets.astype(np.int32), chunk_weights)
+        full_totals += np.asarray(jax.device_get(totals), np.float64)
         correct[start : start + n] = np.asarray(preds)[:n] == targets[start : start + n]
         if keep_attention and example is None:
             example = np.asarray(attn[:, 0])
@@ -260,7 +263,9 @@ def analyze_params(
         for k, v in m.items():
             parts.setdefault(k, []).append(np.asarray(v)[:, :n])
     per = {k: np.concatenate(v, axis=1) for k, v in parts.items()}  # (L, N)
-    full, ablated = ablation.head_ablation(params, heads, tokens, targets, sizes, weights, bs, ablate, np.asarray(beta))
+    full, ablated = ablation.head_ablation(
+        params, heads, tokens, targets, sizes, weights, bs, ablate, np.asarray(beta), full_totals=full_totals
+    )
     rolled, rolled_layers = rollout.rollout_summary(
         {"min": per["rollout_min"], "min_mean_heads": per["rollout_min_mean_heads"]}, per["fidelity"]
     )
