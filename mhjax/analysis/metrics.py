@@ -31,6 +31,7 @@ from mhjax.config import ConfigError
 from mhjax.data import sequences as seqdata
 from mhjax.data.tasks import Batch, Task, get_task
 from mhjax.io.released import read_released
+from mhjax.models.model_config import ModelConfig
 from mhjax.models.probe import model_sizes
 
 DEFAULTS = {"horizon": 100, "max_steps": 100, "include_sink": True, "chain": "reference"}
@@ -232,9 +233,7 @@ def analyze_params(
     tokens = tokens.astype(np.int32)
     weights = weights.astype(np.float64)  # 0/1 sums are exact: uniform weights give today's plain means
     N, T = tokens.shape
-    forward = ablation.scored_forward_fn(
-        sizes["vocab_size"], sizes["max_len"], sizes["width"], sizes["num_layers"], sizes["mlp_dim"], heads
-    )
+    forward = ablation.scored_forward_fn(ModelConfig.from_sizes(sizes), heads)
     params = jax.tree_util.tree_map(jnp.asarray, params)
     beta = jnp.asarray(learned_head_weights(params, heads))  # (L, H)
 
