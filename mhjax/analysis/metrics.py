@@ -19,6 +19,7 @@ input raises :class:`mhjax.config.ConfigError` with a one-line message naming th
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from functools import partial
 
@@ -176,6 +177,20 @@ def check_conventions(horizon, max_steps, include_sink, chain) -> dict:
     }
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AnalysisOptions:
+    """How :func:`analyze_params` measures (the reference conventions by default) and batches."""
+
+    horizon: int = 100
+    max_steps: int = 100
+    include_sink: bool = True
+    chain: str = "reference"
+    batch_size: int = 50
+    keep_attention: bool = False
+    block: int = 8
+    ablate: bool = True
+
+
 def analyze_params(
     params,
     heads: int,
@@ -183,15 +198,9 @@ def analyze_params(
     tokens,
     sizes: dict | None = None,
     *,
-    horizon: int = 100,
-    max_steps: int = 100,
-    include_sink: bool = True,
-    chain: str = "reference",
-    batch_size: int = 50,
-    keep_attention: bool = False,
-    block: int = 8,
-    ablate: bool = True,
+    options: AnalysisOptions | None = None,
     weights=None,
+    **fields,
 ) -> dict:
     """Accuracy and per-layer DAG metrics of one H-head Transformer.
 
@@ -202,6 +211,7 @@ def analyze_params(
       tokens: (N, T) int sequences (targets from the task's ``targets(tokens)``), or a
         :class:`mhjax.data.tasks.Batch` of tokens, targets and weights (its sampler's).
       sizes: model sizes; read off ``params`` when None (:func:`model_sizes`).
+      options: an :class:`AnalysisOptions`; keyword ``fields`` replace some of its fields.
       batch_size: sequences per forward/metrics call (bounds memory).
       keep_attention: also return ``attention`` (L, H, T, T) and ``combined``
         (L, T, T) numpy arrays of sequence 0 (for heatmaps) and ``rollout_sink_row`` (L, T),
@@ -219,7 +229,8 @@ def analyze_params(
     ``ablate``, ``ablation`` and ``accuracy_synergy``), and the conventions used.
     """
     check_task(task)
-    conventions = check_conventions(horizon, max_steps, include_sink, chain)
+    o = dataclasses.replace(options or AnalysisOptions(), **fields)  # an unknown field: TypeError
+    conventions = check_conventions(o.horizon, o.max_steps, o.include_sink, o.chain)
     sizes = dict(sizes or model_sizes(params))
     if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads < 1 or sizes["width"] % heads:
         raise ConfigError(f"--heads: must be a positive divisor of the model width {sizes['width']}, got {heads!r}")
@@ -237,7 +248,7 @@ def analyze_params(
     params = jax.tree_util.tree_map(jnp.asarray, params)
     beta = jnp.asarray(learned_head_weights(params, heads))  # (L, H)
 
-    bs = max(1, min(int(batch_size), N))
+    bs = max(1, min(int(o.batch_size), N))
     correct = np.zeros((N, T), bool)
     full_totals = np.zeros(2)  # the full model's weighted (loss sum, correct sum), for the ablation
     parts: dict[str, list] = {}
@@ -251,19 +262,27 @@ def analyze_params(
         preds, attn, totals = forward(params, chunk, chunk_targets.astype(np.int32), chunk_weights)
         full_totals += np.asarray(jax.device_get(totals), np.float64)
         correct[start : start + n] = np.asarray(preds)[:n] == targets[start : start + n]
-        if keep_attention and example is None:
+        if o.keep_attention and example is None:
             example = np.asarray(attn[:, 0])
         m = jax.device_get(
             layer_metrics(
-                attn, beta, horizon=horizon, max_steps=max_steps, include_sink=include_sink, chain=chain, block=block
+                attn,
+                beta,
+                horizon=o.horizon,
+                max_steps=o.max_steps,
+                include_sink=o.include_sink,
+                chain=o.chain,
+                block=o.block,
             )
         )
-        m.update({f"rollout_{k}": v for k, v in jax.device_get(rollout.sink_rollout(attn, beta, include_sink)).items()})
+        m.update(
+            {f"rollout_{k}": v for k, v in jax.device_get(rollout.sink_rollout(attn, beta, o.include_sink)).items()}
+        )
         for k, v in m.items():
             parts.setdefault(k, []).append(np.asarray(v)[:, :n])
     per = {k: np.concatenate(v, axis=1) for k, v in parts.items()}  # (L, N)
     full, ablated = ablation.head_ablation(
-        params, heads, tokens, targets, sizes, weights, bs, ablate, np.asarray(beta), full_totals=full_totals
+        params, heads, tokens, targets, sizes, weights, bs, o.ablate, np.asarray(beta), full_totals=full_totals
     )
     rolled, rolled_layers = rollout.rollout_summary(
         {"min": per["rollout_min"], "min_mean_heads": per["rollout_min_mean_heads"]}, per["fidelity"]
@@ -303,7 +322,7 @@ def analyze_params(
         "model": sizes,
         "layers": layers,
     }
-    if keep_attention:
+    if o.keep_attention:
         result["attention"] = example  # (L, H, T, T)
         result["combined"] = np.einsum("lh,lhij->lij", beta_np, example)
         result["rollout_sink_row"] = per["rollout_sink_row"].mean(axis=1)
