@@ -1,4 +1,4 @@
-"""train/loop.window_means (the TensorBoard train/... points of a chunk) equals, bit for bit, the
+"""io/curves.window_means (the TensorBoard train/... points of a chunk) equals, bit for bit, the
 per-member, per-window means it replaced: finite losses only, NaN skipped for the other metrics."""
 
 import warnings
@@ -6,7 +6,7 @@ import warnings
 import numpy as np
 import pytest
 
-from mhjax.train.loop import window_means
+from mhjax.io.curves import window_means
 
 
 def reference(values, window, finite_only):
