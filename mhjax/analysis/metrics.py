@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mhjax.analysis import ablation, dag, rollout
+from mhjax.analysis.records import AnalysisOptions, LayerAnalysis, MemberAnalysis
 from mhjax.config import ConfigError
 from mhjax.data import sequences as seqdata
 from mhjax.data.tasks import Batch, Task, get_task
@@ -177,20 +178,6 @@ def check_conventions(horizon, max_steps, include_sink, chain) -> dict:
     }
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class AnalysisOptions:
-    """How :func:`analyze_params` measures (the reference conventions by default) and batches."""
-
-    horizon: int = 100
-    max_steps: int = 100
-    include_sink: bool = True
-    chain: str = "reference"
-    batch_size: int = 50
-    keep_attention: bool = False
-    block: int = 8
-    ablate: bool = True
-
-
 def analyze_params(
     params,
     heads: int,
@@ -201,7 +188,7 @@ def analyze_params(
     options: AnalysisOptions | None = None,
     weights=None,
     **fields,
-) -> dict:
+) -> MemberAnalysis:
     """Accuracy and per-layer DAG metrics of one H-head Transformer.
 
     Args:
@@ -288,7 +275,7 @@ def analyze_params(
         {"min": per["rollout_min"], "min_mean_heads": per["rollout_min_mean_heads"]}, per["fidelity"]
     )
     beta_np = np.asarray(beta)
-    layers = []
+    layers: list[LayerAnalysis] = []
     for l in range(sizes["num_layers"]):
         mix, fid, best = (
             per["mixing_time"][l].astype(np.float64),
@@ -310,7 +297,7 @@ def analyze_params(
                 **(ablated[l] if ablated else {}),
             }
         )
-    result = {
+    result: MemberAnalysis = {
         "heads": heads,
         "task": task,
         "num_sequences": int(N),
