@@ -20,6 +20,7 @@ import numpy as np
 
 from mhjax.analysis.positions import by_position, per_token
 from mhjax.config import ConfigError
+from mhjax.models.model_config import ModelConfig
 from mhjax.models.probe import eval_model
 
 
@@ -68,7 +69,12 @@ def head_mask(heads_off, num_layers: int, heads: int) -> np.ndarray:
 @lru_cache(maxsize=32)
 def forward_fn(vocab_size: int, max_len: int, width: int, num_layers: int, mlp_dim: int, heads: int):
     """jit(params, tokens (N, T), head_mask (L, H)) -> (logits, attention, head outputs, residual)."""
-    model = eval_model(vocab_size, max_len, width, num_layers, mlp_dim, heads)
+    model = eval_model(
+        ModelConfig.from_sizes(
+            dict(vocab_size=vocab_size, max_len=max_len, width=width, num_layers=num_layers, mlp_dim=mlp_dim)
+        ),
+        heads,
+    )
 
     @jax.jit
     def run(params, tokens, mask):
@@ -142,9 +148,7 @@ def forward(params, heads: int, sizes: dict, tokens, targets=None, weights=None,
 
 def apply_fn(sizes: dict, heads: int):
     """A pure ``apply(params, tokens (N, T)) -> logits (N, T, V)``: the eval-mode H-head model."""
-    model = eval_model(
-        sizes["vocab_size"], sizes["max_len"], sizes["width"], sizes["num_layers"], sizes["mlp_dim"], heads
-    )
+    model = eval_model(ModelConfig.from_sizes(sizes), int(heads))
 
     def apply(params, tokens):
         return model.apply({"params": params}, jnp.asarray(tokens, jnp.int32))

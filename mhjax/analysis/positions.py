@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from mhjax.models.model_config import ModelConfig
 from mhjax.models.probe import eval_model
 
 
@@ -38,7 +39,12 @@ def by_position(loss, correct, weights) -> dict[str, list]:
 
 @lru_cache(maxsize=32)
 def _token_fn(vocab_size: int, max_len: int, width: int, num_layers: int, mlp_dim: int, heads: int):
-    model = eval_model(vocab_size, max_len, width, num_layers, mlp_dim, heads)
+    model = eval_model(
+        ModelConfig.from_sizes(
+            dict(vocab_size=vocab_size, max_len=max_len, width=width, num_layers=num_layers, mlp_dim=mlp_dim)
+        ),
+        heads,
+    )
 
     @jax.jit
     def run(params, tokens, targets):

@@ -37,7 +37,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from mhjax.config import CONFIG_MODULE, ConfigError, chained, user_error
+from mhjax.config import CONFIG_MODULE, ConfigError, chained, exec_config_file, user_error
 
 
 class Batch(NamedTuple):
@@ -261,11 +261,8 @@ def restore(recorded: dict, where: str, allow_changed: bool | None = None) -> No
 def _run_config_file(name: str, path: str, where: str) -> None:
     if not os.path.isfile(path):
         raise ConfigError(f"task {name!r}: its config file {path} (recorded in {where}) is gone; {HOW_TO_REGISTER}")
-    loader = importlib.machinery.SourceFileLoader(CONFIG_MODULE, path)
-    spec = importlib.util.spec_from_loader(CONFIG_MODULE, loader)
-    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        exec_config_file(path)
     except ConfigError:
         raise
     except Exception as exc:

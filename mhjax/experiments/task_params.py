@@ -20,7 +20,7 @@ import ml_collections
 from mhjax.config import ConfigError
 from mhjax.data.task_check import check_task
 from mhjax.data.tasks import PARAM_TYPES, Task, get_task
-from mhjax.train.sweep import SHORT, Member, expand
+from mhjax.train.members import SHORT, Member, expand
 
 FIELD = "config.task_params"
 
