@@ -13,7 +13,7 @@ import jax
 
 from mhjax.config import ConfigError, apply_overrides, load_config_file
 from mhjax.experiments import make_experiment
-from mhjax.io import compile_cache
+from mhjax.io import compile_cache, plugin_log
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.results import WriteFailed
 from mhjax.io.workdir import Workdir
@@ -38,6 +38,21 @@ def describe(experiment, backend: str) -> str:
     return "\n".join([header, machine] + experiment.describe(backend))
 
 
+def compile_for_target(args, config) -> int:
+    """``--dry-run --target T``: plan the sweep for T and compile every executable for it."""
+    from mhjax.train import deviceless, target
+
+    if not args.dry_run:
+        raise ConfigError("--target: only with --dry-run (it compiles for a device that is not here; nothing runs)")
+    chosen = target.load(args.target)
+    target.devices(chosen)  # a missing compiler: one line, before anything else
+    experiment = make_experiment(config)
+    print("\n".join(experiment.describe(chosen.backend)))
+    report = deviceless.compile_for(experiment, chosen, log=lambda m: print(m, file=sys.stderr))
+    print("\n".join(deviceless.lines(report, config.model.get("seq_len"))))
+    return 0
+
+
 class _QuietFileHandler(logging.FileHandler):
     def handleError(self, record):  # a full disk loses these logs, not the command's one-line error
         pass
@@ -57,6 +72,8 @@ def library_logs(path: str):
     memory = logging.handlers.MemoryHandler(capacity=1000, flushLevel=logging.CRITICAL + 1, target=file)
     root.addHandler(memory)
     root.setLevel(logging.WARNING)
+    for record in plugin_log.held():  # JAX's plugin errors, kept off the console (io/plugin_log.py)
+        memory.handle(record)
     try:
         yield
     except ConfigError:
@@ -73,6 +90,8 @@ def library_logs(path: str):
 
 def command(args, overrides) -> int:
     config = load_config(args.config, overrides)
+    if args.target:
+        return compile_for_target(args, config)
     if args.coordinator and (args.num_processes is None or args.process_id is None):
         raise ConfigError("--coordinator: needs --num-processes and --process-id")
     if args.num_processes is not None and not (

@@ -33,12 +33,14 @@ def stack_constants(experiment, indices):
 class Sweep:
     """The members' programs, constants and states; usable without the host loop (tests)."""
 
-    def __init__(self, experiment, backend: str | None = None):
+    def __init__(self, experiment, backend: str | None = None, placement: Placement | None = None):
+        """``placement``: where the member axis lives (default: this machine's devices, capped
+        by config.devices); an abstract one (a compile target's) makes constants shapes only."""
         self.experiment = experiment
         backend = backend or jax.default_backend()
         self.programs = experiment.programs(experiment.config.strategy, backend)
         count = int(experiment.config.get("devices", 0) or 0)  # 0: every device
-        self.placement = Placement(jax.devices()[:count] if count else None)
+        self.placement = placement or Placement(jax.devices()[:count] if count else None)
         self.consts = {
             p.name: self.placement.put(stack_constants(experiment, p.members), len(p.members)) for p in self.programs
         }
