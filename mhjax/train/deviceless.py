@@ -69,12 +69,18 @@ def step_bytes(text: str, length: int) -> float:
 
 @contextlib.contextmanager
 def persistent_cache_off():
+    """No persistent cache: every compile is timed for real. JAX decides whether to use the
+    cache once per process, so it is told to decide again on the way in and out."""
+    from jax.experimental.compilation_cache import compilation_cache
+
     saved = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
     try:
         yield
     finally:
         jax.config.update("jax_enable_compilation_cache", saved)
+        compilation_cache.reset_cache()
 
 
 @contextlib.contextmanager
@@ -101,9 +107,10 @@ def compiled_for_device():
         pallas_attention.jax = real
 
 
-def compile_for(experiment, target: targets.Target, log=print) -> Report:
-    """Compile every executable of ``experiment``'s run from step 0 for ``target``; ``log``
-    gets a line as each one starts (compiles of the paper sweep take minutes on 2 cores)."""
+def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, ...] = ()) -> Report:
+    """Compile every executable of ``experiment``'s run from step 0 for ``target`` (``only``:
+    those of these roles, e.g. ("chunk",)); ``log`` gets a line as each one starts (compiles
+    of the paper sweep take minutes on 2 cores)."""
     placement = Placement(targets.devices(target), abstract=True)
     sweep = Sweep(experiment, target.backend, placement)
     config = experiment.config
@@ -113,6 +120,8 @@ def compile_for(experiment, target: targets.Target, log=print) -> Report:
     out = []
     with persistent_cache_off(), compiled_for_device():
         for job in ahead.jobs(sweep, lengths, init=True):
+            if only and job.key[0] not in only:
+                continue
             log(f"compiling {' '.join(str(k) for k in job.key)} for {target.device}")
             executables, seconds, _ = ahead.compile_all([job])
             out.append(_describe(job.key, executables[job.key], seconds, members, config.model.get("seq_len")))

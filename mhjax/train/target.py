@@ -62,12 +62,13 @@ def install_hint() -> str:
 
 
 def compiler_available() -> bool:
-    """Whether JAX's CUDA plugin (the GPU compiler) is installed."""
+    """Whether JAX's CUDA 13 plugin (the GPU compiler) is installed."""
     import importlib.util
 
-    return importlib.util.find_spec("jax_plugins.xla_cuda13") is not None or (
-        importlib.util.find_spec("jax_cuda13_plugin") is not None
-    )
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda13") is not None
+    except ImportError:  # no jax_plugins namespace at all
+        return False
 
 
 def devices(target: Target, count: int = 1) -> list:
