@@ -15,7 +15,6 @@ member-step its top-level kernels move (train/hlo.py), beside models/cost.py's e
 from __future__ import annotations
 
 import contextlib
-import re
 from typing import NamedTuple
 
 import jax
@@ -24,8 +23,6 @@ from mhjax.train import ahead, hlo
 from mhjax.train import target as targets
 from mhjax.train.loop import Sweep
 from mhjax.train.placement import Placement
-
-TRIP_COUNT = re.compile(r'known_trip_count=\{"n":"(\d+)"\}')
 
 
 class Executable(NamedTuple):
@@ -53,18 +50,9 @@ class Report(NamedTuple):
 
 def step_bytes(text: str, length: int) -> float:
     """Bytes one step of a ``length``-step chunk moves: loop bodies counted once per trip
-    (XLA's known trip count), the entry computation once, over ``length`` steps."""
-    comps, entry = hlo.computations(text)
-    trips = {}
-    for line in comps.get(entry, []):
-        for body in re.findall(r"body=(%[\w.\-]+)", line):
-            found = TRIP_COUNT.search(line)
-            trips[body] = int(found.group(1)) if found else length
-    total = 0.0
-    for name in hlo.top_level(comps, entry):
-        single = "\n".join([f"ENTRY {name} {{", *comps[name], "}"])
-        total += hlo.kernel_bytes(single) * trips.get(name, 1)
-    return total / length
+    (XLA's known trip counts, nested loops such as the layers' scan included), the entry
+    computation once, over ``length`` steps."""
+    return hlo.kernel_bytes(text, weighted=True) / length
 
 
 @contextlib.contextmanager

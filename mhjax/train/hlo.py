@@ -3,9 +3,11 @@
 - ``kernel_bytes``: memory traffic as the kernels see it: every instruction of the entry
   computation and of the computations it calls as loop bodies or conditions (not the insides
   of fusions: a fusion moves its operands and its result once) is charged its result's bytes
-  plus its operands' bytes, as XLA's HloCostAnalysis charges an op. Approximate (a fusion that
-  reads a slice of an operand is charged the whole operand). On a GPU target, where
-  ``cost_analysis()`` is None, this is the only count there is.
+  plus its operands' bytes, as XLA's HloCostAnalysis charges an op; a fusion whose root is a
+  dynamic-update-slice (in place) or a dynamic-slice, the slice's bytes only (a scan's
+  stacked buffers). Approximate (another fusion that reads a slice of an operand is charged
+  the whole operand). On a GPU target, where ``cost_analysis()`` is None, this is the only
+  count there is.
 - ``triton_kernels``: the Pallas/Triton kernels in the program, by name.
 - ``square_tensors``: f32 tensors whose last two dimensions are (T, T), i.e. attention maps
   that reached memory (the fused kernel keeps them on chip).
@@ -36,7 +38,7 @@ def type_bytes(type_text: str) -> int:
 
 
 def computations(text: str) -> tuple[dict[str, list[str]], str]:
-    """({computation name: its instruction lines}, the entry computation's name)."""
+    """({computation name: its instruction lines, the root last}, the entry computation's name)."""
     comps, current, entry = {}, None, None
     for line in text.splitlines():
         if line.endswith("{") and not line.startswith(" "):
@@ -46,8 +48,16 @@ def computations(text: str) -> tuple[dict[str, list[str]], str]:
         elif line.startswith("}"):
             current = None
         elif current is not None and " = " in line:
+            root = line.strip().startswith("ROOT ")
             current.append(line.strip().removeprefix("ROOT "))
+            if root:  # the root last (XLA prints it last anyway; ROOT marks it)
+                current.append(current.pop())
     return comps, entry
+
+
+def _root_op(comps: dict[str, list[str]], name: str) -> str:
+    match = INSTRUCTION.match(comps[name][-1].split(" = ", 1)[1]) if comps.get(name) else None
+    return match.group(2) if match else ""
 
 
 def top_level(comps: dict[str, list[str]], entry: str) -> set[str]:
@@ -62,10 +72,33 @@ def top_level(comps: dict[str, list[str]], entry: str) -> set[str]:
     return top
 
 
-def kernels(text: str):
-    """(line, op, bytes moved) of every top-level operation that moves memory."""
+TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')  # a while's backend_config
+
+
+def runs(comps: dict[str, list[str]], entry: str, unknown_trips: int = 1) -> dict[str, int]:
+    """{top-level computation: how many times one run of the program runs it}: a loop body
+    (and condition) once per trip of its loop, XLA's known trip count (``unknown_trips`` where
+    XLA does not know it), times the runs of the computation holding the loop."""
+    out, todo = {}, [(entry, 1)]
+    while todo:
+        name, count = todo.pop()
+        if name not in comps:
+            continue
+        out[name] = out.get(name, 0) + count
+        for line in comps[name]:
+            trips = TRIP_COUNT.search(line)
+            loop = " while(" in line
+            for callee in CALLED.findall(line):
+                todo.append((callee, count * (int(trips.group(1)) if trips else unknown_trips if loop else 1)))
+    return out
+
+
+def kernels(text: str, weighted: bool = False):
+    """(line, op, bytes moved) of every top-level operation that moves memory; ``weighted``:
+    times the runs of its computation (loops' trip counts)."""
     comps, entry = computations(text)
-    for name in top_level(comps, entry):
+    counts = runs(comps, entry) if weighted else dict.fromkeys(top_level(comps, entry), 1)
+    for name, count in counts.items():
         sizes = {}
         for line in comps[name]:
             result, rhs = line.split(" = ", 1)
@@ -77,11 +110,18 @@ def kernels(text: str):
             if op in FREE:
                 continue
             operands = sum(sizes.get(a.strip().split()[-1], 0) for a in args.split(",") if a.strip())
-            yield line, op, sizes[result] + operands
+            moved = sizes[result] + operands
+            fused = re.search(r"calls=(%[\w.\-]+)", line) if op == "fusion" else None
+            root = _root_op(comps, fused.group(1)) if fused else ""
+            if root == "dynamic-update-slice":  # in place: reads and writes the update only
+                moved = 2 * max(operands - sizes[result], 0)
+            elif root == "dynamic-slice":  # reads the slice only
+                moved = 2 * sizes[result]
+            yield line, op, moved * count
 
 
-def kernel_bytes(text: str) -> int:
-    return sum(moved for _, _, moved in kernels(text))
+def kernel_bytes(text: str, weighted: bool = False) -> int:
+    return sum(moved for _, _, moved in kernels(text, weighted))
 
 
 def triton_kernels(text: str) -> Counter:
