@@ -20,11 +20,11 @@ import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mhjax.commands.train import load_config  # noqa: E402
 from mhjax.experiments import make_experiment  # noqa: E402
-from mhjax.models.attention import IMPLEMENTATIONS  # noqa: E402
+from mhjax.models.attention_choice import IMPLEMENTATIONS  # noqa: E402
 from mhjax.train import ahead  # noqa: E402
 from mhjax.train.loop import Sweep  # noqa: E402
+from mhjax.workflows.configs import load_config  # noqa: E402
 
 
 def main() -> None:
@@ -38,7 +38,9 @@ def main() -> None:
     args = parser.parse_args()
     jax.config.update("jax_enable_compilation_cache", False)
     seeds = tuple(int(s) for s in args.seeds.split(","))
-    config = load_config(args.config, {"sweep.seed": seeds, "strategy": args.strategy, "attention": args.attention})
+    config = load_config(
+        args.config, {"sweep.seed": seeds, "strategy": args.strategy, "attention": args.attention}, validate=False
+    )
     sweep = Sweep(make_experiment(config))
     lengths = [int(config.train.chunk_steps)]
     out = {

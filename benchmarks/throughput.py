@@ -162,7 +162,7 @@ def main(argv=None):
         print(f"[{time.perf_counter() - t0:6.0f}s] {msg}", flush=True)
 
     backend = jax.default_backend()
-    attention = SequenceExperiment(make_config(HEADS)).attention(backend)
+    attention = SequenceExperiment(make_config(HEADS)).attention(backend).implementation
     kernel = attention == "cpu_kernel"
     log(
         f"jax {jax.__version__} on {backend} ({len(jax.devices())} device(s)), {os.cpu_count()} cores; "

@@ -1,7 +1,8 @@
 """mhjax: sweeps over the number of attention heads in JAX.
 
 The Python API (imported on first use, so ``import mhjax`` stays fast):
-``load_config``, ``sweep`` (trains; ``mhjax.train`` is the trainer's subpackage), ``load``,
+``load_config``, ``sweep`` (trains; ``mhjax.train`` is the trainer's subpackage), ``compile_for``
+(compiles a sweep for a GPU that is not here), ``load``,
 ``Run``, ``ConfigError``, and tasks as plug-ins: ``task``, ``register_task``, ``registered_tasks``.
 """
 
@@ -10,6 +11,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "load_config": ("mhjax.api", "load_config"),
     "sweep": ("mhjax.api", "sweep"),
+    "compile_for": ("mhjax.api", "compile_for"),
     "load": ("mhjax.api", "load"),
     "Run": ("mhjax.api", "Run"),
     "ConfigError": ("mhjax.config", "ConfigError"),

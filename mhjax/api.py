@@ -12,32 +12,21 @@ import sys
 
 import ml_collections
 
-from mhjax.commands.analyze import analyze_workdir
-from mhjax.commands.configs import CONFIG_DIR
-from mhjax.commands.train import library_logs
-from mhjax.config import ConfigError, apply_overrides, load_config_file
-from mhjax.data import tasks
+from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
 from mhjax.io.lock import WorkdirLock
-from mhjax.io.workdir import Workdir
-from mhjax.train.loop import run
+from mhjax.workflows import target as _target
+from mhjax.workflows.analyze import analyze_workdir
+from mhjax.workflows.configs import load_config as _load_config
+from mhjax.workflows.train import train
+from mhjax.workflows.workdir import open_workdir
 
 
 def load_config(path_or_name, overrides: dict | None = None) -> ml_collections.ConfigDict:
-    """A config file, or a bundled config by name (``"quick"``: configs/quick.py of a checkout),
-    with ``overrides`` {dotted field: value}, e.g. ``{"train.steps": 100, "sweep.heads": (1, 4)}``,
-    validated as on the command line."""
-    path = os.fspath(path_or_name)
-    if not os.path.isfile(path):
-        bundled = os.path.join(CONFIG_DIR, path if path.endswith(".py") else f"{path}.py")
-        if os.path.sep not in path and os.path.isfile(bundled):
-            path = bundled
-    config = load_config_file(path)
-    if overrides:
-        text = {field: value if isinstance(value, str) else repr(value) for field, value in overrides.items()}
-        config = apply_overrides(config, text)
-    make_experiment(config)  # validates, before anything compiles
-    return config
+    """A config file, or a bundled config by name (``"quick"``: configs/quick.py of a checkout;
+    an installed package ships no configs), with ``overrides`` {dotted field: value}, e.g.
+    ``{"train.steps": 100, "sweep.heads": (1, 4)}``, validated as on the command line."""
+    return _load_config(path_or_name, overrides)
 
 
 def sweep(config, workdir, progress: bool = True) -> Run:
@@ -45,29 +34,42 @@ def sweep(config, workdir, progress: bool = True) -> Run:
     ``workdir``, as ``mhjax train --config ... --workdir workdir``; returns its Run."""
     if not isinstance(config, ml_collections.ConfigDict):
         config = load_config(config)
-    experiment = make_experiment(config)
-    workdir = Workdir(os.fspath(workdir))
-    with WorkdirLock(workdir.path, "train", create=True), library_logs(workdir.log_path):
-        run(experiment, workdir, progress=progress, log=lambda message: print(message, file=sys.stderr))
-    return load(workdir.path)
+    workdir = os.fspath(workdir)
+    train(make_experiment(config), workdir, progress=progress, log=lambda message: print(message, file=sys.stderr))
+    return load(workdir)
+
+
+def compile_for(config, target: str = "h200", progress: bool = True):
+    """``mhjax train --config ... --dry-run --target target`` as a function: compile every
+    executable of ``config``'s sweep (a ConfigDict, a path or a bundled name) for ``target``
+    (h200, h100, a100 or a GpuTargetConfig text file) on this machine, nothing run. Returns a
+    report: ``.executables`` (key, seconds, arguments/outputs/temp bytes per device, Triton
+    kernels, f32 (T, T) values, bytes per member-step) and ``.target`` (its memory_bytes).
+    Needs jax[cuda13] at the installed jax version (without it: ConfigError naming the install
+    command); on a machine without a GPU, set JAX_PLATFORMS=cpu before JAX starts."""
+    if not isinstance(config, ml_collections.ConfigDict):
+        config = load_config(config)
+    log = (lambda message: print(message, file=sys.stderr)) if progress else (lambda message: None)
+    return _target.compile_for(config, target, log=log)
 
 
 def load(workdir) -> Run:
-    """The Run trained in ``workdir``; its plug-in tasks are registered again from where
-    W/mhjax.json says they came from (a source that is gone: ConfigError naming it)."""
+    """The Run trained in ``workdir`` (no W/mhjax.json: ConfigError). Its plug-in tasks are
+    registered again, from where W/mhjax.json says they came, only when ``run.analyze()`` needs
+    them (a source that is gone: ConfigError naming it)."""
     return Run(workdir)
 
 
 class Run:
-    """A trained (or training) sweep's workdir, read on demand through its Workdir
-    (mhjax/io/workdir.py: each file read once while unchanged, again once it changed)."""
+    """A trained (or training) sweep's workdir, opened by workflows/workdir.py and read on demand
+    through its Workdir (mhjax/io/workdir.py: each file read once while unchanged, again once it
+    changed); no task code runs until ``analyze``."""
 
     def __init__(self, workdir):
         self.workdir = os.fspath(workdir)
-        self._files = Workdir(self.workdir)
-        metadata = self._files.metadata()
-        self.config = ml_collections.ConfigDict(metadata.get("config", {}))
-        tasks.restore(metadata.get("tasks"), self._files.metadata_path)
+        self._opened = open_workdir(self.workdir)
+        self._files = self._opened.files
+        self.config = self._opened.config  # reads W/mhjax.json: a folder that is not a workdir fails here
 
     def __repr__(self) -> str:
         return f"Run({self.workdir!r})"
@@ -103,7 +105,7 @@ class Run:
         """``mhjax analyze --workdir W`` with its options as keywords (num_sequences, seed,
         sequences, horizon, max_steps, chain, include_sink, batch_size, tensorboard, plot)."""
         with WorkdirLock(self.workdir, "analyze"):
-            result = analyze_workdir(self.workdir, **options)
+            result = analyze_workdir(self._opened, **options)
         return result
 
     def to_pandas(self):

@@ -11,11 +11,11 @@ import pytest
 
 from mhjax.analysis import dag, metrics
 from mhjax.cli import register_analyze as register
-from mhjax.commands import analyze
 from mhjax.commands.analyze import run_analyze
 from mhjax.config import ConfigError
 from mhjax.models import probe
 from mhjax.plotting.images import attention_grid
+from mhjax.workflows import analyze
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -299,7 +299,11 @@ def sweep_workdir(tmp_path_factory):
 
 
 def test_workdir_every_member_and_tensorboard(sweep_workdir, capsys):
+    import ml_collections
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from mhjax.experiments import make_experiment
+    from mhjax.io.workdir import Workdir
 
     rc = cli(["analyze", "--workdir", str(sweep_workdir), "--num-sequences", "3"])
     assert rc == 0, capsys.readouterr().err
@@ -328,6 +332,9 @@ def test_workdir_every_member_and_tensorboard(sweep_workdir, capsys):
         ablated = entry["layers"][0]["ablation"]
         assert all(len(ablated[k]) == entry["heads"] for k in ("loss_without", "accuracy_only"))
         assert "train/loss" in events.Tags()["scalars"]  # same run as training
+        # the HParams metrics the experiment lists are the tags analyze logs (analysis/tags.py)
+        metrics = make_experiment(ml_collections.ConfigDict(Workdir(sweep_workdir).config())).metric_tags()
+        assert metrics and set(metrics) <= set(events.Tags()["scalars"])
     assert (sweep_workdir / "analysis" / "analysis.md").exists()
     assert (sweep_workdir / "analysis" / "analysis.png").exists()
 

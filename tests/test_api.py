@@ -58,3 +58,19 @@ def test_import_mhjax_does_not_import_jax():
     code = "import sys, mhjax; print('jax' in sys.modules, mhjax.__version__)"
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True)
     assert done.stdout.decode().split() == ["False", mhjax.__version__]
+
+
+def test_one_load_config_for_the_command_line_and_the_api(tmp_path, monkeypatch, capsys):
+    """workflows/configs.py: a bundled name resolves on the command line too; where no checkout's
+    configs/ exists (an installed package), the error says that names resolve in a checkout only."""
+    from mhjax import cli
+    from mhjax.workflows import configs
+
+    assert cli.main(["train", "--config", "quick", "--config.sweep.heads=(1,)", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("experiment: sequence, ")
+    by_name, by_path = mhjax.load_config("quick"), mhjax.load_config(os.path.join(ROOT, "configs", "quick.py"))
+    assert by_name.to_dict() == by_path.to_dict()
+    monkeypatch.setattr(configs, "CONFIG_DIR", str(tmp_path / "no-configs"))
+    with pytest.raises(mhjax.ConfigError) as exc:
+        mhjax.load_config("quick")
+    assert str(exc.value) == "--config: file not found: quick (bundled names resolve in a checkout only)"

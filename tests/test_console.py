@@ -20,12 +20,12 @@ import jax
 import pytest
 
 from mhjax import cli
-from mhjax.commands.train import describe
 from mhjax.experiments import make_experiment
 from mhjax.io import compile_cache
 from mhjax.train import ahead, engine
 from mhjax.train.console import Column, Console, SummaryTable, next_commands, summary_lines, terminal_width
 from mhjax.train.loop import run
+from mhjax.workflows.train import describe
 from tests.conftest import config_source, tiny_sequence_config, tiny_train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

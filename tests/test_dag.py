@@ -6,7 +6,7 @@ import pytest
 
 from mhjax.analysis import dag
 from mhjax.analysis.example2 import example2_operators
-from mhjax.commands.example2 import format_example2, run_example2
+from mhjax.workflows.example2 import format_example2, run_example2
 
 
 def random_causal(rng, T, density=0.6):

@@ -8,6 +8,8 @@ writing part of its files."""
 import errno
 import json
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -17,7 +19,7 @@ from mhjax import cli
 from mhjax.io.curves import read_run
 from mhjax.io.tensorboard import MemberWriters
 from mhjax.io.workdir import Workdir
-from tests.errors_common import write_config
+from tests.errors_common import ROOT, write_config
 
 FOUR_STEPS = "c.train = ml_collections.ConfigDict(dict(steps=4, chunk_steps=2, eval_every=0, checkpoint_every=2))"
 
@@ -134,3 +136,53 @@ def test_tensorboard_on_a_full_disk_says_events_are_lost_and_never_stops_the_run
     assert "No space left on device" in lines[0] and list(writers.lost) == ["full"]
     steps, values = read_run(str(tmp_path / "fine"))["train/loss"]  # the other member's run is whole
     assert list(steps) == list(range(200)) and values[-1] == pytest.approx(1 / 200)
+
+
+# A real full disk: a small tmpfs that fills during a checkpoint save. Hundreds of tensorstore
+# writes are in flight when the first one fails; their callbacks must not reach the terminal.
+WIDE = (
+    "c.model = ml_collections.ConfigDict(\n"
+    "    dict(width=64, num_layers=2, mlp_dim=128, vocab_size=256, seq_len=8, dropout=0.1)\n"
+    ")\n"
+    "c.sweep.heads = (1, 4)\n"
+    "c.train = ml_collections.ConfigDict(dict(steps=6, chunk_steps=2, eval_every=2, checkpoint_every=2))"
+)
+
+
+def _mount_tmpfs(where, size: int) -> bool:
+    where.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True)
+    return done.returncode == 0
+
+
+def _train_process(config, workdir):
+    command = [sys.executable, "-m", "mhjax", "train", "--config", config, "--workdir", str(workdir), "--no-progress"]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+def test_a_real_full_disk_is_one_line_on_the_terminal_and_resumes_once_space_is_back(tmp_path):
+    config = write_config(tmp_path / "wide.py", WIDE)
+    reference = _train_process(config, tmp_path / "reference")
+    assert reference.returncode == 0, reference.stderr
+    # Room for everything but half a checkpoint: the reference ends holding two (4 and 6), the
+    # failing run has checkpoint 2 when it saves 4. Sizes as allocated (tmpfs counts whole pages).
+    allocated = lambda d: sum(f.stat().st_blocks * 512 for f in d.rglob("*") if f.is_file())
+    checkpoint = allocated(tmp_path / "reference" / "checkpoints" / "4")
+    size = allocated(tmp_path / "reference") - checkpoint // 2
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, size):
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        failed = _train_process(config, disk / "w")
+        assert failed.returncode == 1, failed.stderr
+        assert "Traceback" not in failed.stderr and "Event loop is closed" not in failed.stderr, failed.stderr[-3000:]
+        errors = [line for line in failed.stderr.splitlines() if line.startswith("mhjax")]
+        assert len(errors) == 1 and "(No space left on device); checkpoint 2 stays the latest" in errors[0], errors
+        assert len(failed.stderr.splitlines()) <= 4, failed.stderr  # compiling ..., compiled ..., the error
+        subprocess.run(["mount", "-o", f"remount,size={64 * 1024 * 1024}", str(disk)], check=True)  # space is back
+        resumed = _train_process(config, disk / "w")
+        assert resumed.returncode == 0, resumed.stderr
+        assert "resuming from checkpoint at step 2" in resumed.stderr
+        assert members(disk / "w") == members(tmp_path / "reference")
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)

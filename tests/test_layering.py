@@ -1,5 +1,5 @@
 """Imports run one way: config, io -> data, models -> analysis -> plotting -> train -> experiments
--> commands -> cli. Every import is read from the source (ast), inside functions too."""
+-> workflows -> commands, api -> cli. Every import is read from the source (ast), inside functions too."""
 
 import ast
 from pathlib import Path
@@ -7,6 +7,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "mhjax"
 LAYERS = {
     "config": 0,
+    "cache_dir": 0,
     "io": 1,
     "data": 2,
     "models": 2,
@@ -14,10 +15,11 @@ LAYERS = {
     "plotting": 4,
     "train": 5,
     "experiments": 6,
-    "commands": 7,
+    "workflows": 7,  # what the entry points do, once: commands and api both call it
+    "commands": 8,
     "api": 8,
-    "cli": 8,
-    "__main__": 9,
+    "cli": 9,
+    "__main__": 10,
 }
 
 
@@ -125,3 +127,59 @@ def test_the_checks_catch_the_old_circle_reintroduced():
 def test_a_same_layer_circle_is_a_cycle():
     edges = {"mhjax.data.a": {"mhjax.models.b"}, "mhjax.models.b": {"mhjax.data.a"}}
     assert upward_edges(edges) == [] and cycles(edges) == [["mhjax.data.a", "mhjax.models.b"]]
+
+
+# Rules beyond the layer order (issue 31): pairs of rooms that must not meet although the order allows it.
+FORBIDDEN = {
+    "models": ("io",),  # a model knows no files: the cache folder is mhjax/cache_dir.py
+    "experiments": ("plotting",),  # an experiment hands data; the trainer and workflows draw it
+}
+# Until issue 32 (the mixture plug-in) decouples the mixture experiment from its figures.
+ALLOWED = {"mhjax.experiments.mixture"}
+MAX_LINES = 400  # each module owns one concern
+LONG_MODULES = {"mhjax.plotting.mixture"}  # split by issue 32
+
+
+def room(module: str) -> str | None:
+    """The top-level folder or module of an mhjax module (None for the package root)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def forbidden_edges(edges: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{source} -> {target}"
+        for source, targets in edges.items()
+        if source not in ALLOWED
+        for target in targets
+        if room(target) in FORBIDDEN.get(room(source), ())
+    )
+
+
+def test_models_import_no_io_and_experiments_no_plotting():
+    assert forbidden_edges(graph()) == []
+
+
+def test_the_forbidden_pairs_are_caught():
+    edges = {"mhjax.models.cpu_attention": {"mhjax.io.compile_cache"}, "mhjax.experiments.x": {"mhjax.plotting.y"}}
+    assert forbidden_edges(edges) == [
+        "mhjax.experiments.x -> mhjax.plotting.y",
+        "mhjax.models.cpu_attention -> mhjax.io.compile_cache",
+    ]
+
+
+def test_no_module_over_400_lines():
+    long = {
+        module_name(p): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES and module_name(p) not in LONG_MODULES
+    }
+    assert long == {}
+
+
+def test_the_two_entry_points_meet_in_workflows_only():
+    """The command line's commands and the Python API share one layer below them (workflows/):
+    neither imports the other."""
+    edges = graph()
+    assert not [t for t in edges["mhjax.api"] if t.startswith("mhjax.commands")]
+    assert not [t for s, ts in edges.items() if s.startswith("mhjax.commands") for t in ts if t == "mhjax.api"]

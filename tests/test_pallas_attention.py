@@ -22,6 +22,7 @@ from mhjax.models import attention, pallas_attention
 
 WIDTH, BATCH, RATE = 64, 2, 0.3
 ON_GPU = jax.default_backend() == "gpu"  # the real Triton lowering: TF32 matmuls (see above)
+INTERPRET = not ON_GPU  # the kernel's static interpret mode (attention_choice.resolve_attention decides it in mhjax)
 VALUE_RTOL, GRAD_RTOL = (2e-3, 2e-3) if ON_GPU else (1e-5, 1e-4)
 GRAD_ATOL = 1e-4 if ON_GPU else 1e-5  # as the CPU kernel's width-64 test: sums of ~100 terms in another order
 
@@ -43,7 +44,7 @@ def _assert_close(a, b):
 
 def _layer_value_and_grad(inputs, heads, length, deterministic, implementation):
     x, params = inputs
-    layer = attention.CausalSelfAttention(WIDTH, heads, RATE, implementation=implementation)
+    layer = attention.CausalSelfAttention(WIDTH, heads, RATE, implementation=implementation, interpret=INTERPRET)
 
     def loss(p, x):
         out, _ = layer.apply({"params": p}, x, None, deterministic, rngs={"dropout": jax.random.PRNGKey(7)})
@@ -74,7 +75,7 @@ def _layout_value_and_grad(inputs, length, deterministic, implementation):
     member losses (as engine.members_step takes it)."""
     x, params = inputs
     members = sum(n for n, _ in LAYOUT)
-    layer = attention.CausalSelfAttention(WIDTH, 16, RATE, LAYOUT, implementation)
+    layer = attention.CausalSelfAttention(WIDTH, 16, RATE, LAYOUT, implementation, INTERPRET)
     heads = jnp.array([h for n, h in LAYOUT for _ in range(n)], jnp.int32)
     stacked = jax.tree_util.tree_map(lambda p: p * (1.0 + 0.1 * jnp.arange(members)).reshape(-1, *[1] * p.ndim), params)
     drops = jax.random.split(jax.random.PRNGKey(5), members)
@@ -148,7 +149,7 @@ def test_kernel_dropout_keeps_the_jax_paths_elements():
     seeds = attention.coarse_seeds(jax.random.PRNGKey(9), heads)
     q = k = jnp.zeros((batch, length, 128))  # uniform causal attention: p_ij = 1 / (i + 1)
     v = jnp.broadcast_to(jnp.eye(length, 128), (batch, length, 128))  # value j = unit vector j
-    out = pallas_attention.attention(q, k, v, seeds, heads, threshold, inv_keep)[..., :length]
+    out = pallas_attention.attention(q, k, v, seeds, heads, threshold, inv_keep, INTERPRET)[..., :length]
     keep = attention.dropout_keep(seeds[0], batch, length, threshold)
     expected = jnp.where(keep & jnp.tril(jnp.ones((length, length), bool)), inv_keep, 0.0)
     expected = expected / jnp.arange(1, length + 1)[:, None]
@@ -160,7 +161,7 @@ def test_the_lowerings_constraints_are_checked_before_interpreting():
     seeds = jnp.zeros((2, 2), jnp.uint32)
     too_long = jnp.zeros((1, pallas_attention.MAX_LENGTH + 1, 32))
     with pytest.raises(ValueError, match="sequence length"):
-        pallas_attention.attention(too_long, too_long, too_long, seeds, 2, 1 << 24, 1.0)
+        pallas_attention.attention(too_long, too_long, too_long, seeds, 2, 1 << 24, 1.0, True)
     half = jnp.zeros((1, 8, 32), jnp.bfloat16)
     with pytest.raises(ValueError, match="float32"):
-        pallas_attention.attention(half, half, half, seeds, 2, 1 << 24, 1.0)
+        pallas_attention.attention(half, half, half, seeds, 2, 1 << 24, 1.0, True)

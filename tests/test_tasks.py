@@ -49,8 +49,10 @@ def test_copy_cycle_zero_train_eval_and_analysis_numbers_are_the_recorded_ones(s
     member_states = sweep.member_states(states)
     for i, member in enumerate(experiment.members):
         want = recorded[member.name]
-        assert losses[member.name] == want["losses"], member.name
-        assert evaluation[i] == {"eval_loss": want["eval_loss"], "eval_accuracy": want["eval_accuracy"]}
+        np.testing.assert_allclose(losses[member.name], want["losses"], rtol=RECORDED_RTOL, err_msg=member.name)
+        assert evaluation[i]["eval_loss"] == pytest.approx(want["eval_loss"], rel=RECORDED_RTOL), member.name
+        # 8 held-out sequences of 8 tokens: two tokens of slack
+        assert evaluation[i]["eval_accuracy"] == pytest.approx(want["eval_accuracy"], abs=2 / 64), member.name
         if "analysis" in want:  # the same numbers from given tokens and from the task's sampler
             sizes = config_sizes(config.model)
             batch, _ = task_sequences(member["task"], None, 6, 0, 8, 16)
@@ -58,7 +60,24 @@ def test_copy_cycle_zero_train_eval_and_analysis_numbers_are_the_recorded_ones(s
                 res = analyze_params(member_states[member.name].params, member["heads"], member["task"], tokens, sizes)
                 got = {k: res[k] for k in ("accuracy", "accuracy_excluding_first")}
                 got.update({k: res["layers"][0][k] for k in ("mixing_time_mean", "fidelity_pct_mean")})
-                assert got == want["analysis"], member.name
+                assert_close_to_recorded_analysis(got, want["analysis"], member.name)
+
+
+# XLA's CPU code depends on the processor: numbers recorded on one machine come out an ulp or so
+# apart on another (issue 31 item 0 saw 3.1243786811828613 against 3.1243784427642822 on an AMD
+# EPYC), and six Adam steps can grow that. Same-machine comparisons (resume, a member alone) keep
+# exact tolerances in their own tests.
+RECORDED_RTOL = 1e-5
+
+
+def assert_close_to_recorded_analysis(got: dict, want: dict, name: str):
+    """Analysis numbers against the recorded ones: accuracies within two tokens (6 sequences of 8
+    tokens; 7 per sequence without the first), mixing time and fidelity to rel 1e-4 (they go
+    through matrix powers of the attention, which amplify an ulp)."""
+    assert got["accuracy"] == pytest.approx(want["accuracy"], abs=2 / 48), name
+    assert got["accuracy_excluding_first"] == pytest.approx(want["accuracy_excluding_first"], abs=2 / 42), name
+    for key in ("mixing_time_mean", "fidelity_pct_mean"):
+        assert got[key] == pytest.approx(want[key], rel=1e-4), (name, key)
 
 
 # --------------------------------------------------------------------------- #

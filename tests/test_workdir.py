@@ -127,7 +127,7 @@ def test_report_with_a_broken_metadata_file_names_it(trained, tmp_path, capsys):
 
 
 def test_a_report_reads_each_file_once(trained, tmp_path, monkeypatch):
-    from mhjax.commands.report import write_report
+    from mhjax.workflows.report import write_report
 
     _, workdir = trained
     copy = tmp_path / "w"
@@ -211,7 +211,7 @@ def test_a_held_workdir_reads_a_file_again_once_it_changed(trained, tmp_path):
 def test_a_report_goes_on_without_a_members_tensorboard_run(trained, tmp_path):
     """A member whose TensorBoard writer could not open its folder (io/tensorboard.py goes on
     without it) has no curves in the report; the report is still written."""
-    from mhjax.commands.report import write_report
+    from mhjax.workflows.report import write_report
 
     _, workdir = trained
     copy = tmp_path / "w"
@@ -221,3 +221,31 @@ def test_a_report_goes_on_without_a_members_tensorboard_run(trained, tmp_path):
     shutil.rmtree(wd.run_dir(name))
     assert wd.has_curves() and not wd.has_curves(name)
     assert os.path.isfile(write_report(wd)["md"])
+
+
+def test_an_opened_workdir_reads_results_curves_and_params_without_its_task_code(trained, tmp_path):
+    """workflows/workdir.py: a plug-in task's source gone, mhjax.load and every reader still work;
+    only what needs the task (the experiment, analyze) names it, in one line."""
+    import mhjax
+    from mhjax.workflows.workdir import open_workdir
+
+    _, workdir = trained
+    copy = tmp_path / "w"
+    shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns(Workdir.LOCK))
+    meta = json.loads((copy / Workdir.METADATA).read_text())
+    gone = str(tmp_path / "gone_task.py")
+    meta["tasks"] = {"gone_task": {"module": "gone_task_module", "function": "f", "file": gone}}
+    (copy / Workdir.METADATA).write_text(json.dumps(meta))
+    run = mhjax.load(copy)
+    assert run.member_names == ["copy-h2-s0"] and run.results[0]["task"] == "copy"
+    assert run.config.model.width == meta["config"]["model"]["width"] and run.analysis is None
+    assert jax.tree_util.tree_leaves(run.params("copy-h2-s0")) and "train/loss" in run.curves("copy-h2-s0")
+    message = f"task 'gone_task': its module gone_task_module ({gone}, recorded in {copy / Workdir.METADATA}) is gone"
+    with pytest.raises(ConfigError) as exc:
+        open_workdir(copy).experiment()
+    assert str(exc.value) == message
+    with pytest.raises(ConfigError) as exc:
+        run.analyze(num_sequences=2, plot=False, tensorboard=False)
+    assert str(exc.value) == message
+    with pytest.raises(ConfigError, match="has no mhjax.json"):
+        _ = open_workdir(tmp_path).config

@@ -1,202 +1,18 @@
-"""`mhjax analyze`: DAG metrics of a released checkpoint or of every member of a trained sweep.
-
-The metrics themselves are in :mod:`mhjax.analysis.metrics`; this module finds the models
-(the safe torch reader, a workdir's latest checkpoint), writes analysis.json/.md/.png and logs
-to the members' TensorBoard runs."""
+"""`mhjax analyze`: DAG metrics of a released checkpoint or of every member of a trained sweep
+(mhjax/workflows/analyze.py); this module checks the options and prints the summary."""
 
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
-from typing import Any
 
-import ml_collections
-
-from mhjax.analysis.metrics import analyze_checkpoint, analyze_params, one_line, task_sequences
 from mhjax.config import ConfigError
 from mhjax.data import tasks
-from mhjax.experiments import make_experiment
 from mhjax.io import compile_cache
 from mhjax.io.lock import WorkdirLock
-from mhjax.io.results import write_json, write_text
-from mhjax.io.tensorboard import log_to_run
-from mhjax.io.workdir import Workdir, analysis_paths
-from mhjax.models.probe import config_sizes
-from mhjax.plotting.analysis import format_analysis, plot_analysis
-from mhjax.plotting.images import attention_grid, sink_row_image
+from mhjax.io.workdir import Workdir
 from mhjax.plotting.style import heads_label
-from mhjax.train.engine import unstack
-from mhjax.train.loop import Sweep
-
-
-def analyze_torch_checkpoint(
-    path,
-    heads: int,
-    task: str,
-    out=None,
-    sequences=None,
-    num_sequences: int = 50,
-    seed: int = 0,
-    *,
-    plot: bool = True,
-    **kwargs,
-) -> dict:
-    """:func:`mhjax.analysis.metrics.analyze_checkpoint`, and ``out/analysis.{json,md,png}`` if ``out``."""
-    result = analyze_checkpoint(path, heads, task, sequences, num_sequences, seed, **kwargs)
-    if out is not None:
-        result["files"] = write_analysis(out, result, plot=plot)
-    return result
-
-
-def _workdir_sweep(workdir: Workdir):
-    """(experiment, Sweep, latest step, states) restored from a trained sweep workdir."""
-    try:
-        config = ml_collections.ConfigDict(workdir.config())
-    except (TypeError, AttributeError) as exc:
-        raise ConfigError(f"--workdir: {workdir.metadata_path} is unreadable ({type(exc).__name__})") from None
-    tasks.restore(workdir.metadata().get("tasks"), workdir.metadata_path)  # plug-in tasks, from where they came
-    experiment = make_experiment(config)
-    if not experiment.analyzable:
-        raise ConfigError(f"--workdir: analyze needs a sequence sweep; {workdir} holds a {experiment.kind!r} sweep")
-    if not workdir.has_checkpoints():
-        raise ConfigError(f"--workdir: {workdir} has no {os.path.basename(workdir.checkpoints_dir)}/; train it first")
-    checkpointer = workdir.checkpointer()
-    try:
-        step = checkpointer.latest_step()
-        if step is None:
-            raise ConfigError(f"--workdir: {workdir} has no checkpoint yet; train it first")
-        sweep = Sweep(experiment)
-        states, _ = sweep.restore(checkpointer, step)
-        return experiment, sweep, step, states
-    except ConfigError as exc:
-        raise ConfigError(f"--workdir: {one_line(exc)}") from None
-    finally:
-        checkpointer.close()
-
-
-def member_params(sweep, states) -> dict[int, Any]:
-    """Member index -> its own (unstacked) param tree."""
-    return unstack(sweep.programs, {name: state.params for name, state in states.items()})
-
-
-def analyze_workdir(
-    workdir,
-    out=None,
-    sequences=None,
-    num_sequences: int = 50,
-    seed: int = 0,
-    *,
-    tensorboard: bool = True,
-    plot: bool = True,
-    log=None,
-    **kwargs,
-) -> dict:
-    """Analyse every member of a trained sequence sweep (latest checkpoint).
-
-    Writes ``out/analysis.{json,md,png}`` (default ``out = W/analysis``) with one
-    object per member under ``"members"`` (keyed by member name), and, unless
-    ``tensorboard=False``, logs ``analysis/...`` scalars and per-layer attention
-    heatmaps (all heads + the combined operator, evaluation sequence 0) to each
-    member's run ``W/tb/<member>`` at the checkpoint's step.
-    """
-    workdir = Workdir.of(workdir)
-    experiment, sweep, step, states = _workdir_sweep(workdir)
-    m = experiment.config.model
-    batches = {}  # {task: (its evaluation Batch, source)}
-    sizes = config_sizes(m)
-    member_states = sweep.member_states(states)
-    members = {}
-    for member in experiment.members:
-        state = member_states[member.name]
-        if member["task"] not in batches:
-            batches[member["task"]] = task_sequences(
-                member["task"], sequences, num_sequences, seed, m.seq_len, m.vocab_size
-            )
-        batch, source = batches[member["task"]]
-        res = analyze_params(
-            state.params, member["heads"], member["task"], batch, sizes, keep_attention=tensorboard, **kwargs
-        )
-        attention, combined = res.pop("attention", None), res.pop("combined", None)
-        sink_rows = res.pop("rollout_sink_row", None)
-        entry = {
-            "name": member.name,
-            **{k: v for k, v in member.hparams.items()},
-            "status": "diverged" if bool(state.diverged) else "ok",
-            **res,
-        }
-        members[member.name] = entry
-        if log is not None:
-            log(f"{member.name}: accuracy {res['accuracy']:.4f}")
-        if tensorboard:
-            scalars, images = _tensorboard_entry(entry, attention, combined)
-            scalars.update(_head_scalars(entry))
-            if sink_rows is not None:
-                images["analysis/rollout/sink_row"] = sink_row_image(sink_rows)
-            log_to_run(workdir.run_dir(member.name), scalars, images, step)
-    result = {
-        "workdir": os.path.abspath(workdir.path),
-        "step": int(step),
-        "source": source if batches else None,
-        "conventions": next(iter(members.values()))["conventions"] if members else None,
-        "members": members,
-    }
-    out = workdir.analysis_dir if out is None else str(out)
-    result["files"] = write_analysis(out, result, plot=plot)
-    return result
-
-
-def _tensorboard_entry(entry: dict, attention, combined) -> tuple[dict, dict]:
-    """(scalars ``analysis/accuracy``, ``analysis/layer{l}/...``; heatmaps ``analysis/attention/layer{l}``)."""
-    scalars = {
-        "analysis/accuracy": entry["accuracy"],
-        "analysis/accuracy_excluding_first": entry["accuracy_excluding_first"],
-    }
-    images = {}
-    for layer in entry["layers"]:
-        l = layer["layer"]
-        for key, tag in (
-            ("mixing_time_mean", "mixing_time"),
-            ("mixing_time_std", "mixing_time_std"),
-            ("fidelity_pct_mean", "fidelity_pct"),
-            ("fidelity_pct_std", "fidelity_pct_std"),
-            ("best_single_fidelity_pct_mean", "best_single_fidelity_pct"),
-            ("combined_beats_best_share", "combined_beats_best_share"),
-        ):
-            scalars[f"analysis/layer{l}/{tag}"] = layer[key]
-        if attention is not None:
-            images[f"analysis/attention/layer{l}"] = attention_grid(
-                attention[l], None if combined is None else combined[l]
-            )
-    return scalars, images
-
-
-def _head_scalars(entry: dict) -> dict:
-    """Head ablation and rollout scalars: ``analysis/loss``, ``analysis/rollout_min``,
-    ``analysis/layer{l}/rollout_min`` and ``analysis/layer{l}/accuracy_synergy`` (when ablated)."""
-    scalars = {"analysis/loss": entry["loss"], "analysis/rollout_min": entry["rollout_min"]}
-    for layer in entry["layers"]:
-        for key in ("rollout_min", "rollout_fidelity_spearman", "accuracy_synergy"):
-            if layer.get(key) is not None:
-                scalars[f"analysis/layer{layer['layer']}/{key}"] = layer[key]
-    return scalars
-
-
-def write_analysis(out, result: dict, plot: bool = True) -> dict[str, str]:
-    """Write ``analysis.json``, ``analysis.md`` and (``plot``) ``analysis.png`` under ``out``."""
-    out = Path(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--out: cannot create {out} ({type(exc).__name__}: {one_line(exc)})") from None
-    files = analysis_paths(out)
-    if not plot:
-        del files["png"]
-    write_json(files["json"], {**{k: v for k, v in result.items() if k != "files"}, "files": files})
-    write_text(files["md"], format_analysis(result))
-    if plot:
-        plot_analysis(result, files["png"])
-    return files
+from mhjax.workflows.analyze import analyze_torch_checkpoint, analyze_workdir, held_out_note, sequences_text
 
 
 def _run(args) -> int:
@@ -254,28 +70,6 @@ def _run(args) -> int:
         print(held_out_note(workdir))
     print("wrote " + ", ".join(result["files"].values()))
     return 0
-
-
-def sequences_text(source: dict, count: int, length: int, drawn: bool = False) -> str:
-    """Which sequences the accuracy and metrics are measured on, in words; ``drawn``: some task
-    samples its own sequences (not random tokens with targets read from them)."""
-    if source.get("sequences") == "random":
-        if drawn:
-            return f"{count} sequences of length {length} drawn by each task's sampler (--seed {source.get('seed')})"
-        return f"{count} random sequences of length {length} (--seed {source.get('seed')})"
-    if source.get("sequences") == "array":
-        return f"{count} given sequences of length {length}"
-    return f"the {count} sequences of length {length} in {source.get('sequences')}"
-
-
-def held_out_note(workdir: Workdir) -> str:
-    """Why these accuracies differ from train's eval_accuracy (results.json, report)."""
-    data = Workdir.of(workdir).config().get("data", {})
-    held_out = f"{data['num_eval']} sequences" if "num_eval" in data else "sequences"
-    return (
-        f"train's eval_accuracy ({Workdir.RESULTS}, report) is the same token accuracy on the run's own held-out set, "
-        f"{held_out} per task and seed: other samples, so the numbers differ a little"
-    )
 
 
 def run_analyze(args) -> int:

@@ -79,6 +79,12 @@ class Experiment:
         ``member_states`` maps member names to their own host MemberState."""
         return {}
 
+    def attention_maps(self, member_states: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """{member name: (every head's attention (L, H, T, T), the combined operator (L, T, T))}
+        on a fixed sequence, which the trainer draws into the member's TensorBoard run at the end
+        of training (plotting/images.member_images): data only, an experiment draws nothing."""
+        return {}
+
     def summary_table(self) -> SummaryTable | None:
         """The table `mhjax train` prints at the end: rows over the experiment's own swept
         fields, columns the final results averaged over each row's seeds; None: no table."""

@@ -11,14 +11,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from mhjax.analysis import tags
 from mhjax.analysis.metrics import learned_head_weights
 from mhjax.data import sequences, tasks
 from mhjax.experiments.base import Experiment
-from mhjax.experiments.sequence_config import validate
+from mhjax.experiments.sequence_config import requested_attention, validate
 from mhjax.models import Transformer, cost, count_params, flops
-from mhjax.models.attention import resolve_implementation
+from mhjax.models.attention_choice import JAX, AttentionChoice, resolve_attention
 from mhjax.models.probe import config_sizes, predict
-from mhjax.plotting.images import attention_grid, diffusion_image
 from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program, Recipe, Unrolled, recipe_groups
 from mhjax.train.sweep import Member, derive_key, expand, key_names
@@ -39,12 +39,21 @@ class SequenceRecipe(Recipe):
     traced constant (fine heads summed per coarse head, models/attention.py). With a
     ``layout`` (the program's (members, heads) groups) the vmapped model runs each group's
     attention at its static head count, and the engine takes gradients outside the vmap.
-    ``attention``: the attention core's implementation (models/attention.py)."""
+    ``attention``: what computes the attention core (models/attention_choice.py)."""
 
-    def __init__(self, config, fine_heads: int, static_heads: bool, layout=None, attention: str = "jax"):
+    def __init__(self, config, fine_heads: int, static_heads: bool, layout=None, attention: AttentionChoice = JAX):
         m, d = config.model, config.data
         self.model = Transformer(
-            m.vocab_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, fine_heads, m.dropout, layout, attention
+            m.vocab_size,
+            m.seq_len,
+            m.width,
+            m.num_layers,
+            m.mlp_dim,
+            fine_heads,
+            m.dropout,
+            layout,
+            attention.implementation,
+            attention.interpret,
         )
         self.static_heads = static_heads
         self.vmap_inside_grad = layout is not None
@@ -174,17 +183,19 @@ class SequenceExperiment(Experiment):
             for h, idx in self._by_heads().items()
         ]
 
-    def attention(self, backend: str) -> str:
-        """The attention implementation config.attention selects on ``backend``."""
-        return resolve_implementation(self.config.get("attention", "auto"), backend, self.config.model.seq_len)
+    def attention(self, backend: str) -> AttentionChoice:
+        """What config.attention runs on ``backend`` (this process's or a target's), and why."""
+        return resolve_attention(requested_attention(self.config), backend, self.config.model.seq_len)
 
     def attention_used(self, backend: str) -> str:
-        """What computes the attention core of this sweep's programs: the kernel serves static
-        head counts only, so ``fused`` over several head counts keeps the JAX path."""
-        strategy = self.auto_strategy(backend) if self.config.strategy == "auto" else self.config.strategy
-        attention = self.attention(backend)
-        mixed = strategy == "fused" and len({m["heads"] for m in self.members}) > 1
-        return "jax" if attention == "pallas" and mixed else attention
+        """What computes the attention core of this sweep's programs: ``fused`` over several
+        head counts traces them (AttentionChoice.core)."""
+        mixed = self.resolved_strategy(backend) == "fused" and len({m["heads"] for m in self.members}) > 1
+        return self.attention(backend).core(traced_heads=mixed)
+
+    def resolved_strategy(self, backend: str, devices: int | None = None) -> str:
+        """config.strategy, with ``auto`` resolved for ``backend`` (auto_strategy)."""
+        return self.auto_strategy(backend, devices) if self.config.strategy == "auto" else self.config.strategy
 
     def results_fields(self, backend: str) -> dict:
         return {"attention": self.attention_used(backend)}
@@ -192,11 +203,11 @@ class SequenceExperiment(Experiment):
     def _kernel_priced(self, backend: str) -> bool:
         """Whether the cost model prices static head counts at the Pallas kernel's cost: on a
         CPU it predicts for an H200, so for what a GPU would run."""
-        choice = self.config.get("attention", "auto")
+        choice = requested_attention(self.config)
         if choice == "cpu_kernel":
             return False
         target = "gpu" if backend == "cpu" else backend
-        return resolve_implementation(choice, target, self.config.model.seq_len) == "pallas"
+        return resolve_attention(choice, target, self.config.model.seq_len).implementation == "pallas"
 
     def _by_heads(self) -> dict[int, list[int]]:
         """{head count: member indices}, head counts ascending, indices in member order."""
@@ -255,18 +266,17 @@ class SequenceExperiment(Experiment):
     def estimate_lines(self, backend: str) -> list[str]:
         """The dry run's cost lines: an estimate for this machine where models/cost.py has a
         preset for its backend; else a prediction for one H200, labelled as such."""
-        config, work = self.config, self.config.train.steps * len(self.members)
+        work = self.config.train.steps * len(self.members)
         if backend in cost.BACKEND_DEVICE:
             devices = self._devices()
-            strategy = self.auto_strategy(backend) if config.strategy == "auto" else config.strategy
-            p = self.predict(strategy, backend, devices)
+            p = self.predict(self.resolved_strategy(backend), backend, devices)
             where = f"this machine ({devices} x {backend}, priced as {devices} x {p['device'].name})"
             return [f"estimate for {where}, roofline of models/cost.py: " + _figures(p, work)]
         backends = {}
         for b, d in sorted(cost.BACKEND_DEVICE.items()):
             backends.setdefault(cost.DEVICES[d].name, []).append(b)
         presets = " and ".join(f"{'/'.join(b)} ({name})" for name, b in backends.items())
-        strategy = self.auto_strategy("gpu", 1) if config.strategy == "auto" else config.strategy
+        strategy = self.resolved_strategy("gpu", 1)
         p = self.predict(strategy, "gpu", 1)
         return [
             f"estimate for this machine ({backend}): none (models/cost.py has presets for {presets})",
@@ -296,16 +306,11 @@ class SequenceExperiment(Experiment):
         )
 
     def metric_tags(self) -> list[str]:
-        tags = ["analysis/accuracy", "analysis/loss", "analysis/rollout_min"]  # logged by `mhjax analyze --workdir W`
-        for layer in range(int(self.config.model.num_layers)):
-            tags += [f"analysis/layer{layer}/mixing_time", f"analysis/layer{layer}/fidelity_pct"]
-            tags += [f"analysis/layer{layer}/accuracy_synergy", f"analysis/layer{layer}/rollout_min"]
-        return tags
+        return tags.hparams_metrics(int(self.config.model.num_layers))  # logged by `mhjax analyze --workdir W`
 
-    def images(self, member_states: dict, step: int) -> dict:
-        """Per member, on one fixed evaluation sequence: every head's attention and the combined
-        operator per layer (``attention/layer{l}``), and the signal reaching the sink after t steps
-        of the combined operator (``diffusion/sink_signal``)."""
+    def attention_maps(self, member_states: dict) -> dict:
+        """Per member, on one fixed evaluation sequence: every head's attention (L, H, T, T) and
+        the combined operator (L, T, T) per layer, drawn by the trainer (plotting/images.py)."""
         m = self.config.model
         tokens = np.random.default_rng(EXAMPLE_SEED).integers(0, m.vocab_size, size=(1, m.seq_len), dtype=np.int32)
         sizes = config_sizes(m)
@@ -315,12 +320,7 @@ class SequenceExperiment(Experiment):
             _, attn = predict(params, member["heads"], tokens, sizes)
             attention = np.asarray(attn[:, 0], np.float64)  # (L, H, T, T)
             combined = np.einsum("lh,lhij->lij", learned_head_weights(params, member["heads"]), attention)
-            images = {
-                f"attention/layer{layer}": attention_grid(attention[layer], combined[layer])
-                for layer in range(attention.shape[0])
-            }
-            images["diffusion/sink_signal"] = diffusion_image(combined, member.name)
-            out[member.name] = images
+            out[member.name] = (attention, combined)
         return out
 
     def describe(self, backend: str) -> list[str]:
@@ -329,14 +329,13 @@ class SequenceExperiment(Experiment):
         m, d = config.model, config.data
         programs = self.programs(config.strategy, backend)
         strategy = (
-            config.strategy if config.strategy != "auto" else f"auto ({self.auto_strategy(backend)} on {backend})"
+            config.strategy if config.strategy != "auto" else f"auto ({self.resolved_strategy(backend)} on {backend})"
         )
         lines = [
             f"strategy: {strategy} -> {len(programs)} program(s): "
             + ", ".join(f"{p.name} ({len(p.members)} members)" for p in programs),
             *self.estimate_lines(backend),
-            f"attention: {self.attention_used(backend)} (config.attention={config.get('attention', 'auto')} "
-            f"on {backend})",
+            f"attention: {self.attention_used(backend)} (config.attention={requested_attention(config)} on {backend})",
         ]
         step_flops = flops.train_step_flops(d.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, m.vocab_size)
         lines.append(f"{'member':<24} {'params':>9} {'GFLOP/step':>11} {'est. memory':>12}")

@@ -8,7 +8,15 @@ import math
 from mhjax import config as cfg
 from mhjax.data import sequences, tasks
 from mhjax.experiments.base import STRATEGIES
-from mhjax.models.attention import IMPLEMENTATIONS
+from mhjax.models.attention_choice import AUTO, IMPLEMENTATIONS
+
+# Optional fields: what a config without them runs with.
+DEFAULTS = {"attention": AUTO}
+
+
+def requested_attention(config) -> str:
+    """config.attention, or its default."""
+    return config.get("attention", DEFAULTS["attention"])
 
 
 def validate(config) -> None:
@@ -24,7 +32,7 @@ def validate(config) -> None:
     if config.train.steps > 2**31 - 1:  # the per-member step counter is int32
         raise cfg.ConfigError(f"config.train.steps: must be at most {2**31 - 1}, got {config.train.steps}")
     cfg.require_choice(config, "strategy", STRATEGIES)
-    if "attention" in config:  # optional: configs without it run "auto"
+    if "attention" in config:  # optional: configs without it run DEFAULTS["attention"]
         cfg.require_choice(config, "attention", IMPLEMENTATIONS)
     cfg.require_nonneg_int(config, "seed")
     if config.seed >= 2**32:  # PRNGKey keeps only 32 bits here: 2**32 would silently equal seed 0

@@ -7,6 +7,7 @@ same step directory, the host records (train/records.py).
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import shutil
 import sys
@@ -50,6 +51,7 @@ class SweepCheckpointer:
         if records is not None:
             items[RECORDS] = ocp.args.JsonSave(records)
         previous = self.latest_step()
+        _quiet_abandoned_io()  # before the save starts: a failed write's callbacks fire at once
         _remove_failed_save(self.directory, step)  # an earlier failed save of this step: its leftovers
         try:
             self.manager.save(step, args=ocp.args.Composite(**items), force=True)
@@ -87,7 +89,7 @@ class SweepCheckpointer:
     def restore_raw(self, step: int):
         """Checkpoint ``step``'s tree as saved (numpy leaves), read without a template."""
         where = os.path.join(self.directory, str(step))
-        _quiet_abandoned_reads()
+        _quiet_abandoned_io()
         try:
             return self.manager.restore(step, args=ocp.args.Composite(default=ocp.args.StandardRestore()))["default"]
         except Exception as exc:
@@ -98,7 +100,7 @@ class SweepCheckpointer:
         """Restore into the structure/shapes of abstract_tree; a mismatch is a one-line ConfigError."""
         target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, abstract_tree)
         where = os.path.join(self.directory, str(step))
-        _quiet_abandoned_reads()
+        _quiet_abandoned_io()
         try:  # the stored tree's paths, shapes and dtypes (JSON metadata; nothing is unpickled)
             stored = ocp.StandardCheckpointHandler().metadata(epath.Path(where) / "default")
             stored = getattr(stored, "tree", stored)
@@ -156,27 +158,48 @@ def _loop_closed(exc) -> bool:
     return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
 
 
-def _quiet_abandoned_reads() -> None:
-    """After a failed read, tensorstore still completes the read's other in-flight requests
-    and hands them to the asyncio loop orbax has already closed; each reports "Event loop is
-    closed" from a callback thread (as an unraisable exception, or through sys.excepthook or
-    threading.excepthook, depending on the thread), i.e. a traceback on stderr around our
-    one-line error. They are harmless: drop exactly those and pass everything else on.
-    Installed before a restore starts, since the callbacks may fire before the error surfaces."""
+_logged_closed_loop = threading.Event()
+
+
+def _log_closed_loop() -> None:
+    """One line in mhjax.log (the library's log) for the first of them; the rest are the same."""
+    if not _logged_closed_loop.is_set():
+        _logged_closed_loop.set()
+        logging.getLogger(__name__).warning(
+            "checkpoint I/O: tensorstore callbacks of a failed read or write found orbax's event loop "
+            "closed (harmless; later ones are dropped without a record)"
+        )
+
+
+def _quiet_abandoned_io() -> None:
+    """After a failed read or write (a full disk: hundreds of tensorstore writes in flight),
+    tensorstore still completes the operation's other requests and hands them to the asyncio loop
+    orbax has already closed; each reports "Event loop is closed" from a callback thread (as an
+    unraisable exception, or through sys.excepthook or threading.excepthook, depending on the
+    thread): on a 12 MB tmpfs, over a thousand tracebacks on stderr around our one-line error.
+    They are harmless: drop exactly those (one record in the log) and pass everything else on.
+    Installed before a restore or save starts, since the callbacks may fire before the error
+    surfaces."""
     if getattr(sys.unraisablehook, "_mhjax_quiet", False):
         return
     unraisable, excepthook, thread_hook = sys.unraisablehook, sys.excepthook, threading.excepthook
 
     def quiet_unraisable(info):
-        if not _loop_closed(info.exc_value):
+        if _loop_closed(info.exc_value):
+            _log_closed_loop()
+        else:
             unraisable(info)
 
     def quiet_excepthook(kind, exc, tb):
-        if not _loop_closed(exc):
+        if _loop_closed(exc):
+            _log_closed_loop()
+        else:
             excepthook(kind, exc, tb)
 
     def quiet_thread_hook(args):
-        if not _loop_closed(args.exc_value):
+        if _loop_closed(args.exc_value):
+            _log_closed_loop()
+        else:
             thread_hook(args)
 
     quiet_unraisable._mhjax_quiet = True

@@ -20,13 +20,7 @@ import os
 
 import jax
 
-ENV = "MHJAX_CACHE_DIR"
-
-
-def cache_root() -> str:
-    """mhjax's per-user cache folder (also where models/cpu_attention.py builds its kernel)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.environ.get(ENV) or os.path.join(base, "mhjax")
+from mhjax.cache_dir import ENV, cache_root
 
 
 def configure() -> str | None:

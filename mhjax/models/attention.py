@@ -14,8 +14,9 @@ Two ways to run H heads at width D:
   core at its own STATIC head count: a 1-head member pays for one (B, T, T) map, not F,
   while everything else in the model stays one vmapped copy (layout_attention).
 
-Three implementations of the same function (``implementation``, from config.attention
-through resolve_implementation; tested equal, values and gradients):
+Three implementations of the same function (``implementation`` and the Pallas kernel's
+``interpret``, from config.attention through attention_choice.resolve_attention; tested equal,
+values and gradients):
 - "cpu_kernel", a fused C++ kernel (cpu_attention.py): each (row, head) is done in L1 with
   no T x T tensor stored, and the head count is a runtime argument, so a member on fine
   heads costs what one at its static head count does;
@@ -38,7 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
-from mhjax.config import ConfigError
+from mhjax.models.attention_choice import core_for
 from mhjax.models.dropout_hash import dropout_threshold, hash_keep
 
 Layout = tuple[tuple[int, int], ...]  # (members, heads) per group, in member-axis order
@@ -78,37 +79,6 @@ def head_groups(heads, num_fine: int):
     return jnp.arange(num_fine) // group_size
 
 
-# config.attention: how the attention core is computed (not what: every choice computes the
-# same function, tested). "auto": the C++ kernel on a CPU (faster than XLA's batched matmuls at
-# every head dim, benchmarks/RESULTS.md) when it builds, the Pallas kernel on a GPU, JAX else.
-IMPLEMENTATIONS = ("auto", "jax", "cpu_kernel", "pallas")
-
-
-def resolve_implementation(choice: str, backend: str, length: int) -> str:
-    """The implementation ``config.attention = choice`` runs on ``backend`` for sequences of
-    ``length``: "jax", "cpu_kernel" or "pallas" (on a CPU, Pallas runs in interpret mode)."""
-    from mhjax.models import cpu_attention, pallas_attention
-
-    fits = length <= pallas_attention.MAX_LENGTH
-    if choice == "auto":
-        if backend == "cpu":
-            return "cpu_kernel" if cpu_attention.available() else "jax"
-        return "pallas" if backend == "gpu" and fits else "jax"
-    if choice not in IMPLEMENTATIONS:
-        raise ConfigError(f"config.attention: must be one of {', '.join(IMPLEMENTATIONS)}; got {choice!r}")
-    if choice == "cpu_kernel" and not (backend == "cpu" and cpu_attention.available()):
-        raise ConfigError(
-            f"config.attention: cpu_kernel runs on a CPU with a C++ compiler (here: backend {backend}); "
-            "use auto, jax or pallas"
-        )
-    if choice == "pallas" and (backend not in ("cpu", "gpu") or not fits):
-        raise ConfigError(
-            f"config.attention: pallas runs on a GPU (or a CPU, interpreted) for model.seq_len <= "
-            f"{pallas_attention.MAX_LENGTH} (backend {backend}, seq_len {length}); use auto or jax"
-        )
-    return choice
-
-
 def dropout_keep(seed, batch: int, length: int, threshold: int):
     """(B, T, T) bool keep mask of one coarse head from its seed; the same hash as the C++
     kernel: mix(seed, b * T + i, j)."""
@@ -141,7 +111,8 @@ class CausalSelfAttention(nn.Module):
     num_heads: int  # fine heads F in this program (static)
     dropout_rate: float = 0.0
     layout: Layout | None = None  # the program's member groups (the one_program strategy)
-    implementation: str = "jax"  # "jax", "cpu_kernel" or "pallas" (resolve_implementation)
+    implementation: str = "jax"  # "jax", "cpu_kernel" or "pallas" (attention_choice.resolve_attention)
+    interpret: bool = False  # the Pallas kernel in interpret mode (a CPU; resolve_attention decides)
 
     @nn.compact
     def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None, dropout_key=None):
@@ -166,18 +137,20 @@ class CausalSelfAttention(nn.Module):
         else:
             seeds, threshold, inv_keep = jnp.zeros((fine, 2), jnp.uint32), 1 << 24, 1.0
         probs = attention_probs(q, k, fine, heads)
-        if self.implementation == "cpu_kernel":  # head counts may be traced: the kernel takes them at run time
+        # a layout runs each group at its static head count: only a plain traced count is traced
+        implementation = core_for(self.implementation, traced_heads=heads is not None and self.layout is None)
+        if implementation == "cpu_kernel":  # head counts may be traced: the kernel takes them at run time
             from mhjax.models import cpu_attention
 
             count = jnp.full((1,), fine if heads is None else heads, jnp.int32)
             out = cpu_attention.attention(q, k, v, count, seeds, threshold, inv_keep)
         elif self.layout is not None:
-            kernel = self.implementation == "pallas"
+            kernel = self.interpret if implementation == "pallas" else None
             out = layout_attention(self.layout, q, k, v, fine, heads, seeds, threshold, inv_keep, kernel)
-        elif self.implementation == "pallas" and heads is None:  # a traced head count (fused) stays on JAX
+        elif implementation == "pallas":
             from mhjax.models import pallas_attention
 
-            out = pallas_attention.attention(q, k, v, seeds, fine, threshold, inv_keep)
+            out = pallas_attention.attention(q, k, v, seeds, fine, threshold, inv_keep, self.interpret)
         else:
             out, probs = jax_attention(q, k, v, fine, heads, seeds, threshold, inv_keep)
         if head_mask is not None:
@@ -186,13 +159,14 @@ class CausalSelfAttention(nn.Module):
 
 
 def layout_attention(
-    layout: Layout, q, k, v, fine: int, heads, seeds, threshold: int, inv_keep: float, kernel: bool = False
+    layout: Layout, q, k, v, fine: int, heads, seeds, threshold: int, inv_keep: float, kernel: bool | None = None
 ):
     """jax_attention's output for one member, which under vmap over a program's members runs
     group by group at static head counts: group g's members (consecutive on the member axis)
     at ``layout[g][1]`` heads with the dropout seeds of those coarse heads, so every member
-    computes what plain attention at its own head count does (tested); with ``kernel``, each
-    group runs the Pallas kernel (pallas_attention) at its head count. Reverse mode
+    computes what plain attention at its own head count does (tested); with ``kernel`` not None,
+    each group runs the Pallas kernel (pallas_attention) at its head count, in interpret mode if
+    ``kernel`` is True. Reverse mode
     differentiates a custom_vmap function only from outside the vmap (neither inside it nor
     unbatched): such a model's gradient is taken of the summed member losses
     (engine.members_step); for one member alone, use the plain model at its head count."""
@@ -202,10 +176,10 @@ def layout_attention(
         return jax_attention(q, k, v, fine, heads, seeds, threshold, inv_keep)[0]
 
     def static(q, k, v, seeds, h):
-        if kernel:
+        if kernel is not None:
             from mhjax.models import pallas_attention
 
-            return pallas_attention.attention(q, k, v, seeds[:h], h, threshold, inv_keep)
+            return pallas_attention.attention(q, k, v, seeds[:h], h, threshold, inv_keep, kernel)
         return jax_attention(q, k, v, h, None, seeds[:h], threshold, inv_keep)[0]
 
     @core.def_vmap

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
-from mhjax.io import compile_cache
+from mhjax.cache_dir import cache_root
 
 SOURCE = Path(__file__).with_name("_attention_cpu.cc")
 FORWARD, BACKWARD = "mhjax_attention_fwd", "mhjax_attention_bwd"
@@ -43,7 +43,7 @@ def _cpu_signature() -> str:
 
 
 def _cache_dir() -> Path:
-    return Path(compile_cache.cache_root())
+    return Path(cache_root())
 
 
 def _flags() -> list[str]:

@@ -14,8 +14,9 @@ dimension a power of two and every matmul dimension >= 16, so a program's block 
 only on chip, as masked loads (zeros) and masked stores; the padded key columns and rows
 are removed by the causal mask (a real query i < T sees only keys j <= i < T).
 
-On a CPU the same kernel runs in Pallas interpret mode (how CI tests it); on a GPU matmuls
-use the lowering's default precision (TF32, like XLA's default for fp32 dots).
+On a CPU the same kernel runs in Pallas interpret mode (how CI tests it): ``interpret`` is a
+static argument, decided by models/attention_choice.py for the backend compiled for. On a GPU
+matmuls use the lowering's default precision (TF32, like XLA's default for fp32 dots).
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def _backward_kernel(
     plgpu.store(dk_ref, pl.dot(ds, q, trans_a=True), mask=tile)
 
 
-def _call(kernel, name, seeds, args, outs, heads, threshold, inv_keep):
+def _call(kernel, name, seeds, args, outs, heads, threshold, inv_keep, interpret):
     """pallas_call of ``kernel`` over a (batch, heads) grid. seeds (H, 2) uint32; args and outs
     are (array, kind) and kinds: 'tile' a (B, T, D) array (viewed as (B, T, H, D/H)), 'rows'
     (B, H, T) row statistics."""
@@ -134,34 +135,38 @@ def _call(kernel, name, seeds, args, outs, heads, threshold, inv_keep):
         out_specs=[specs[kind] for kind in outs],
         out_shape=[jax.ShapeDtypeStruct(shapes[kind], jnp.float32) for kind in outs],
         compiler_params=plgpu.CompilerParams(num_warps=8 if rows >= 128 else 4, num_stages=1),
-        interpret=jax.default_backend() == "cpu",
+        interpret=interpret,
         name=name,
     )(seeds, *(x.reshape(shapes[kind]) for x, kind in args))
     return [r.reshape(batch, length, width) if kind == "tile" else r for r, kind in zip(results, outs)]
 
 
-def _forward(q, k, v, seeds, heads, threshold, inv_keep):
+def _forward(q, k, v, seeds, heads, threshold, inv_keep, interpret):
     args = [(q, "tile"), (k, "tile"), (v, "tile")]
-    return _call(_forward_kernel, "mhjax_attention_fwd", seeds, args, ("tile", "rows"), heads, threshold, inv_keep)
+    outs = ("tile", "rows")
+    return _call(_forward_kernel, "mhjax_attention_fwd", seeds, args, outs, heads, threshold, inv_keep, interpret)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def attention(q, k, v, seeds, heads: int, threshold: int, inv_keep: float):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def attention(q, k, v, seeds, heads: int, threshold: int, inv_keep: float, interpret: bool):
     """Causal attention of (B, T, D) float32 q, k, v at ``heads`` (static) heads of dim D/heads,
     dropout seeds (heads, 2) uint32 per head (threshold >= 2^24: no dropout). Returns the
-    (B, T, D) heads' outputs before the output projection: jax_attention's, computed on chip."""
-    return _forward(q, k, v, seeds, heads, threshold, inv_keep)[0]
+    (B, T, D) heads' outputs before the output projection: jax_attention's, computed on chip.
+    ``interpret`` (static): Pallas's interpret mode, for a CPU; the caller decides it for the
+    backend it compiles for (attention_choice.resolve_attention), not this process's."""
+    return _forward(q, k, v, seeds, heads, threshold, inv_keep, interpret)[0]
 
 
-def _attention_fwd(q, k, v, seeds, heads, threshold, inv_keep):
-    out, lse = _forward(q, k, v, seeds, heads, threshold, inv_keep)
+def _attention_fwd(q, k, v, seeds, heads, threshold, inv_keep, interpret):
+    out, lse = _forward(q, k, v, seeds, heads, threshold, inv_keep, interpret)
     return out, (q, k, v, seeds, out, lse)
 
 
-def _attention_bwd(heads, threshold, inv_keep, residuals, dout):
+def _attention_bwd(heads, threshold, inv_keep, interpret, residuals, dout):
     q, k, v, seeds, out, lse = residuals
     args = [(q, "tile"), (k, "tile"), (v, "tile"), (out, "tile"), (lse, "rows"), (dout, "tile")]
-    dq, dk, dv = _call(_backward_kernel, "mhjax_attention_bwd", seeds, args, ("tile",) * 3, heads, threshold, inv_keep)
+    statics = (heads, threshold, inv_keep, interpret)
+    dq, dk, dv = _call(_backward_kernel, "mhjax_attention_bwd", seeds, args, ("tile",) * 3, *statics)
     return dq, dk, dv, np.zeros(seeds.shape, jax.dtypes.float0)
 
 

@@ -40,6 +40,7 @@ class Block(nn.Module):
     dropout_rate: float
     layout: Layout | None = None
     attention: str = "jax"
+    interpret: bool = False
 
     @nn.compact
     def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None, keys=None):
@@ -48,7 +49,7 @@ class Block(nn.Module):
         attn_key, mlp_key = (None, None) if keys is None else keys
         h = RMSNorm(name="ln1")(x)
         attn_out, probs = CausalSelfAttention(
-            self.width, self.num_heads, self.dropout_rate, self.layout, self.attention, name="attn"
+            self.width, self.num_heads, self.dropout_rate, self.layout, self.attention, self.interpret, name="attn"
         )(h, heads, deterministic, head_mask, attn_key)
         x = x + attn_out
         h = RMSNorm(name="ln2")(x)
@@ -65,7 +66,8 @@ class Transformer(nn.Module):
     with fewer, coarser heads in the same program (see attention.py); ``layout`` names the
     program's member groups when the model is vmapped over them (the one_program strategy);
     ``attention`` how the attention core is computed ("jax", "cpu_kernel" or "pallas",
-    models/attention.py), the same function whichever.
+    models/attention.py), the same function whichever, and ``interpret`` whether the Pallas
+    kernel runs in interpret mode (both from attention_choice.resolve_attention).
     ``head_mask`` (L, num_heads) scales each head's output at the input of its layer's output
     projection (head ablation, mhjax.analysis.ablation); None leaves the program as it was.
     """
@@ -79,10 +81,20 @@ class Transformer(nn.Module):
     dropout_rate: float = 0.1
     layout: Layout | None = None
     attention: str = "jax"
+    interpret: bool = False
     scan_layers: bool = True
 
     def _block(self, **kwargs) -> Block:
-        return Block(self.width, self.num_heads, self.mlp_dim, self.dropout_rate, self.layout, self.attention, **kwargs)
+        return Block(
+            self.width,
+            self.num_heads,
+            self.mlp_dim,
+            self.dropout_rate,
+            self.layout,
+            self.attention,
+            self.interpret,
+            **kwargs,
+        )
 
     def _scanned(self, x, heads, deterministic: bool, head_mask, return_attention: bool):
         """The blocks as ONE layer in a lax.scan over their stacked parameters: XLA compiles one

@@ -111,3 +111,12 @@ def diffusion_image(combined: np.ndarray, title: str = "", horizon: int = HORIZO
     image = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
     plt.close(fig)
     return image
+
+
+def member_images(name: str, attention: np.ndarray, combined: np.ndarray) -> dict[str, np.ndarray]:
+    """A member's end-of-training images from Experiment.attention_maps: every head's attention
+    and the combined operator per layer (``attention/layer{l}``), and the signal reaching the sink
+    after t steps of the combined operator (``diffusion/sink_signal``)."""
+    images = {f"attention/layer{l}": attention_grid(attention[l], combined[l]) for l in range(len(attention))}
+    images["diffusion/sink_signal"] = diffusion_image(combined, name)
+    return images

@@ -46,6 +46,7 @@ class Report(NamedTuple):
     description: str  # ahead.describe's line
     executables: list[Executable]
     estimate_bytes: float | None  # models/cost.py's bytes per member-step, where the experiment has it
+    length: int | None  # model.seq_len, where the experiment has one: the (T, T) maps looked for
 
 
 def step_bytes(text: str, length: int) -> float:
@@ -71,49 +72,27 @@ def persistent_cache_off():
         compilation_cache.reset_cache()
 
 
-@contextlib.contextmanager
-def compiled_for_device():
-    """The Pallas kernel lowered for the device (Triton), not interpreted: pallas_attention
-    asks jax.default_backend(), which is cpu in a deviceless compile.
-    TEMPORARY until the attention resolver passes interpret mode as a static argument."""
-    from mhjax.models import pallas_attention
-
-    real = pallas_attention.jax
-
-    class _Device:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        @staticmethod
-        def default_backend():
-            return "gpu"
-
-    pallas_attention.jax = _Device()
-    try:
-        yield
-    finally:
-        pallas_attention.jax = real
-
-
 def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, ...] = ()) -> Report:
     """Compile every executable of ``experiment``'s run from step 0 for ``target`` (``only``:
     those of these roles, e.g. ("chunk",)); ``log`` gets a line as each one starts (compiles
     of the paper sweep take minutes on 2 cores)."""
     placement = Placement(targets.devices(target), abstract=True)
+    # Planned for the target's backend: attention=auto resolves to what a GPU runs, the Pallas
+    # kernel lowered through Triton (interpret=False: models/attention_choice.py).
     sweep = Sweep(experiment, target.backend, placement)
     config = experiment.config
     lengths = ahead.chunk_lengths(0, config.train.steps, config.train.chunk_steps)
     description = ahead.describe(sweep, lengths, init=True)
     members = {p.name: len(p.members) for p in sweep.programs}
     out = []
-    with persistent_cache_off(), compiled_for_device():
+    with persistent_cache_off():
         for job in ahead.jobs(sweep, lengths, init=True):
             if only and job.key[0] not in only:
                 continue
             log(f"compiling {' '.join(str(k) for k in job.key)} for {target.device}")
             executables, seconds, _ = ahead.compile_all([job])
             out.append(_describe(job.key, executables[job.key], seconds, members, config.model.get("seq_len")))
-    return Report(target, description, out, _estimate(experiment, sweep))
+    return Report(target, description, out, _estimate(experiment, sweep), config.model.get("seq_len"))
 
 
 def _describe(key, executable, seconds: float, members: dict, length) -> Executable:
@@ -139,10 +118,8 @@ def _estimate(experiment, sweep) -> float | None:
     predict = getattr(experiment, "predict", None)
     if predict is None:
         return None
-    strategy = experiment.config.strategy
-    if strategy == "auto":
-        strategy = experiment.auto_strategy("gpu", sweep.placement.size)
-    return predict(strategy, "gpu", sweep.placement.size)["bytes_per_member_step"]
+    strategy = experiment.resolved_strategy(sweep.backend, sweep.placement.size)
+    return predict(strategy, sweep.backend, sweep.placement.size)["bytes_per_member_step"]
 
 
 def _gib(n: float) -> str:
@@ -153,9 +130,9 @@ def _size(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"
 
 
-def lines(report: Report, length: int | None = None) -> list[str]:
+def lines(report: Report) -> list[str]:
     """The dry run's table and summary for ``report``."""
-    t = report.target
+    t, length = report.target, report.length
     out = [
         f"target: {t.device} ({t.name}), {_gib(t.memory_bytes)} GiB per device, compiled here with "
         f"jax {jax.__version__}'s GPU compiler; {report.description}",

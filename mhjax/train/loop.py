@@ -14,6 +14,7 @@ from mhjax.io.checkpoint import member_key
 from mhjax.io.curves import train_window
 from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.workdir import Workdir
+from mhjax.plotting.images import member_images
 from mhjax.train import ahead, engine
 from mhjax.train.console import Console
 from mhjax.train.interrupt import StopOnSignal
@@ -37,7 +38,7 @@ class Sweep:
         """``placement``: where the member axis lives (default: this machine's devices, capped
         by config.devices); an abstract one (a compile target's) makes constants shapes only."""
         self.experiment = experiment
-        backend = backend or jax.default_backend()
+        self.backend = backend = backend or jax.default_backend()
         self.programs = experiment.programs(experiment.config.strategy, backend)
         count = int(experiment.config.get("devices", 0) or 0)  # 0: every device
         self.placement = placement or Placement(jax.devices()[:count] if count else None)
@@ -283,6 +284,8 @@ def _images(experiment, writers, member_states: dict, step: int, log) -> None:
     try:
         for name, images in experiment.images(member_states, step).items():
             writers.images(name, images, step)
+        for name, (attention, combined) in experiment.attention_maps(member_states).items():
+            writers.images(name, member_images(name, attention, combined), step)
         writers.flush()
     except Exception as exc:  # figures must never cost a finished training run
         log(f"tensorboard: end-of-training images skipped ({type(exc).__name__}: {exc})")

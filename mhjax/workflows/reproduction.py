@@ -1,4 +1,4 @@
-"""`mhjax report --workdir W --reference DIR`: the sweep beside the paper's released models.
+"""The sweep beside the paper's released models (``mhjax report --workdir W --reference DIR``).
 
 Reproduces Section 4 of "Beyond Parallelism: Synergistic Computational Graph Effects in
 Multi-Head Attention" (Sáez de Ocáriz Borde, arXiv 2507.02944): learning curves over seeds,

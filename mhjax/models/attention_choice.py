@@ -1,0 +1,103 @@
+"""config.attention resolved once: what computes the attention core on a backend, and why.
+
+Every implementation computes the same function (tested); they differ in speed and in where
+they run:
+- "cpu_kernel", the fused C++ kernel (cpu_attention.py): a CPU with a C++ compiler; the head
+  count is a runtime argument, so traced head counts (fused) use it too;
+- "pallas", the fused Pallas kernel (pallas_attention.py): a GPU (Triton), or a CPU in the
+  kernel's interpret mode; static head counts only, sequences up to its MAX_LENGTH;
+- "jax", plain JAX einsums: everywhere.
+"auto" (the default, experiments/sequence_config.py DEFAULTS): the C++ kernel on a CPU (faster
+than XLA's batched matmuls at every head dim, benchmarks/RESULTS.md) when it builds, the Pallas
+kernel on a GPU when the sequences fit, JAX else.
+
+The backend is an argument, not this process's: resolving for a target ("gpu") from a CPU
+machine gives what that target runs (interpret=False), e.g. to compile for it ahead of time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mhjax.config import ConfigError
+
+AUTO = "auto"
+IMPLEMENTATIONS = (AUTO, "jax", "cpu_kernel", "pallas")
+_PLATFORMS = {"cuda": "gpu", "rocm": "gpu"}  # jax platform names -> backend names
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionChoice:
+    """What runs the attention core, and why.
+
+    requested: config.attention; backend: the backend resolved for ("cpu", "gpu", "tpu");
+    implementation: "jax", "cpu_kernel" or "pallas", for static head counts (``core`` says what
+    a traced head count runs); interpret: run the Pallas kernel in interpret mode (its static
+    argument; True on a CPU); fallback: why "auto" did not take its kernel (None if it did or
+    was not asked); reason: the whole decision in words."""
+
+    requested: str
+    backend: str
+    implementation: str
+    interpret: bool = False
+    fallback: str | None = None
+    reason: str = ""
+
+    def core(self, traced_heads: bool) -> str:
+        """The implementation a model with a traced head count (``traced_heads``) runs."""
+        return core_for(self.implementation, traced_heads)
+
+
+JAX = AttentionChoice("jax", "any", "jax", reason="plain JAX, asked for")  # what a model runs unless told
+
+
+def core_for(implementation: str, traced_heads: bool) -> str:
+    """The one place of the rule: the Pallas kernel serves static head counts only, so a traced
+    head count (the fused strategy over several head counts) keeps the JAX path; the C++ kernel
+    takes head counts at run time and serves both."""
+    return "jax" if implementation == "pallas" and traced_heads else implementation
+
+
+def backend_name(backend: str) -> str:
+    """A jax backend or platform name as a backend: "cuda" and "rocm" are "gpu"."""
+    return _PLATFORMS.get(backend, backend)
+
+
+def resolve_attention(requested: str, backend: str, seq_len: int) -> AttentionChoice:
+    """What ``config.attention = requested`` runs on ``backend`` (this process's or a target's)
+    for sequences of ``seq_len``. An implementation that cannot run there: ConfigError naming
+    config.attention and what can."""
+    from mhjax.models import cpu_attention, pallas_attention  # the C++ kernel builds on first use
+
+    backend = backend_name(backend)
+    fits = seq_len <= pallas_attention.MAX_LENGTH
+    too_long = f"model.seq_len {seq_len} > {pallas_attention.MAX_LENGTH}, the Pallas kernel's one block"
+
+    def choice(implementation: str, reason: str, fallback: str | None = None) -> AttentionChoice:
+        interpret = implementation == "pallas" and backend == "cpu"
+        return AttentionChoice(requested, backend, implementation, interpret, fallback, reason)
+
+    if requested == AUTO:
+        if backend == "cpu":
+            if cpu_attention.available():
+                return choice("cpu_kernel", "auto on cpu: the C++ kernel")
+            return choice("jax", "auto on cpu: JAX", "the C++ kernel is unavailable (see its warning)")
+        if backend == "gpu":
+            if fits:
+                return choice("pallas", "auto on gpu: the Pallas kernel")
+            return choice("jax", "auto on gpu: JAX", too_long)
+        return choice("jax", f"auto on {backend}: JAX (no kernel for {backend})")
+    if requested not in IMPLEMENTATIONS:
+        raise ConfigError(f"config.attention: must be one of {', '.join(IMPLEMENTATIONS)}; got {requested!r}")
+    if requested == "cpu_kernel" and not (backend == "cpu" and cpu_attention.available()):
+        raise ConfigError(
+            f"config.attention: cpu_kernel runs on a CPU with a C++ compiler (here: backend {backend}); "
+            "use auto, jax or pallas"
+        )
+    if requested == "pallas" and (backend not in ("cpu", "gpu") or not fits):
+        raise ConfigError(
+            f"config.attention: pallas runs on a GPU (or a CPU, interpreted) for model.seq_len <= "
+            f"{pallas_attention.MAX_LENGTH} (backend {backend}, seq_len {seq_len}); use auto or jax"
+        )
+    interpreted = " in interpret mode" if requested == "pallas" and backend == "cpu" else ""
+    return choice(requested, f"{requested} on {backend}{interpreted}, asked for")

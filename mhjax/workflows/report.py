@@ -1,0 +1,130 @@
+"""The report of a sweep (``mhjax report --workdir W``): a Markdown summary that reads well on GitHub.
+
+Reads ``W/results.json`` (required), the members' TensorBoard scalars ``W/tb/<member>``
+(with tensorboard's EventAccumulator; no TensorFlow) and ``W/analysis/analysis.json`` when
+``mhjax analyze --workdir W`` has been run, and writes ``W/report.md`` with figures under
+``W/report/``:
+
+* ``curves.png``: training loss, held-out loss and held-out accuracy against steps, one line
+  per member, coloured by head count;
+* ``mixing_fidelity.png``: mixing time and minimax fidelity per layer, per head count
+  (mean over seeds);
+* ``synergy.png``: the share of sequences on which the combined operator's fidelity beats the
+  best single head, per layer and head count.
+
+Any other experiment (e.g. the mixture sweep) gets the generic tables and the curves; the
+PNG figures an experiment writes at the top of ``W`` are embedded as they are.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from mhjax.io.results import markdown_table, write_text
+from mhjax.io.workdir import Workdir
+from mhjax.plotting.heads import head_tables
+from mhjax.plotting.report import analysis_tables, plot_curves, plot_mixing_fidelity, plot_synergy, summary_table
+from mhjax.workflows.reproduction import reproduction_markdown
+from mhjax.workflows.workdir import open_workdir
+
+
+def training_curves(workdir: Workdir, names: list[str]) -> dict:
+    """{member: {tag: (steps, values)}}: ``train/loss`` and every ``eval/...`` curve of the
+    members' TensorBoard runs; no curves for a member without a TensorBoard run."""
+    out = {}
+    for name in names:
+        found = workdir.curves(name) if workdir.has_curves(name) else {}
+        out[name] = {t: c for t, c in found.items() if t == "train/loss" or t.startswith("eval/")}
+    return out
+
+
+# ---------------------------------------------------------------------- #
+# The report
+# ---------------------------------------------------------------------- #
+def write_report(workdir, log=None, reference: str | None = None) -> dict:
+    """Write ``W/report.md`` and ``W/report/*.png``; returns {"md": path, "figures": [paths]}.
+    ``workdir``: a path, Workdir or Opened (workflows/workdir.py), each of whose files is read once.
+    ``reference``: a folder of released checkpoints to compare with (workflows/reproduction.py)."""
+    opened = open_workdir(workdir)
+    workdir = opened.files
+    results = workdir.results()
+    opened.restore_tasks()  # plug-in tasks, from where they came
+    members = results["members"]
+    analysis = workdir.analysis() if workdir.has_analysis() else None
+    out_dir, link_dir = workdir.report_dir, os.path.relpath(workdir.report_dir, workdir.path)
+    os.makedirs(out_dir, exist_ok=True)
+    figures = []
+
+    def figure(name, fn, *args):
+        path = os.path.join(out_dir, name)
+        if fn(*args, path):
+            figures.append(path)
+            return f"![{os.path.splitext(name)[0]}]({link_dir}/{name})"
+        return None
+
+    title = results.get("title", "mhjax sweep")
+    lines = [f"# {title}", ""]
+    resumed = results.get("resumed_from_step")
+    backend = f", backend `{results['backend']}`" if results.get("backend") else ""
+    lines += [
+        f"{len(members)} members, {results.get('steps')} steps each{backend}"
+        + (f", resumed from step {resumed}" if resumed else "")
+        + ". "
+        f"TensorBoard: `tensorboard --logdir {workdir.tensorboard_dir}`.",
+        "",
+    ]
+    summary = summary_table(members, workdir.sweep_fields())
+    if summary:
+        lines += ["## Results", "", "Final metrics; mean ± std over seeds.", "", summary]
+    curves = training_curves(workdir, [m["name"] for m in members])
+    link = figure("curves.png", plot_curves, members, curves)
+    if link:
+        lines += ["## Training curves", "", link, ""]
+
+    analyzable = is_analyzable(results)
+    if analyzable or analysis is not None:
+        lines += ["## Attention as a DAG: mixing time, fidelity and synergy", ""]
+    if analysis is None:
+        if analyzable:
+            lines += [
+                f"No analysis yet: run `mhjax analyze --workdir {workdir}` and then `mhjax report --workdir {workdir}` "
+                "again to add mixing time, minimax fidelity and synergy per layer and head count.",
+                "",
+            ]
+    else:
+        lines += [analysis_tables(analysis), ""]
+        lines += [head_tables(analysis), ""]  # empty for an analysis without ablation and rollout
+        for name, fn in (("mixing_fidelity.png", plot_mixing_fidelity), ("synergy.png", plot_synergy)):
+            link = figure(name, fn, analysis)
+            if link:
+                lines += [link, ""]
+
+    if reference is not None:
+        more, paths = reproduction_markdown(workdir, reference, out_dir, link_dir)
+        lines, figures = lines + more, figures + paths
+
+    extra = sorted(glob.glob(workdir.file("*.png")))
+    if extra:
+        lines += ["## Experiment figures", ""]
+        lines += [f"![{os.path.splitext(os.path.basename(p))[0]}]({os.path.basename(p)})" for p in extra] + [""]
+
+    lines += ["## Every member", "", markdown_table(members, "Members").split("\n", 2)[2]]
+    path = workdir.report_path
+    write_text(path, "\n".join(lines).rstrip() + "\n")
+    if log is not None:
+        log(f"wrote {path} and {len(figures)} figure(s) in {out_dir}")
+    return {
+        "md": path,
+        "figures": figures,
+        "analysis": analysis is not None,
+        "needs_analysis": analysis is None and analyzable,
+    }
+
+
+def is_analyzable(results: dict) -> bool:
+    """Whether `mhjax analyze --workdir` applies: recorded by the trainer; results written before it
+    recorded that are judged by their members having a task (copy/cycle/zero)."""
+    if "analyzable" in results:
+        return bool(results["analyzable"])
+    return bool(results["members"]) and all("task" in m for m in results["members"])

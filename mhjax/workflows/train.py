@@ -1,0 +1,79 @@
+"""Training a sweep in its workdir (``mhjax train``, ``mhjax.sweep``) and describing one (--dry-run)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import logging.handlers
+import os
+import time
+
+import jax
+
+from mhjax.config import ConfigError
+from mhjax.io import plugin_log
+from mhjax.io.lock import WorkdirLock
+from mhjax.io.workdir import Workdir
+from mhjax.train.loop import run
+
+
+def describe(experiment, backend: str) -> str:
+    """What a sweep will do, without compiling anything."""
+    config = experiment.config
+    header = f"experiment: {experiment.kind}, {len(experiment.members)} members, {config.train.steps} steps each"
+    count, kinds = jax.device_count(), ", ".join(sorted({d.device_kind for d in jax.devices()}))
+    cores = f", {os.cpu_count()} cores" if backend == "cpu" else ""
+    machine = f"this machine: {backend}, {count} device{'s' * (count != 1)} ({kinds}{cores})"
+    return "\n".join([header, machine] + experiment.describe(backend))
+
+
+def default_workdir(config_path: str) -> str:
+    """runs/<config name>-<timestamp>: where a sweep goes when no --workdir is given."""
+    name = os.path.splitext(os.path.basename(config_path))[0]
+    return os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+class _QuietFileHandler(logging.FileHandler):
+    def handleError(self, record):  # a full disk loses these logs, not the command's one-line error
+        pass
+
+
+@contextlib.contextmanager
+def library_logs(path: str):
+    """Python logging (absl, orbax) off the console: its warnings mean nothing to a user. Records
+    are kept in memory and written to ``path`` when the command ends, except when it refused bad
+    input (ConfigError), which leaves the workdir exactly as it was."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    for handler in saved[0]:
+        root.removeHandler(handler)
+    file = _QuietFileHandler(path, delay=True)  # the file appears with its first record
+    file.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    memory = logging.handlers.MemoryHandler(capacity=1000, flushLevel=logging.CRITICAL + 1, target=file)
+    root.addHandler(memory)
+    root.setLevel(logging.WARNING)
+    for record in plugin_log.held():  # JAX's plugin errors, kept off the console (io/plugin_log.py)
+        memory.handle(record)
+    try:
+        yield
+    except ConfigError:
+        memory.buffer.clear()
+        raise
+    finally:
+        root.removeHandler(memory)
+        memory.close()  # flushes what is left into the file
+        file.close()
+        for handler in saved[0]:
+            root.addHandler(handler)
+        root.setLevel(saved[1])
+
+
+def train(experiment, workdir, *, progress: bool = True, log=print, primary: bool = True) -> dict:
+    """Train (or resume) every member of ``experiment`` in ``workdir``; returns results.json's
+    payload. ``primary``: this process holds the workdir's lock and its log (several processes of
+    one distributed run share the workdir: process 0 does)."""
+    workdir = Workdir.of(workdir)
+    lock = WorkdirLock(workdir, "train", create=True) if primary else contextlib.nullcontext()
+    logs = library_logs(workdir.log_path) if primary else contextlib.nullcontext()
+    with lock, logs:
+        return run(experiment, workdir, progress=progress, log=log)

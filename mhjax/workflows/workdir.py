@@ -1,0 +1,56 @@
+"""Opening a trained (or training) sweep's workdir, for analyze, report and the Python API.
+
+Reading its metadata, results, curves and parameters needs no task code (mhjax/io/workdir.py
+reads them); the plug-in tasks it was trained on are registered again, and its experiment
+made, only when something asks for them (analyze: the model and the tasks' samplers)."""
+
+from __future__ import annotations
+
+import ml_collections
+
+from mhjax.config import ConfigError
+from mhjax.data import tasks
+from mhjax.experiments import make_experiment
+from mhjax.io.workdir import Workdir
+
+
+class Opened:
+    """A workdir's files (``files``, a Workdir: each read once while unchanged) and, on demand,
+    its config, its tasks and its experiment. Reads nothing until asked."""
+
+    def __init__(self, workdir):
+        self.files = Workdir.of(workdir)
+        self._experiment = None
+
+    @property
+    def path(self) -> str:
+        return self.files.path
+
+    def __repr__(self) -> str:
+        return f"Opened({self.path!r})"
+
+    @property
+    def config(self) -> ml_collections.ConfigDict:
+        """The config the sweep was trained with (W/mhjax.json)."""
+        try:
+            return ml_collections.ConfigDict(self.files.config())
+        except (TypeError, AttributeError) as exc:
+            raise ConfigError(f"--workdir: {self.files.metadata_path} is unreadable ({type(exc).__name__})") from None
+
+    def restore_tasks(self) -> None:
+        """Register again the plug-in tasks W/mhjax.json says the sweep used, from where they
+        came (a source that is gone: a one-line ConfigError naming it)."""
+        tasks.restore(self.files.metadata().get("tasks"), self.files.metadata_path)
+
+    def experiment(self):
+        """The sweep's Experiment, made once (its tasks restored first)."""
+        if self._experiment is None:
+            config = self.config
+            self.restore_tasks()
+            self._experiment = make_experiment(config)
+        return self._experiment
+
+
+def open_workdir(workdir) -> Opened:
+    """``workdir`` (a path, a Workdir or an Opened) opened; nothing is read yet."""
+    return workdir if isinstance(workdir, Opened) else Opened(workdir)
