@@ -60,6 +60,13 @@ class Experiment:
         """Extra top-level results.json fields (e.g. how the run computed what it did)."""
         return {}
 
+    def kernel_fallback(self, backend: str, reason: str) -> bool:
+        """A program failed to compile on ``backend`` (``reason``: the error's first line). If
+        the experiment chose a kernel there itself, switch to its path without it from now on
+        (``programs`` then returns the same programs without the kernel) and return True: the
+        trainer compiles again. False (the default): the failure stands."""
+        return False
+
     def metric_tags(self) -> list[str]:
         """TensorBoard tags filled in later (e.g. by ``mhjax analyze``), listed as HParams metrics."""
         return []

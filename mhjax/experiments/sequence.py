@@ -4,6 +4,7 @@ Attention" (arXiv 2507.02944, Section 4)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -17,7 +18,7 @@ from mhjax.data import sequences, tasks
 from mhjax.experiments.base import Experiment
 from mhjax.experiments.sequence_config import requested_attention, validate
 from mhjax.models import Transformer, cost, count_params, flops
-from mhjax.models.attention_choice import JAX, AttentionChoice, resolve_attention
+from mhjax.models.attention_choice import AUTO, JAX, AttentionChoice, resolve_attention
 from mhjax.models.probe import config_sizes, predict
 from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program, Recipe, Unrolled, recipe_groups
@@ -128,6 +129,7 @@ class SequenceExperiment(Experiment):
     def __init__(self, config):
         validate(config)
         self.config = config
+        self._kernel_failed: dict[str, str] = {}  # {backend: why}, after kernel_fallback
         self.members: list[Member] = expand(dict(config.sweep), leading="task")
         # Members differing only in learning rate share their init and dropout draws (paired comparison).
         self._key_names = key_names(config.sweep, self.members, shared=("learning_rate",), leading="task")
@@ -184,8 +186,21 @@ class SequenceExperiment(Experiment):
         ]
 
     def attention(self, backend: str) -> AttentionChoice:
-        """What config.attention runs on ``backend`` (this process's or a target's), and why."""
-        return resolve_attention(requested_attention(self.config), backend, self.config.model.seq_len)
+        """What config.attention runs on ``backend`` (this process's or a target's), and why;
+        after the kernel failed to compile there (kernel_fallback), auto's JAX path."""
+        choice = resolve_attention(requested_attention(self.config), backend, self.config.model.seq_len)
+        failed = self._kernel_failed.get(choice.backend)
+        if failed and choice.requested == AUTO and choice.implementation == "pallas":
+            reason = f"auto on {choice.backend}: JAX (the Pallas kernel failed to compile)"
+            return dataclasses.replace(choice, implementation="jax", interpret=False, fallback=failed, reason=reason)
+        return choice
+
+    def kernel_fallback(self, backend: str, reason: str) -> bool:
+        choice = self.attention(backend)
+        if choice.requested != AUTO or choice.implementation != "pallas":
+            return False
+        self._kernel_failed[choice.backend] = f"the Pallas kernel failed to compile: {reason}"
+        return True
 
     def attention_used(self, backend: str) -> str:
         """What computes the attention core of this sweep's programs: ``fused`` over several
@@ -198,7 +213,8 @@ class SequenceExperiment(Experiment):
         return self.auto_strategy(backend, devices) if self.config.strategy == "auto" else self.config.strategy
 
     def results_fields(self, backend: str) -> dict:
-        return {"attention": self.attention_used(backend)}
+        fallback = self.attention(backend).fallback
+        return {"attention": self.attention_used(backend), **({"attention_fallback": fallback} if fallback else {})}
 
     def _kernel_priced(self, backend: str) -> bool:
         """Whether the cost model prices static head counts at the Pallas kernel's cost: on a

@@ -45,14 +45,27 @@ class Sweep:
         self.consts = {
             p.name: self.placement.put(stack_constants(experiment, p.members), len(p.members)) for p in self.programs
         }
-        self._chunks = {}
         # What the host accumulates for results.json (the exact losses at the experiment's
         # loss_steps()), saved with every checkpoint.
         self.records = HostRecords([m.name for m in experiment.members], experiment.loss_steps())
+        self._jit()
+
+    def _jit(self) -> None:
+        self._chunks = {}
         self._evaluate = {p.name: engine.make_evaluate(p.recipe) for p in self.programs}
         self._init = {
             p.name: engine.make_init(p.recipe, self.placement.sharding(len(p.members))) for p in self.programs
         }
+
+    def rebuild(self) -> None:
+        """The experiment's programs again, after it changed how it computes them (a kernel that
+        failed to compile: train/ahead.py). Members stay in the same programs and order, so
+        constants, records and states stay valid."""
+        programs = self.experiment.programs(self.experiment.config.strategy, self.backend)
+        if [(p.name, p.members) for p in programs] != [(p.name, p.members) for p in self.programs]:
+            raise RuntimeError("Sweep.rebuild: the experiment's programs changed their members")
+        self.programs = programs
+        self._jit()
 
     def use(self, executables: dict) -> None:
         """Call these compiled executables (train/ahead.py keys) instead of jitting on first use."""
@@ -276,7 +289,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
 def _compile_ahead(sweep, console, lengths, init: bool) -> None:
     """Every executable of the run, compiled before the loop (train/ahead.py), said on the console."""
     console.compiling(ahead.describe(sweep, lengths, init))
-    report = ahead.compile_sweep(sweep, lengths, init)
+    report = ahead.compile_sweep(sweep, lengths, init, log=console.log)
     console.compiled(report.seconds, len(report.executables), report.from_cache)
 
 
