@@ -279,6 +279,9 @@ class SequenceExperiment(Experiment):
             **cost.sweep_cost(cost.Shape.of(self.config), groups, device, devices or self._devices(), kernel=kernel),
         }
 
+    def estimated_bytes_per_member_step(self, backend: str, devices: int) -> float:
+        return self.predict(self.resolved_strategy(backend, devices), backend, devices)["bytes_per_member_step"]
+
     def estimate_lines(self, backend: str) -> list[str]:
         """The dry run's cost lines: an estimate for this machine where models/cost.py has a
         preset for its backend; else a prediction for one H200, labelled as such."""

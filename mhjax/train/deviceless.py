@@ -115,11 +115,7 @@ def _describe(key, executable, seconds: float, members: dict, length) -> Executa
 
 
 def _estimate(experiment, sweep) -> float | None:
-    predict = getattr(experiment, "predict", None)
-    if predict is None:
-        return None
-    strategy = experiment.resolved_strategy(sweep.backend, sweep.placement.size)
-    return predict(strategy, sweep.backend, sweep.placement.size)["bytes_per_member_step"]
+    return experiment.estimated_bytes_per_member_step(sweep.backend, sweep.placement.size)
 
 
 def _gib(n: float) -> str:
