@@ -55,6 +55,7 @@ class SequenceRecipe(Recipe):
             layout,
             attention.implementation,
             attention.interpret,
+            scan_layers=attention.backend in ("gpu", "tpu"),  # compile time on accelerators (transformer.py)
         )
         self.static_heads = static_heads
         self.vmap_inside_grad = layout is not None

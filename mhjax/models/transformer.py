@@ -82,7 +82,10 @@ class Transformer(nn.Module):
     layout: Layout | None = None
     attention: str = "jax"
     interpret: bool = False
-    scan_layers: bool = True
+    # The blocks as one scanned layer (_scanned): XLA compiles one layer instead of num_layers.
+    # For accelerators, whose compiles are slow (GPU: ~4x less for the paper sweep); off by
+    # default, so CPU programs stay exactly as they were.
+    scan_layers: bool = False
 
     def _block(self, **kwargs) -> Block:
         return Block(
