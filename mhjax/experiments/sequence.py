@@ -68,10 +68,8 @@ class SequenceRecipe(Recipe):
         return None if self.static_heads else consts["heads"]
 
     def init_params(self, consts):
-        # lazy_init: the parameters' initialisers only, without the forward pass init would also
-        # trace (dead code XLA removes, but only after lowering and compiling its way to it).
-        dummy = jax.ShapeDtypeStruct((1, self.length), jnp.int32)
-        return self.model.lazy_init(jax.random.fold_in(consts["key"], 0), dummy)["params"]
+        dummy = jnp.zeros((1, self.length), jnp.int32)
+        return self.model.init(jax.random.fold_in(consts["key"], 0), dummy)["params"]
 
     def optimizer(self, consts):
         # Adam as the reference (beta 0.9/0.999, eps 1e-8); lr lives in the state so it can be vmapped.
