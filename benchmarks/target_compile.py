@@ -37,7 +37,7 @@ def run(tree: str, python: str, extra: list[str], target: str) -> dict:
     if done.returncode:
         raise SystemExit(f"{tree}: exit {done.returncode}\n{done.stderr[-2000:]}")
     compile_s = float(re.search(r"^compile: ([\d.]+) s", done.stdout, re.M).group(1))
-    rows = re.findall(r"^  ((?:init|chunk|evaluate)\b.*?)\s+([\d.]+)s ", done.stdout, re.M)
+    rows = re.findall(r"^  ((?:init|chunk|piece|evaluate)\b.*?)\s+([\d.]+)s ", done.stdout, re.M)
     return {
         "compile_s": compile_s,
         "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),

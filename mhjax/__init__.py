@@ -3,7 +3,8 @@
 The Python API (imported on first use, so ``import mhjax`` stays fast):
 ``load_config``, ``sweep`` (trains; ``mhjax.train`` is the trainer's subpackage), ``compile_for``
 (compiles a sweep for a GPU that is not here), ``load``,
-``Run``, ``ConfigError``, and tasks as plug-ins: ``task``, ``register_task``, ``registered_tasks``.
+``Run``, ``ConfigError``, tasks as plug-ins: ``task``, ``register_task``, ``registered_tasks``, and the
+mixture experiment's plug-ins: ``mixture_data``, ``register_mixture_data``, ``register_mixture``.
 """
 
 __version__ = "0.1.0"
@@ -18,6 +19,9 @@ _LAZY = {
     "task": ("mhjax.data.tasks", "task"),
     "register_task": ("mhjax.data.tasks", "register_task"),
     "registered_tasks": ("mhjax.data.tasks", "registered"),
+    "mixture_data": ("mhjax.data.mixture_data", "mixture_data"),
+    "register_mixture_data": ("mhjax.data.mixture_data", "register_mixture_data"),
+    "register_mixture": ("mhjax.models.mixture_parts", "register_mixture"),
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -15,6 +15,7 @@ import ml_collections
 from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
 from mhjax.io.lock import WorkdirLock
+from mhjax.workflows import members
 from mhjax.workflows import target as _target
 from mhjax.workflows.analyze import analyze_workdir
 from mhjax.workflows.configs import load_config as _load_config
@@ -83,9 +84,36 @@ class Run:
     def member_names(self) -> list[str]:
         return self._files.member_names()
 
-    def params(self, name: str):
-        """Member ``name``'s parameter tree from its latest checkpoint."""
-        return self._files.params(self._member(name))
+    @property
+    def checkpoint_steps(self) -> list[int]:
+        """The steps of the kept checkpoints, ascending."""
+        return self._files.checkpoint_steps()
+
+    def params(self, name: str, step: int | None = None):
+        """Member ``name``'s parameter tree at checkpoint ``step`` (default: the latest; another
+        step needs a kept checkpoint, ``checkpoint_steps``). A mixture member's come cut to its
+        own head count."""
+        return members.params(self._opened, name, step)
+
+    def data(self, seed: int):
+        """(mixture) The seed's data as the run drew it: ``x_train, y_train`` (its largest n) and
+        ``x_test, y_test``."""
+        return members.data(self._opened, seed)
+
+    def theta0(self, name: str):
+        """(mixture) theta_0 of member ``name`` as training drew it, cut to its own heads."""
+        return members.theta0(self._opened, name)
+
+    def model(self, name: str):
+        """A pure ``apply(params, X)`` of member ``name``'s model (mixture: (N, T, d) -> (N,) at its
+        own head count, with the run's phi; params as ``params`` and ``theta0`` return them)."""
+        return members.model(self._opened, name)
+
+    def ntk(self, name: str, step: int = 0):
+        """(mixture) Member ``name``'s NTK at ``step`` (0: theta_0; else a kept checkpoint) on its
+        own n examples: a record with ``gram`` (n x n), ``margin`` (results.json's ntk_margin at
+        step 0, with the run's margin_iters and margin_tol), ``gap`` and ``radius``."""
+        return members.ntk(self._opened, name, step)
 
     def curves(self, name: str) -> dict:
         """{tag: (steps, values)} of member ``name``'s TensorBoard scalars."""
@@ -101,9 +129,23 @@ class Run:
         """W/analysis/analysis.json; None until analysed (``run.analyze()``)."""
         return self._files.analysis() if self._files.has_analysis() else None
 
-    def analyze(self, **options) -> dict:
-        """``mhjax analyze --workdir W`` with its options as keywords (num_sequences, seed,
-        sequences, horizon, max_steps, chain, include_sink, batch_size, tensorboard, plot)."""
+    def analyze(self, steps=None, **options):
+        """Sequence sweeps: ``mhjax analyze --workdir W`` with its options as keywords
+        (num_sequences, seed, sequences, horizon, max_steps, chain, include_sink, batch_size,
+        tensorboard, plot); returns the analysis dict.
+
+        Mixture sweeps: margins and Hessian quantities at ``steps`` (0 and kept checkpoints;
+        default: 0 and the latest). Returns a list of records, one per (member, step): member,
+        step, ntk_margin, ntk_margin_gap, ntk_radius and the evaluation's fields at that step
+        (train_loss_eval, test_loss, test_accuracy, train_accuracy, hessian_min, hessian_max,
+        step_times_hessian_max, distance_from_init; grad_norm_over_loss and
+        min_hessian_eig_over_loss_sqrtH for a loss with an exponential tail)."""
+        if self._opened.kind.analyzes_states:
+            if options:
+                raise ConfigError(f"analyze: a mixture sweep takes steps= only, got {', '.join(options)}")
+            return members.analyze_steps(self._opened, steps)
+        if steps is not None:
+            raise ConfigError("analyze: steps= is for mixture sweeps")
         with WorkdirLock(self.workdir, "analyze"):
             result = analyze_workdir(self._opened, **options)
         return result

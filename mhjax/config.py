@@ -47,12 +47,32 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
 
 
-def _parse_value(text: str, current):
-    """Parse an override string to the type of the field it replaces."""
+_SPECIAL_NUMBERS = {"inf": float("inf"), "infinity": float("inf"), "nan": float("nan")}
+
+
+class _Numbers(ast.NodeTransformer):
+    """inf, Infinity and nan (any case) as the floats they name, so that every field parses them alike."""
+
+    def visit_Name(self, node):
+        value = _SPECIAL_NUMBERS.get(node.id.lower())
+        return ast.copy_location(ast.Constant(value), node) if value is not None else node
+
+
+def _literal(text: str):
+    """A Python literal (numbers, strings, tuples, ...; inf and nan too), else the text itself."""
     try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        value = text
+        tree = _Numbers().visit(ast.parse(text.strip(), mode="eval"))
+        return ast.literal_eval(tree)
+    except (ValueError, SyntaxError, TypeError, RecursionError):
+        return text
+
+
+def _parse_value(text: str, current):
+    """Parse an override string to the type of the field it replaces (a one-element tuple, as
+    "0.1," parses, stands for its element in a field that is not a list)."""
+    value = _literal(text)
+    if not isinstance(current, (tuple, list)) and isinstance(value, tuple) and len(value) == 1:
+        value = value[0]
     if isinstance(current, (tuple, list)):
         if not isinstance(value, (tuple, list)):
             value = (value,)
@@ -78,25 +98,46 @@ def _parse_value(text: str, current):
     return value
 
 
-def apply_overrides(config: ml_collections.ConfigDict, overrides: dict[str, str]) -> ml_collections.ConfigDict:
-    """overrides: dotted field -> string value, e.g. {"train.steps": "100"}."""
+def apply_overrides(
+    config: ml_collections.ConfigDict, overrides: dict[str, str], defaults: dict | None = None
+) -> ml_collections.ConfigDict:
+    """overrides: dotted field -> string value, e.g. {"train.steps": "100"}. ``defaults``
+    ({dotted field: default value}, the experiment's table): a field the config leaves out may be
+    set too, typed as its default; "<section>.*" admits any new field of that section (parsed as
+    a Python literal, e.g. a plug-in's own data field)."""
     config = ml_collections.ConfigDict(config.to_dict())  # copy; keep the caller's untouched
+    defaults = defaults or {}
     for field, text in overrides.items():
         parts = field.split(".")
+        known = field in defaults or ".".join(parts[:-1] + ["*"]) in defaults
         node = config
-        for i, part in enumerate(parts):
+        for i, part in enumerate(parts[:-1]):
+            if isinstance(node, ml_collections.ConfigDict) and part not in node and known:
+                with node.unlocked():
+                    node[part] = ml_collections.ConfigDict()
             if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-                known = ", ".join(sorted(node.keys())) if isinstance(node, ml_collections.ConfigDict) else ""
-                raise ConfigError(f"config.{field}: unknown field (known here: {known})")
-            if i < len(parts) - 1:
-                node = node[part]
+                raise ConfigError(f"config.{field}: unknown field (known here: {_known(node, defaults, parts[:i])})")
+            node = node[part]
+        last = parts[-1]
+        if not isinstance(node, ml_collections.ConfigDict) or (last not in node and not known):
+            raise ConfigError(f"config.{field}: unknown field (known here: {_known(node, defaults, parts[:-1])})")
+        current = node[last] if last in node else defaults.get(field)
+        if current is None and field in defaults:
+            current = defaults[field]
         try:
-            value = _parse_value(text, node[parts[-1]])
+            value = _parse_value(text, current)
         except TypeError as exc:
             raise ConfigError(f"config.{field}: expected {exc}, got {text!r}") from None
         with node.unlocked():
-            node[parts[-1]] = value
+            node[last] = value
     return config
+
+
+def _known(node, defaults: dict, prefix: list[str]) -> str:
+    names = set(node.keys()) if isinstance(node, ml_collections.ConfigDict) else set()
+    start = ".".join(prefix) + "." if prefix else ""
+    names |= {f[len(start) :].split(".")[0] for f in defaults if f.startswith(start) and not f.endswith("*")}
+    return ", ".join(sorted(names))
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:

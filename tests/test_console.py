@@ -40,6 +40,17 @@ def test_chunk_lengths_are_those_the_loop_uses():
     assert ahead.chunk_lengths(7, 7, 3) == []  # a finished run only evaluates
 
 
+def test_the_first_chunk_is_cut_at_early_evaluation_steps():
+    """Evaluations at k = 1, 2, 5 below a chunk of 10 cut the first chunk there (pieces of 1, 1, 3,
+    5 steps: one program of up to 5 steps); steps at or past the first chunk's end cut nothing."""
+    plan = ahead.chunk_plan(0, 25, 10, splits=(0, 1, 2, 5, 10, 12))
+    assert plan.pieces == [1, 1, 3, 5] and plan.chunks == [10, 5] and plan.piece_length == 5
+    assert plan.lengths()[:5] == [(1, True), (1, True), (3, True), (5, True), (10, False)]
+    assert ahead.chunk_plan(10, 25, 10, splits=(1, 2, 5)) == ahead.ChunkPlan([], [10, 5])  # resumed past them
+    assert ahead.chunk_plan(0, 4, 10, splits=(2, 6)) == ahead.ChunkPlan([2, 2], [])
+    assert ahead.chunk_plan(0, 25, 10) == ahead.ChunkPlan([], [10, 10, 5])
+
+
 def test_the_loop_calls_only_executables_compiled_ahead(tmp_path, monkeypatch):
     """jit functions that refuse to be called (lowering still works): the run must go through
     the compiled executables alone, the last shorter chunk and the resume included."""

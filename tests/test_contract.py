@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mhjax"
 def test_base_hooks_are_no_ops_and_required_methods_are_abstract():
     base = Experiment()
     assert base.extra_results(None, None) == {} and base.metric_tags() == [] and base.images({}, 0) == {}
-    assert base.finalize("unused", {}) is None and base.analyzable is False and base.metadata() == {}
+    assert base.figures({}) == [] and base.analyzable is False and base.metadata() == {}
     for method in ("programs", "member_constants", "member_info"):
         with pytest.raises(NotImplementedError):
             getattr(base, method)(*([None] * (2 if method == "programs" else 1)))

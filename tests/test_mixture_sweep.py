@@ -290,7 +290,7 @@ def test_margin_figure_merges_step_sizes_only_where_their_margins_are_the_same(s
     n), unless theta_0 took a first step of size eta (zero_plus_step): then a line per eta."""
     from matplotlib.figure import Figure
 
-    from mhjax.plotting.mixture import _plot_margin_vs_H
+    from mhjax.plotting.mixture import Style, _plot_margin_vs_H
 
     _, _, payload = swept
     shared = payload["members"] + [dict(m, step_size=0.5) for m in payload["members"]]
@@ -298,7 +298,7 @@ def test_margin_figure_merges_step_sizes_only_where_their_margins_are_the_same(s
     labels = {}
     for name, records in (("shared", shared), ("stepped", stepped)):
         fig = Figure()
-        _plot_margin_vs_H(fig, records, "test")
+        _plot_margin_vs_H(fig, records, Style("test"))
         labels[name] = sorted(t.get_text() for t in fig.axes[0].get_legend().get_texts())
     assert labels["shared"] == ["n=16", "n=8"]
     assert labels["stepped"] == ["n=16, eta=0.5", "n=16, eta=1", "n=8, eta=0.5", "n=8, eta=1"]

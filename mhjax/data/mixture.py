@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import math
-import types
 from typing import Any
 
 import jax
@@ -172,11 +171,7 @@ def _sample(key, *, n, d, t, r, m, k, signal_norm, noise_std):
     return x, y.astype(jnp.float32), relevant
 
 
-# ---------------------------------------------------------------------- #
-# Example streams: example i of a key is drawn from fold_in(key, i)
-# ---------------------------------------------------------------------- #
-SAMPLE_BLOCK = 64  # examples per call of the host sampler (one compiled program for any count)
-DATA_FIELDS = (
+DATA_FIELDS = (  # the fields of the tokenized mixture (the generator "tokenized_mixture")
     "dim",
     "seq_len",
     "num_relevant_per_label",
@@ -185,35 +180,3 @@ DATA_FIELDS = (
     "signal_norm",
     "noise_std",
 )
-
-
-def sample_examples(key, data_config, count: int, start=0):
-    """Examples start..start+count-1 of the stream of ``key``: example i is drawn from
-    fold_in(key, i), so it does not depend on ``count`` (a smaller set is a prefix of a larger
-    one). Returns (X (count, T, d), y (count,))."""
-    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(start + jnp.arange(count, dtype=jnp.uint32))
-    X, y = jax.vmap(lambda k: sample_mixture(k, data_config, 1))(keys)
-    return X[:, 0], y[:, 0]
-
-
-@functools.partial(jax.jit, static_argnames="data")
-def _sample_block(key, start, data):
-    return sample_examples(key, types.SimpleNamespace(**dict(data)), SAMPLE_BLOCK, start)
-
-
-class HostSampler:
-    """``sample_examples`` on the host, compiled once per data config and process for a block of
-    SAMPLE_BLOCK examples and called block after block (the sampler's compile takes seconds on
-    CPU, so neither the count nor a new experiment object may trigger another)."""
-
-    def __init__(self, data_config):
-        self.data = tuple((field, data_config[field]) for field in DATA_FIELDS)
-
-    def __call__(self, key, count: int):
-        blocks = [
-            jax.device_get(_sample_block(jnp.asarray(key), jnp.uint32(b * SAMPLE_BLOCK), self.data))
-            for b in range(-(-count // SAMPLE_BLOCK))
-        ]
-        X = np.concatenate([b[0] for b in blocks])[:count]
-        y = np.concatenate([b[1] for b in blocks])[:count]
-        return X, y

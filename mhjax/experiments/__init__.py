@@ -5,14 +5,28 @@ from __future__ import annotations
 from mhjax.config import ConfigError
 
 
-def make_experiment(config):
-    kind = config.get("experiment", "sequence")
+def experiment_class(kind):
+    """The Experiment class of ``kind`` (the config's ``experiment`` field)."""
     if kind == "sequence":
         from mhjax.experiments.sequence import SequenceExperiment
 
-        return SequenceExperiment(config)
+        return SequenceExperiment
     if kind == "mixture":
         from mhjax.experiments.mixture import MixtureExperiment
 
-        return MixtureExperiment(config)
+        return MixtureExperiment
     raise ConfigError(f"config.experiment: must be one of sequence, mixture; got {kind!r}")
+
+
+def make_experiment(config):
+    return experiment_class(config.get("experiment", "sequence"))(config)
+
+
+def override_defaults(config) -> dict:
+    """{dotted field: default} of the fields ``config``'s experiment knows beyond those the file
+    sets: what ``--config.FIELD=VALUE`` may set although the file leaves it out."""
+    if config.get("experiment", "sequence") == "mixture":
+        from mhjax.experiments.mixture_config import DEFAULTS
+
+        return dict(DEFAULTS)
+    return {}

@@ -7,14 +7,21 @@ so the generic code never asks what kind of experiment it runs.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from mhjax.io.workdir import Workdir
 from mhjax.train.console import SummaryTable
 from mhjax.train.engine import Program, TrainedProgram
 from mhjax.train.sweep import Member
+
+
+class FigureRequest(NamedTuple):
+    """Figures to draw: ``name`` a plotting entry (mhjax.plotting.FIGURES), ``data`` its keywords."""
+
+    name: str
+    data: dict
+
 
 STRATEGIES = ("auto", "unrolled", "fused", "grouped", "one_program")  # how the trainer may lay out a sweep
 
@@ -24,6 +31,7 @@ class Experiment:
 
     kind: str = ""
     analyzable: bool = False  # `mhjax analyze --workdir` can read its members (Transformer attention)
+    analyzes_states: bool = False  # Run.analyze(steps=...) evaluates kept states (analyze_states)
     config: Any
     members: list[Member]
 
@@ -46,9 +54,45 @@ class Experiment:
         return [f"{m.name:<28} {self.member_info(m)}" for m in self.members]
 
     # -- optional hooks (no-op defaults) ------------------------------------------
+    @classmethod
+    def restore_plugins(cls, metadata: dict, where: str) -> None:
+        """Register again the plug-ins W/mhjax.json (``metadata``, read from ``where``) says the
+        run used, before the experiment is made from its config."""
+
+    # -- a trained run from Python (mhjax.load): what an experiment offers -------
+    def seed_data(self, seed: int):
+        raise self._unavailable("data")
+
+    def theta0(self, name: str):
+        raise self._unavailable("theta0")
+
+    def model(self, name: str):
+        raise self._unavailable("model")
+
+    def ntk(self, name: str, padded_params, step: int):
+        raise self._unavailable("ntk")
+
+    def analyze_states(self, states: dict):
+        raise self._unavailable("analyze(steps=...)")
+
+    def _unavailable(self, what: str) -> Exception:
+        from mhjax.config import ConfigError
+
+        return ConfigError(f"run.{what}: not available for a {self.kind} sweep")
+
+    @classmethod
+    def stored_params(cls, record: dict, params):
+        """A member's parameters as a user sees them, from the checkpoint's tree (``record``: the
+        member's results.json entry), e.g. cut to its own head count."""
+        return params
+
     def metadata(self) -> dict:
         """Extra fields of W/mhjax.json (e.g. where plug-in tasks came from)."""
         return {}
+
+    def check_start(self) -> None:
+        """Before training (and before the workdir is written): raise ConfigError when the
+        members' start cannot train (e.g. a non-finite loss at theta_0)."""
 
     def extra_results(self, trained: list[TrainedProgram], loss_curves: dict[int, dict]) -> dict[int, dict]:
         """{member index: extra results.json fields} computed from the final states: ``trained``
@@ -108,6 +152,7 @@ class Experiment:
         more = [f for f, values in self.config.sweep.items() if len(values) > 1 and f not in (*first, "seed")]
         return (*first, *more)
 
-    def finalize(self, workdir: Workdir, payload: dict) -> None:
-        """Experiment-specific files (figures, summaries: ``workdir.file(name)``) once the results
-        are written (``payload``: what results.json holds)."""
+    def figures(self, payload: dict) -> list[FigureRequest]:
+        """The experiment's figures and summaries, as data for the plotting layer
+        (mhjax.plotting.draw), once the results are written (``payload``: what results.json holds)."""
+        return []

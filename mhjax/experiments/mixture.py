@@ -36,16 +36,21 @@ tau = 0 makes every draw zero, so all heads start equal and stay equal):
 the member's own step size; a positive number = one full-batch GD step of that size after
 the scheme's draw (0 = no step).
 
-Training is plain full-batch GD (optax.sgd, constant step = the member's ``step_size``) on
-the logistic loss softplus(-y Phi), K = ``train.steps`` steps. The exact train loss
+Training is plain full-batch GD (optax.sgd) for K = ``train.steps`` steps, with plug-ins chosen by
+name (models/mixture_parts.py, data/mixture_data.py): the data generator ``data.generator``
+(default the tokenized mixture), the attention map ``model.phi`` (softmax), the loss of the
+margin ``train.loss`` (logistic: softplus(-y Phi)) and the step rule ``train.step_rule``
+(constant: the member's ``step_size``). W/mhjax.json records where each came from. Before the
+first step every member's loss, gradient and NTK Gram at theta_0 must be finite
+(mixture_checks.py). The exact train loss
 L(theta_k) is recorded at ``train.loss_points`` log-spaced k (plus k = 0 and k = K) from the
 per-step losses the program already returns (results field ``loss_curve``): one compiled
 program, no extra device work.
 
 Per-member results (``mixture_results``): NTK margin at theta_0 and linear baselines,
 param_distance, head_spread, loss_slope, margin_loss_product; ``evaluate`` adds test loss and
-accuracy and the Hessian/gradient quantities at theta_K. ``finalize`` draws the figures and
-mixture_summary.md (``mhjax.plotting.mixture``).
+accuracy and the Hessian/gradient quantities at theta_K. ``figures`` hands the records to the
+plotting layer (mixture_summary.md and the figures of ``mhjax.plotting.mixture``).
 """
 
 from __future__ import annotations
@@ -60,14 +65,12 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from mhjax.analysis import ntk
-from mhjax.data.mixture import HostSampler
-from mhjax.experiments import mixture_results
-from mhjax.experiments.base import Experiment
-from mhjax.experiments.mixture_config import validate
-from mhjax.io.workdir import Workdir
-from mhjax.models import classifier
-from mhjax.plotting.mixture import write_figures_and_summary
-from mhjax.plotting.mixture_init import write_init_comparison
+from mhjax.data import mixture_data
+from mhjax.data.mixture_data import HostSampler
+from mhjax.experiments import mixture_access, mixture_checks, mixture_results
+from mhjax.experiments.base import Experiment, FigureRequest
+from mhjax.experiments.mixture_config import parts, setting, validate
+from mhjax.models import classifier, mixture_parts
 from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program, Recipe, TrainedProgram
 from mhjax.train.sweep import Member, derive_key, expand, key_names
@@ -105,26 +108,39 @@ class MixtureRecipe(Recipe):
     and ``max_train`` examples)."""
 
     def __init__(self, config, max_heads: int, max_train: int):
-        self.query = config.model.query
-        self.scheme = config.init.scheme
-        first = config.init.first_step
+        self.query = setting(config, "model.query")
+        self.scheme = setting(config, "init.scheme")
+        names = parts(config)
+        self.attention = mixture_parts.get("phi", names["phi"]).fn
+        self.margin_loss = mixture_parts.get("loss", names["loss"]).fn
+        self.step_rule = mixture_parts.get("step_rule", names["step_rule"]).fn
+        self.exponential_tail = mixture_parts.exponential_tail(names["loss"])
+        first = setting(config, "init.first_step")
         self.takes_step = self.scheme == "zero_plus_step" or (first is not None and first > 0)
-        self.lanczos_iters = int(config.analysis.lanczos_iters)
+        self.lanczos_iters = int(setting(config, "analysis.lanczos_iters"))
         self.max_heads, self.max_train = int(max_heads), int(max_train)
         self.shape = types.SimpleNamespace(dim=int(config.data.dim), seq_len=int(config.data.seq_len))
 
     # -- model pieces ---------------------------------------------------
     def phi(self, params, X, consts):
-        return classifier.classifier_apply(params, X, consts["head_mask"], consts["heads"], self.query)
+        return classifier.classifier_apply(params, X, consts["head_mask"], consts["heads"], self.query, self.attention)
 
     def apply_single(self, consts):
         """(params, x (T, d)) -> scalar Phi of this member (its own head mask and H)."""
         return lambda p, x: self.phi(p, x, consts)
 
     def train_loss(self, params, consts):
-        """Mean logistic loss over the member's own n examples (padding has weight 0)."""
-        return classifier.logistic_loss(
-            params, consts["X"], consts["y"], consts["head_mask"], consts["heads"], self.query, consts["weights"]
+        """Mean loss over the member's own n examples (padding left out)."""
+        return classifier.margin_loss(
+            params,
+            consts["X"],
+            consts["y"],
+            consts["head_mask"],
+            consts["heads"],
+            self.query,
+            consts["weights"],
+            loss=self.margin_loss,
+            phi=self.attention,
         )
 
     # -- engine protocol --------------------------------------------------
@@ -144,12 +160,14 @@ class MixtureRecipe(Recipe):
                 consts["heads"],
                 self.query,
                 consts["weights"],
+                loss=self.margin_loss,
+                phi=self.attention,
             )
         return params
 
     def optimizer(self, consts):
-        # Step eta until the member's own K, then 0: members with different K share one program.
-        rate = lambda count: jnp.where(count < consts["own_steps"], consts["step_size"], 0.0)
+        # The rule's step until the member's own K, then 0: members with different K share one program.
+        rate = lambda count: jnp.where(count < consts["own_steps"], self.step_rule(count, consts["step_size"]), 0.0)
         return optax.inject_hyperparams(optax.sgd)(learning_rate=rate)
 
     def loss(self, params, consts, step):
@@ -166,38 +184,89 @@ class MixtureRecipe(Recipe):
         )
         heads = jnp.asarray(consts["heads"], jnp.float32)
         theta0 = self.init_params(consts)
-        return {
+        out = {
             "distance_from_init": jnp.linalg.norm(ravel_pytree(params)[0] - ravel_pytree(theta0)[0]),
-            "test_loss": jnp.mean(jax.nn.softplus(-test_margins)),
+            "test_loss": jnp.mean(self.margin_loss(test_margins)),
             "test_accuracy": jnp.mean(test_margins > 0),
             "train_loss_eval": loss,
             "train_accuracy": jnp.sum(consts["weights"] * (margins > 0)) / consts["num_train"],
-            "grad_norm_over_loss": grad_norm / loss,
             "hessian_min": lam_min,
             "hessian_max": lam_max,
             "step_times_hessian_max": consts["step_size"] * lam_max,
-            "min_hessian_eig_over_loss_sqrtH": jnp.sqrt(heads) * lam_min / loss,
         }
+        if self.exponential_tail:  # ratios to L that the theory reads only under an exponential tail
+            out["grad_norm_over_loss"] = grad_norm / loss
+            out["min_hessian_eig_over_loss_sqrtH"] = jnp.sqrt(heads) * lam_min / loss
+        return out
 
 
 # ---------------------------------------------------------------------- #
 # Experiment: members, constants, results, figures
 # ---------------------------------------------------------------------- #
+def plugin_sources(config) -> dict:
+    """{"data" | "phi" | "loss" | "step_rule": {name: source}} of the plug-ins ``config`` uses."""
+    out = {"data": mixture_data.GENERATORS.sources([setting(config, "data.generator")])}
+    for kind, name in parts(config).items():
+        out[kind] = mixture_parts.KINDS[kind].sources([name])
+    return out
+
+
+def restore_plugins(recorded: dict | None, where: str) -> None:
+    """Register again the plug-ins a workdir's run used (W/mhjax.json's "mixture")."""
+    recorded = recorded or {}
+    mixture_data.GENERATORS.restore(recorded.get("data"), where)
+    for kind, registry in mixture_parts.KINDS.items():
+        registry.restore(recorded.get(kind), where)
+
+
 class MixtureExperiment(Experiment):
     kind = "mixture"
+    analyzes_states = True
 
     def __init__(self, config):
         validate(config)
         self.config = config
         # init_tau and init_scheme join every member's hparams (results.json, HParams) even when not swept.
         self.members: list[Member] = [
-            Member(m.name, {**m.hparams, "init_tau": init_tau(config, m), "init_scheme": config.init.scheme})
+            Member(
+                m.name, {**m.hparams, "init_tau": init_tau(config, m), "init_scheme": setting(config, "init.scheme")}
+            )
             for m in expand(dict(config.sweep))
         ]
         self._key_names = key_names(config.sweep, self.members, shared=SHARED_DRAWS)
         self.max_heads = max(m["heads"] for m in self.members)
         self.max_train = max(m["num_train"] for m in self.members)
         self._train_data, self._test_data = {}, {}  # seed -> (X, y): sampled once per experiment
+
+    @classmethod
+    def restore_plugins(cls, metadata: dict, where: str) -> None:
+        restore_plugins(metadata.get("mixture"), where)
+
+    @classmethod
+    def stored_params(cls, record: dict, params):
+        """Cut to the member's own heads: checkpoints hold them padded to H_max."""
+        return mixture_access.unpad(params, int(record["heads"]))
+
+    # -- a trained run from Python (mixture_access.py) ------------------------
+    def seed_data(self, seed: int):
+        return mixture_access.data(self, seed)
+
+    def theta0(self, name: str):
+        return mixture_access.theta0(self, name)
+
+    def model(self, name: str):
+        return mixture_access.model(self, name)
+
+    def ntk(self, name: str, padded_params, step: int):
+        params = mixture_access.padded_theta0(self, name) if padded_params is None else padded_params
+        return mixture_access.ntk(self, name, params, step)
+
+    def analyze_states(self, states: dict):
+        states = {
+            step: {n: mixture_access.padded_theta0(self, n) if p is None else p for n, p in members.items()}
+            for step, members in states.items()
+        }
+        return mixture_access.analyze(self, states)
 
     # -- data --------------------------------------------------------------
     def data_key(self, seed: int):
@@ -227,7 +296,7 @@ class MixtureExperiment(Experiment):
         X, y = self.train_data(member["seed"])
         X_test, y_test = self.test_data(member["seed"])
         n, eta = member["num_train"], float(member["step_size"])
-        first = self.config.init.first_step
+        first = setting(self.config, "init.first_step")
         return {
             "key": derive_key(self.config.seed, member["seed"], self._key_names[member.name]),
             "tau": np.float32(member["init_tau"]),
@@ -251,8 +320,18 @@ class MixtureExperiment(Experiment):
 
     def member_info(self, member: Member) -> dict:
         d, t, h = self.config.data.dim, self.config.data.seq_len, member["heads"]
-        per_head = d * d + (t * d if self.config.model.query == "full" else d)
+        per_head = d * d + (t * d if setting(self.config, "model.query") == "full" else d)
         return {"params": h * per_head, "own_steps": own_steps(self.config, member["num_train"])}
+
+    def metadata(self) -> dict:
+        """W/mhjax.json's "mixture": where the run's data generator, phi, loss and step rule came
+        from, so a later process registers them again (``restore_plugins``)."""
+        return {"mixture": plugin_sources(self.config)}
+
+    def check_start(self) -> None:
+        """Every member's loss, gradient and NTK Gram at theta_0 finite, else a ConfigError naming
+        the likely field (mixture_checks.py)."""
+        mixture_checks.check_theta0(self)
 
     # -- results ---------------------------------------------------------
     def eval_steps(self) -> list[int]:
@@ -291,13 +370,19 @@ class MixtureExperiment(Experiment):
             )
         ]
 
-    def finalize(self, workdir: Workdir, payload: dict) -> None:
-        """Figures (PNG) and mixture_summary.md in the workdir; a sweep over several init_tau
-        writes the init comparison instead (mixture_init.md, test_accuracy_vs_H.png): the rate
-        and margin figures average over members and would mix the scales."""
+    def figures(self, payload: dict) -> list[FigureRequest]:
+        """Figures (PNG) and mixture_summary.md (plotting/mixture.py); a sweep over several init_tau
+        gets the init comparison instead (mixture_init.md, test_accuracy_vs_H.png): the rate and
+        margin figures average over members and would mix the scales."""
+        scheme = setting(self.config, "init.scheme")
         if len(self.config.sweep.get("init_tau", ())) > 1:
-            write_init_comparison(workdir, payload["members"], scheme=self.config.init.scheme)
-            return
-        write_figures_and_summary(
-            workdir, payload["members"], chunk_steps=int(self.config.train.chunk_steps), init=self.config.init.scheme
-        )
+            return [FigureRequest("mixture_init", {"records": payload["members"], "scheme": scheme})]
+        loss = setting(self.config, "train.loss")
+        data = {
+            "records": payload["members"],
+            "chunk_steps": int(self.config.train.chunk_steps),
+            "init": scheme,
+            "loss": loss,
+            "exponential_tail": mixture_parts.exponential_tail(loss),
+        }
+        return [FigureRequest("mixture", data)]

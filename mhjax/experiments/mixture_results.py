@@ -10,8 +10,13 @@
 * loss_curve {steps, values}: the recorded L(theta_k) with k = K appended; loss_slope: the
   least-squares slope of log L against log k over k in [K/10, K] (the last decade).
 * K is the member's own K (``own_steps``: train.steps, or steps_per_example * n).
-* margin_loss_product = ntk_margin^2 * eta * K * L(theta_K): the theory's training rate
-  L ~ 1/(gamma^2 eta K) makes it of order one and flat in K.
+* margin_loss_product = ntk_margin^2 * S_K * L(theta_K) with S_K = sum_{k<K} eta_k (= eta K
+  for the constant step rule; field ``step_sum``): the theory's training rate L ~ 1/(gamma^2 S_K)
+  makes it of order one and flat in K. Null for a loss without an exponential tail (the squared
+  loss), as are grad_norm_over_loss and min_hessian_eig_over_loss_sqrtH.
+* A margin that cannot be computed (a non-finite Gram) is null, never 0.
+* status "diverged" (``diverged_reason``) when L(theta_K) > train.divergence_factor * L(theta_0)
+  (0 = off); ``initial_loss`` = L(theta_0).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from mhjax.analysis import ntk
+from mhjax.experiments.mixture_config import setting, solver_settings
+from mhjax.models import mixture_parts
 
 
 def head_spread(params, head_mask):
@@ -55,45 +62,58 @@ def loss_slope(steps, values, total: int) -> float:
 
 def _member_pieces(recipe, params_K, consts):
     """(NTK Gram at theta_0 over all max_train examples, ||theta_K - theta_0||, head spread at
-    theta_K, L(theta_K), head spread at theta_0) of one member."""
+    theta_K, L(theta_K), head spread at theta_0, L(theta_0)) of one member."""
     theta0 = recipe.init_params(consts)
     gram = ntk.ntk_gram(recipe.apply_single(consts), theta0, consts["X"], chunk_size=min(64, recipe.max_train))
     distance = jnp.linalg.norm(ravel_pytree(params_K)[0] - ravel_pytree(theta0)[0])
     spread_init = head_spread(theta0, consts["head_mask"])
-    return gram, distance, head_spread(params_K, consts["head_mask"]), recipe.train_loss(params_K, consts), spread_init
+    final, initial = recipe.train_loss(params_K, consts), recipe.train_loss(theta0, consts)
+    return gram, distance, head_spread(params_K, consts["head_mask"]), final, spread_init, initial
 
 
-def _ratio(margin, radius) -> float:
+def _ratio(margin, radius) -> float | None:
+    if margin is None or radius is None:
+        return None
     return float(margin) / float(radius) if radius > 0 else float("nan")
+
+
+def member_margin(gram, y, solver: dict):
+    """(margin, gap, info) of ``ntk.simplex_margin`` as floats; all None (radius too) when the Gram
+    is not finite: such a margin cannot be computed, and 0 would read as "not separable"."""
+    if not np.all(np.isfinite(gram)):
+        return None, None, {"radius": None}
+    margin, gap, info = ntk.simplex_margin(gram, y, return_info=True, **solver)
+    return float(margin), float(gap), dict(info, radius=float(info["radius"]))
 
 
 def extra_results(experiment, trained, loss_curves: dict[int, dict]) -> dict:
     """{member index: fields} for every member of the sweep (see the module docstring);
     ``trained``: the trainer's TrainedProgram list, ``loss_curves``: {member index: recorded curve}."""
-    a = experiment.config.analysis
-    solver = dict(num_iters=int(a.margin_iters), tol=float(a.margin_tol))
+    solver = solver_settings(experiment.config)
+    factor = float(setting(experiment.config, "train.divergence_factor"))
     out, linear = {}, {}
     for done in trained:
         recipe = done.program.recipe
         fn = jax.jit(
             lambda params, consts, recipe=recipe: jax.lax.map(lambda pc: _member_pieces(recipe, *pc), (params, consts))
         )
-        grams, distances, spreads, final, spreads_init = jax.device_get(fn(done.states.params, done.consts))
+        grams, distances, spreads, final, spreads_init, initial = jax.device_get(fn(done.states.params, done.consts))
         for j, i in enumerate(done.program.members):
             member = experiment.members[i]
             n, seed, eta = member["num_train"], member["seed"], float(member["step_size"])
             total = experiment.member_info(member)["own_steps"]
             X, y = experiment.train_data(seed)
-            margin, gap, info = ntk.simplex_margin(grams[j][:n, :n], y[:n], return_info=True, **solver)
+            margin, gap, info = member_margin(grams[j][:n, :n], y[:n], solver)
+            steps_sum = mixture_parts.step_sum(recipe.step_rule, eta, total)
             if (seed, n) not in linear:
                 flat = ntk.linear_margin(X[:n], y[:n], "flatten", return_info=True, **solver)
                 mean = ntk.linear_margin(X[:n], y[:n], "mean", return_info=True, **solver)
                 linear[(seed, n)] = (flat, mean)
             flat, mean = linear[(seed, n)]
             record = {
-                "ntk_margin": float(margin),
-                "ntk_margin_gap": float(gap),
-                "ntk_radius": float(info["radius"]),
+                "ntk_margin": margin,
+                "ntk_margin_gap": gap,
+                "ntk_radius": info["radius"],
                 "ntk_margin_normalized": _ratio(margin, info["radius"]),
                 "linear_margin": float(flat[0]),
                 "linear_margin_normalized": _ratio(flat[0], flat[2]["radius"]),
@@ -102,8 +122,20 @@ def extra_results(experiment, trained, loss_curves: dict[int, dict]) -> dict:
                 "param_distance": float(distances[j]),
                 "head_spread": float(spreads[j]),
                 "head_spread_init": float(spreads_init[j]),
-                "margin_loss_product": float(margin) ** 2 * eta * total * float(final[j]),
+                "step_sum": steps_sum,
+                "initial_loss": float(initial[j]),
+                "margin_loss_product": None,
             }
+            if recipe.exponential_tail and margin is not None:
+                record["margin_loss_product"] = float(margin) ** 2 * steps_sum * float(final[j])
+            if not recipe.exponential_tail:
+                record.update(grad_norm_over_loss=None, min_hessian_eig_over_loss_sqrtH=None)
+            if factor > 0 and not float(final[j]) <= factor * float(initial[j]):
+                record["status"] = "diverged"
+                record["diverged_reason"] = (
+                    f"L(theta_K) = {float(final[j]):.4g} > train.divergence_factor {factor:g} x L(theta_0) = "
+                    f"{float(initial[j]):.4g}"
+                )
             curve = loss_curves.get(i)
             if curve is not None:
                 kept = [(k, v) for k, v in zip(curve["steps"], curve["values"]) if k < total]  # frozen after K

@@ -9,7 +9,7 @@
     W/results.json, .md       written when training ends (io/results.py)
     W/analysis/analysis.*     `mhjax analyze --workdir W`
     W/report.md, W/report/    `mhjax report --workdir W`
-    W/<figure>.png, <name>.md an experiment's own figures and summaries (Experiment.finalize)
+    W/<figure>.png, <name>.md an experiment's own figures and summaries (Experiment.figures, drawn by plotting)
 
 No other module of mhjax names these files: they ask a ``Workdir``. Its readers keep what they
 read, so a command holding one Workdir reads an unchanged file once, and read it again once it
@@ -234,6 +234,13 @@ class Workdir:
 
     def has_checkpoints(self) -> bool:
         return os.path.isdir(self.checkpoints_dir)
+
+    def checkpoint_steps(self) -> list[int]:
+        """The steps of the complete checkpoints kept, ascending (orbax names a step's folder by
+        its number; a save in progress has another name)."""
+        if not self.has_checkpoints():
+            return []
+        return sorted(int(e) for e in os.listdir(self.checkpoints_dir) if e.isdigit())
 
     def latest_step(self) -> int | None:
         """The step of the latest complete checkpoint, or None."""

@@ -103,8 +103,12 @@ def _infer_query(params: dict, query: Optional[str]) -> str:
     return query
 
 
-def _phi_single(params: dict, x: jax.Array, head_mask: jax.Array, num_heads, query: str) -> jax.Array:
-    """Phi for one example x: (T, d) -> scalar."""
+def softmax(scores):
+    return jax.nn.softmax(scores, axis=-1)
+
+
+def _phi_single(params: dict, x: jax.Array, head_mask: jax.Array, num_heads, query: str, phi=softmax) -> jax.Array:
+    """Phi for one example x: (T, d) -> scalar; ``phi`` maps a row of scores to attention weights."""
     mask = head_mask.astype(x.dtype)
     # Masking the parameters (not only the outputs) makes the gradient of a
     # masked head exactly 0 * finite = 0.
@@ -112,13 +116,13 @@ def _phi_single(params: dict, x: jax.Array, head_mask: jax.Array, num_heads, que
     if query == "full":
         u = params["U"] * mask[:, None, None]
         scores = jnp.einsum("td,hde,se->hts", x, w, x)  # (H, T, T)
-        attn = jax.nn.softmax(scores, axis=-1)
+        attn = phi(scores)
         heads = jnp.einsum("hts,sd->htd", attn, x)  # (H, T, d)
         contrib = jnp.einsum("htd,htd->h", u, heads)  # (H,)
     else:
         u = params["U"] * mask[:, None]
         scores = jnp.einsum("td,hde,e->ht", x, w, x[0])  # (H, T)
-        attn = jax.nn.softmax(scores, axis=-1)
+        attn = phi(scores)
         heads = jnp.einsum("ht,td->hd", attn, x)  # (H, d)
         contrib = jnp.einsum("hd,hd->h", u, heads)  # (H,)
     scale = jax.lax.rsqrt(jnp.asarray(num_heads, x.dtype))
@@ -126,7 +130,7 @@ def _phi_single(params: dict, x: jax.Array, head_mask: jax.Array, num_heads, que
 
 
 def classifier_apply(
-    params: dict, X: jax.Array, head_mask: jax.Array, num_heads=None, query: Optional[str] = None
+    params: dict, X: jax.Array, head_mask: jax.Array, num_heads=None, query: Optional[str] = None, phi=softmax
 ) -> jax.Array:
     """Phi(theta; X).
 
@@ -137,14 +141,45 @@ def classifier_apply(
       num_heads: the member's H for the 1/sqrt(H) scale (int or traced
         scalar); default sum(head_mask).
       query: "full" | "first" | None (inferred from U.ndim; static).
+      phi: attention weights from a row of scores, (..., T) -> (..., T) (default softmax).
     """
     query = _infer_query(params, query)
     head_mask = jnp.asarray(head_mask)
     if num_heads is None:
         num_heads = jnp.sum(head_mask.astype(jnp.float32))
     if X.ndim == 2:
-        return _phi_single(params, X, head_mask, num_heads, query)
-    return jax.vmap(_phi_single, in_axes=(None, 0, None, None, None))(params, X, head_mask, num_heads, query)
+        return _phi_single(params, X, head_mask, num_heads, query, phi)
+    return jax.vmap(lambda x: _phi_single(params, x, head_mask, num_heads, query, phi))(X)
+
+
+def logistic(z):
+    return jax.nn.softplus(-z)
+
+
+def margin_loss(
+    params: dict,
+    X: jax.Array,
+    y: jax.Array,
+    head_mask: jax.Array,
+    num_heads=None,
+    query: Optional[str] = None,
+    weights=None,
+    *,
+    loss=logistic,
+    phi=softmax,
+) -> jax.Array:
+    """Empirical risk mean_i loss(y_i Phi(X_i)); X: (n, T, d), y: (n,).
+
+    ``weights`` (n,) of 0/1 (optional): the mean over the examples of weight 1 only, so a
+    training set padded with zero-weight examples has the loss of the unpadded one. Padded
+    examples are left out with ``where`` (their margin replaced by 0 before the loss, their loss
+    by 0 after), never multiplied by 0: exp(-z) of a padded example may overflow, and 0 * inf is NaN."""
+    z = y * classifier_apply(params, X, head_mask, num_heads, query, phi)
+    if weights is None:
+        return jnp.mean(loss(z))
+    keep = weights > 0
+    losses = jnp.where(keep, loss(jnp.where(keep, z, 0.0)), 0.0)
+    return jnp.sum(losses) / jnp.sum(weights)
 
 
 def logistic_loss(
@@ -156,15 +191,8 @@ def logistic_loss(
     query: Optional[str] = None,
     weights=None,
 ) -> jax.Array:
-    """Empirical risk mean_i softplus(-y_i Phi(X_i)); X: (n, T, d), y: (n,).
-
-    ``weights`` (n,) of 0/1 (optional): the mean over the examples of weight 1 only, so a
-    training set padded with zero-weight examples has the loss of the unpadded one."""
-    phi = classifier_apply(params, X, head_mask, num_heads, query)
-    losses = jax.nn.softplus(-y * phi)
-    if weights is None:
-        return jnp.mean(losses)
-    return jnp.sum(weights * losses) / jnp.sum(weights)
+    """``margin_loss`` with the logistic loss softplus(-y Phi) and softmax attention."""
+    return margin_loss(params, X, y, head_mask, num_heads, query, weights)
 
 
 def gd_step(
@@ -176,8 +204,13 @@ def gd_step(
     num_heads=None,
     query: Optional[str] = None,
     weights=None,
+    *,
+    loss=logistic,
+    phi=softmax,
 ):
-    """One full-batch plain GD step on ``logistic_loss``: (new_params, loss)."""
-    loss, grads = jax.value_and_grad(logistic_loss)(params, X, y, head_mask, num_heads, query, weights)
+    """One full-batch plain GD step on ``margin_loss``: (new_params, loss)."""
+    value, grads = jax.value_and_grad(margin_loss)(
+        params, X, y, head_mask, num_heads, query, weights, loss=loss, phi=phi
+    )
     new = jax.tree_util.tree_map(lambda p, g: p - eta * g, params, grads)
-    return new, loss
+    return new, value

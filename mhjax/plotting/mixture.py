@@ -1,26 +1,28 @@
-"""Figures and mixture_summary.md of a mixture sweep, from results.json records (and the
-TensorBoard train/loss curve where a member has no recorded ``loss_curve``).
+"""Figures of a mixture sweep, from results.json records (and the TensorBoard train/loss curve
+where a member has no recorded ``loss_curve``); mixture_summary.md comes from mixture_summary.py.
 
-What each figure measures:
-  * loss_vs_K.png: train loss L(theta_k) (mean over seeds) against k, log-log, a panel per
-    (n, eta), a line per H, with a 1/K line through the H=1 curve's first point. Exact losses
-    from ``loss_curve``; without it, TensorBoard chunk means plotted at the chunk centre.
-  * test_loss_vs_n.png: test loss at theta_K (mean, min-max over seeds) against n, a line per H,
-    with the least-squares slope per H and the curve c/(gamma^2 n) (gamma = mean NTK margin).
+What each figure measures (the init scheme and the loss are in every figure's title: numbers
+under "zero_plus_step" (identical heads) measure a learning-rate effect of H, not width):
+  * loss_vs_K.png: train loss L(theta_k) against k, log-log, a panel per (n, eta), a line per H
+    (mean over seeds) with a band from the lowest to the highest seed, each H's last-decade slope
+    as mean ± std over seeds in the legend, and a 1/K line through the first H's first point.
+    Exact losses from ``loss_curve``; without it, TensorBoard chunk means at the chunk centre.
+  * test_loss_vs_n.png: test loss at theta_K (mean, min-max over seeds) against n, a line per H
+    with its fitted slope, a 1/n line, and c/(gamma^2 n) per H (gamma: that H's mean NTK margin
+    per n, scaled to its first point); the generalization gap (test - train loss) beside it; a
+    row per step size, and no figure when the sweep has one n.
   * path.png (when evaluated at several k): along the GD path, ||theta_k - theta_0|| against
     log(k)/gamma (the theory's radius), sqrt(H) lambda_min(Hessian)/L and eta lambda_max (the
     stability edge 2 drawn), mean over seeds per H, for the first (n, eta) of the sweep.
-  * test_loss_vs_n.png also has the generalization gap (test loss - train loss at theta_K); a row
-    per step size, and no figure when the sweep has one n.
   * ntk_margin_vs_H.png: NTK margin at theta_0, mean +- std over seeds against H (left), and
     margins divided by the feature radius against the linear baselines (right).
-The init scheme is written in every title: numbers under "zero_plus_step" (identical heads)
-measure a learning-rate effect of H, not width.
+The 1/K line, c/(gamma^2 n), sqrt(H) lambda_min / L and the slope verdict assume a loss with an
+exponential tail; for another loss (the squared loss) they are left out and the titles say so.
+Log axes carry major tick labels only (minor labels such as 3x10^1 and 4x10^1 overlap).
 """
 
 from __future__ import annotations
 
-import math
 import sys
 
 import numpy as np
@@ -28,6 +30,7 @@ import numpy as np
 from mhjax.io.curves import train_window
 from mhjax.io.results import write_text
 from mhjax.io.workdir import Workdir
+from mhjax.plotting.mixture_summary import edge_crossings, group_by, mean_of, summary_markdown, values_of
 
 SUMMARY = "mixture_summary.md"
 
@@ -36,84 +39,15 @@ class NothingToDraw(Exception):
     """The records hold no data for this figure (it is left out without a message)."""
 
 
-def group_by(records, keys) -> dict:
-    """{tuple of the records' values at ``keys``: records}, sorted by key (None last)."""
-    out = {}
-    for r in records:
-        out.setdefault(tuple(r.get(k) for k in keys), []).append(r)
-    return dict(sorted(out.items(), key=lambda kv: tuple((v is None, v) for v in kv[0])))
+class Style:
+    """What every panel says: the init scheme, the loss, whether it has an exponential tail."""
 
+    def __init__(self, init: str = "?", loss: str = "logistic", tail: bool = True):
+        self.init, self.loss, self.tail = init, loss, tail
 
-def _values(records, field):
-    values = [r.get(field) for r in records]
-    return np.array([v for v in values if isinstance(v, (int, float)) and math.isfinite(v)], float)
-
-
-def _mean(records, field):
-    values = _values(records, field)
-    return float(values.mean()) if values.size else float("nan")
-
-
-def _mean_std(records, field) -> str:
-    values = _values(records, field)
-    if not values.size:
-        return "-"
-    return f"{values.mean():.3g} ± {values.std():.2g}" if values.size > 1 else f"{values[0]:.3g}"
-
-
-def _fmt(value) -> str:
-    return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.4g}"
-
-
-SUMMARY_COLUMNS = (
-    ("ntk_margin", "NTK margin at theta_0"),
-    ("ntk_margin_normalized", "NTK margin / radius"),
-    ("linear_margin", "linear margin (flat)"),
-    ("linear_margin_mean", "linear margin (mean token)"),
-    ("train_loss_eval", "train loss"),
-    ("test_loss", "test loss"),
-    ("test_accuracy", "test acc"),
-    ("param_distance", "dist(theta_K, theta_0)"),
-    ("head_spread", "head spread"),
-    ("grad_norm_over_loss", "norm(grad L) / L"),
-    ("min_hessian_eig_over_loss_sqrtH", "sqrt(H) lambda_min / L"),
-    ("step_times_hessian_max", "eta lambda_max"),
-)
-
-
-def rate_rows(records) -> list[tuple]:
-    """(n, eta, H, seeds, slope, product, L(theta_K), eta lambda_max), each 'mean ± std', per (n, eta, H)."""
-    rows = []
-    for (n, eta, h), group in group_by(records, ("num_train", "step_size", "heads")).items():
-        rows.append(
-            (
-                n,
-                eta,
-                h,
-                len(group),
-                _mean_std(group, "loss_slope"),
-                _mean_std(group, "margin_loss_product"),
-                _mean_std(group, "train_loss_eval"),
-                _mean_std(group, "step_times_hessian_max"),
-            )
-        )
-    return rows
-
-
-def flat_threshold(records, slope_tol: float = 0.2) -> dict:
-    """{(n, eta): the smallest H from which on every larger H has mean loss_slope within
-    ``slope_tol`` of -1, or None}: where the measured rate matches the theory's 1/K."""
-    out = {}
-    for (n, eta), group in group_by(records, ("num_train", "step_size")).items():
-        by_h = group_by(group, ("heads",))
-        ok = [(h, abs(_mean(v, "loss_slope") + 1) <= slope_tol) for (h,), v in by_h.items()]
-        found = None
-        for pos, (h, _) in enumerate(ok):
-            if all(flag for _, flag in ok[pos:]):
-                found = h
-                break
-        out[(n, eta)] = found
-    return out
+    def suptitle(self, fig, what: str) -> None:
+        note = "" if self.tail else " (no exponential tail: 1/K and c/(gamma^2 n) left out)"
+        fig.suptitle(f"{what}; init={self.init}, loss={self.loss}{note}", fontsize=10)
 
 
 def _curves(workdir: Workdir, name: str, tags) -> dict:
@@ -121,98 +55,51 @@ def _curves(workdir: Workdir, name: str, tags) -> dict:
     return workdir.curves(name, tags) if workdir.has_curves(name) else {}
 
 
-def edge_crossings(workdir: Workdir, records: list[dict]) -> dict:
-    """{(eta, H): the last evaluated step k with eta lambda_max(theta_k) > 2 in any seed}, from
-    the members' eval/step_times_hessian_max curves (empty without evaluations)."""
-    tag = "eval/step_times_hessian_max"
-    out = {}
-    for r in records:
-        steps, values = _curves(workdir, r["name"], [tag]).get(tag, (np.zeros(0), np.zeros(0)))
-        above = steps[values > 2]
-        if above.size:
-            key = (r.get("step_size"), r.get("heads"))
-            out[key] = max(out.get(key, 0), int(above.max()))
-    return dict(sorted(out.items()))
+def log_axes(ax, x: bool = True, y: bool = True, base: float = 10) -> None:
+    """Log scale on ``x`` / ``y`` with major tick labels only."""
+    from matplotlib.ticker import NullFormatter
 
-
-def summary_markdown(records: list[dict], init: str = "?", crossings: dict | None = None) -> str:
-    total = max((r.get("steps") or 0) for r in records) if records else 0
-    lines = [
-        "# Tokenized mixture: one-layer multi-head attention under GD",
-        "",
-        f"theta_0: init scheme `{init}`; K = {total} GD steps. Means over seeds. Margins: certified lower",
-        "bounds (simplex dual); a value <= 0 means the features were not certified separable. `sep` counts",
-        "the seeds whose NTK features at theta_0 are separable. Losses, accuracies, head spread and the",
-        "Hessian columns at theta_K; eta lambda_max > 2 means the step is above GD's stability edge.",
-        "",
-    ]
-    header = ["n", "eta", "H", "seeds", "sep"] + [title for _, title in SUMMARY_COLUMNS]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for (n, eta, h), group in group_by(records, ("num_train", "step_size", "heads")).items():
-        sep = sum(1 for r in group if (r.get("ntk_margin") or 0) > 0)
-        row = [str(n), _fmt(eta), str(h), str(len(group)), f"{sep}/{len(group)}"]
-        row += [_fmt(_mean(group, field)) for field, _ in SUMMARY_COLUMNS]
-        lines.append("| " + " | ".join(row) + " |")
-    if any("loss_slope" in r for r in records):
-        lines += [
-            "",
-            "## Training rate",
-            "",
-            "slope: least-squares slope of log L(theta_k) against log k over k in [K/10, K] (theory: -1).",
-            "product: ntk_margin^2 * eta * K * L(theta_K) (theory: of order one and flat in K once H is past",
-            "a threshold). Mean ± std over seeds. Where L(theta_K) is below ~1e-6 the GD updates are at",
-            "float32 rounding level (a step changes the parameters by ~eta L |features|), so a flat tail",
-            "there is a precision floor, not a rate. eta lambda_max at theta_K (> 2: above GD's stability edge).",
-            "",
-            "| n | eta | H | seeds | loss slope | margin^2 eta K L | L(theta_K) | eta lambda_max |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for n, eta, h, count, slope, product, loss, sharp in rate_rows(records):
-            lines.append(f"| {n} | {_fmt(eta)} | {h} | {count} | {slope} | {product} | {loss} | {sharp} |")
-        lines += [""]
-        for (n, eta), h in flat_threshold(records).items():
-            found = f"H >= {h}" if h is not None else "no H in the sweep"
-            lines.append(f"- n={n}, eta={_fmt(eta)}: slope within 0.2 of -1 for {found}.")
-    unstable = sorted(
-        {(r.get("step_size"), r.get("heads")) for r in records if (r.get("step_times_hessian_max") or 0) > 2}
-    )
-    if unstable:
-        lines += [
-            "",
-            "Above the stability edge (eta lambda_max(theta_K) > 2): "
-            + ", ".join(f"eta={_fmt(e)} H={h}" for e, h in unstable)
-            + ".",
-        ]
-    if crossings:
-        lines += [
-            "",
-            "Above the stability edge along the path (eta lambda_max(theta_k) > 2 at an evaluated k; the",
-            "last such k): " + ", ".join(f"eta={_fmt(e)} H={h} (k={k})" for (e, h), k in crossings.items()) + ".",
-        ]
-    return "\n".join(lines) + "\n"
+    for flag, scale, axis in ((x, ax.set_xscale, ax.xaxis), (y, ax.set_yscale, ax.yaxis)):
+        if flag:
+            scale("log", base=base)
+            axis.set_minor_formatter(NullFormatter())
 
 
 def write_figures_and_summary(
-    workdir: Workdir, records: list[dict], chunk_steps: int = 1, log=None, init: str = "?"
+    workdir: Workdir,
+    records: list[dict],
+    chunk_steps: int = 1,
+    log=None,
+    init: str = "?",
+    loss: str = "logistic",
+    exponential_tail: bool = True,
 ) -> list[str]:
-    """loss_vs_K.png, test_loss_vs_n.png, ntk_margin_vs_H.png and mixture_summary.md; returns
-    the paths written. A figure that fails is skipped with a message (results are already saved).
-    The members' TensorBoard runs are read once (``workdir`` keeps them)."""
+    """loss_vs_K.png, test_loss_vs_n.png, ntk_margin_vs_H.png, path.png and mixture_summary.md;
+    returns the paths written. A figure that fails is skipped with a message (results are
+    already saved). The members' TensorBoard runs are read once (``workdir`` keeps them)."""
     log = log or (lambda m: print(m, file=sys.stderr))
+    workdir = Workdir.of(workdir)
+    style = Style(init, loss, exponential_tail)
     written = []
     path = workdir.file(SUMMARY)
-    write_text(path, summary_markdown(records, init, edge_crossings(workdir, records)))
+    crossings = edge_crossings(lambda name, tags: _curves(workdir, name, tags), records)
+    write_text(path, summary_markdown(records, init, crossings, loss, exponential_tail))
     written.append(path)
-    for filename, draw in (
-        ("loss_vs_K.png", lambda fig: _plot_loss_vs_K(fig, workdir, records, chunk_steps, init)),
-        ("test_loss_vs_n.png", lambda fig: _plot_test_loss_vs_n(fig, records, init)),
-        ("ntk_margin_vs_H.png", lambda fig: _plot_margin_vs_H(fig, records, init)),
-        ("path.png", lambda fig: _plot_path(fig, workdir, records, init)),
+    panels = max(len(group_by(records, ("num_train", "step_size"))), 1)
+    for filename, width, draw in (
+        (
+            "loss_vs_K.png",
+            max(11, 4.2 * panels),
+            lambda fig: _plot_loss_vs_K(fig, workdir, records, chunk_steps, style),
+        ),
+        ("test_loss_vs_n.png", 11, lambda fig: _plot_test_loss_vs_n(fig, records, style)),
+        ("ntk_margin_vs_H.png", 11, lambda fig: _plot_margin_vs_H(fig, records, style)),
+        ("path.png", 14, lambda fig: _plot_path(fig, workdir, records, style)),
     ):
         try:
             from matplotlib.figure import Figure  # slow import: only when drawing
 
-            fig = Figure(figsize=(11, 4.2), layout="constrained")
+            fig = Figure(figsize=(width, 4.4), layout="constrained")
             draw(fig)
             path = workdir.file(filename)
             fig.savefig(path, dpi=110)
@@ -246,7 +133,7 @@ def _curve(workdir, record, chunk_steps):
     return found[0] - (train_window(chunk_steps) + 1) / 2, found[1]
 
 
-def _plot_loss_vs_K(fig, workdir, records, chunk_steps, init):
+def _plot_loss_vs_K(fig, workdir, records, chunk_steps, style):
     panels = group_by(records, ("num_train", "step_size"))
     colors = _colors(r["heads"] for r in records)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
@@ -258,31 +145,43 @@ def _plot_loss_vs_K(fig, workdir, records, chunk_steps, init):
                 continue
             length = min(c[0].size for c in curves)
             steps = curves[0][0][:length]
-            values = np.mean([c[1][:length] for c in curves], axis=0)
+            stack = np.array([c[1][:length] for c in curves])
+            values = np.mean(stack, axis=0)
             keep = (steps > 0) & np.isfinite(values) & (values > 0)
-            ax.loglog(steps[keep], values[keep], color=colors[h], label=f"H={h}")
+            slopes = values_of(members, "loss_slope")
+            label = f"H={h}"
+            if slopes.size:
+                label += f": slope {slopes.mean():.2f}" + (f" ± {slopes.std():.2f}" if slopes.size > 1 else "")
+            ax.plot(steps[keep], values[keep], color=colors[h], label=label)
+            if len(curves) > 1:  # the seeds' band: lowest to highest
+                lo, hi = np.min(stack, axis=0), np.max(stack, axis=0)
+                band = keep & (lo > 0) & np.isfinite(hi)
+                ax.fill_between(steps[band], lo[band], hi[band], color=colors[h], alpha=0.2, lw=0)
             if keep.any() and anchor is None:
                 anchor = (steps[keep][0], values[keep][0], steps[keep][-1])
-        if anchor is not None:
+        if anchor is not None and style.tail:
             k0, l0, k1 = anchor
             ks = np.geomspace(k0, k1, 20)
-            ax.loglog(ks, l0 * k0 / ks, "k--", lw=1, label="1/K")
-        ax.set_title(f"n={n}, eta={eta:g}, init={init}", fontsize=9)
+            ax.plot(ks, l0 * k0 / ks, "k--", lw=1, label="1/K")
+        log_axes(ax)
+        ax.set_title(f"n={n}, eta={eta:g}", fontsize=9)
         ax.set_xlabel("GD step k")
-        ax.set_ylabel("train loss (mean over seeds)")
+        ax.set_ylabel("train loss (mean, band: seeds' range)")
         ax.legend(fontsize=7)
+    style.suptitle(fig, "train loss against k; slope: last decade, mean ± std over seeds")
 
 
-def _plot_test_loss_vs_n(fig, records, init):
+def _plot_test_loss_vs_n(fig, records, style):
     if len({r["num_train"] for r in records}) < 2:
         raise NothingToDraw("one training-set size: no curve against n")
     records = [dict(r, generalization_gap=_gap(r)) for r in records]
     panels = group_by(records, ("step_size",))
     axes = fig.subplots(len(panels), 2, squeeze=False)
-    fig.set_size_inches(11, 4.2 * len(panels))  # a row per step size: panels stay readable
+    fig.set_size_inches(11, 4.4 * len(panels))  # a row per step size: panels stay readable
     for j, ((eta,), group) in enumerate(panels.items()):
-        _draw_vs_n(axes[j, 0], group, "test_loss", f"test loss at theta_K, eta={eta:g}, init={init}", records)
-        _draw_vs_n(axes[j, 1], group, "generalization_gap", f"test - train loss at theta_K, eta={eta:g}", records)
+        _draw_vs_n(axes[j, 0], group, "test_loss", f"test loss at theta_K, eta={eta:g}", records, style.tail)
+        _draw_vs_n(axes[j, 1], group, "generalization_gap", f"test - train loss, eta={eta:g}", records, False)
+    style.suptitle(fig, "generalization against n")
 
 
 def _gap(record):
@@ -290,16 +189,18 @@ def _gap(record):
     return test - train if isinstance(test, float) and isinstance(train, float) else None
 
 
-def _draw_vs_n(ax, group, field, title, records):
+def _draw_vs_n(ax, group, field, title, records, theory: bool):
     """``field`` at theta_K (mean, min-max over seeds) against n, a line per H with its fitted
-    slope; the largest H also gets c/(gamma^2 n) with gamma its mean NTK margin per n."""
+    slope; ``theory``: a 1/n line, and per H c/(gamma^2 n) with gamma its mean NTK margin per n
+    (each scaled to the first point it passes through)."""
     colors = _colors(r["heads"] for r in records)
     heads = sorted(colors)
+    first = None
     for (h,), members in group_by(group, ("heads",)).items():
         nudge = 1.0 + 0.015 * (heads.index(h) - (len(heads) - 1) / 2)  # keep error bars apart
         by_n = group_by(members, ("num_train",))
         ns = np.array([k[0] for k in by_n], dtype=float)
-        vals = [_values(v, field) for v in by_n.values()]
+        vals = [values_of(v, field) for v in by_n.values()]
         mean = np.array([v.mean() if v.size else np.nan for v in vals])
         lo = np.array([v.min() if v.size else np.nan for v in vals])
         hi = np.array([v.max() if v.size else np.nan for v in vals])
@@ -308,12 +209,22 @@ def _draw_vs_n(ax, group, field, title, records):
         if ok.sum() >= 2:
             label += f" (slope {fitted_slope(ns[ok], mean[ok]):.2f})"
         ax.errorbar(ns * nudge, mean, yerr=[mean - lo, hi - mean], color=colors[h], marker="o", capsize=2, label=label)
-        gamma = np.array([_mean(v, "ntk_margin") for v in by_n.values()])
-        if h == heads[-1] and np.all(gamma > 0) and ok.any():
+        if not (theory and ok.any()):
+            continue
+        if first is None:
+            first = (ns, ns[ok][0], mean[ok][0])
+        gamma = np.array([mean_of(v, "ntk_margin") for v in by_n.values()])
+        if np.all(gamma > 0):
             ref = 1.0 / (gamma**2 * ns)
-            ax.plot(ns, ref * mean[ok][0] / ref[ok][0], "k--", lw=1, label="1/(gamma^2 n), scaled to the first point")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+            i = int(np.flatnonzero(ok)[0])
+            ax.plot(ns, ref * mean[i] / ref[i], ls=":", color=colors[h], lw=1.2)
+    if first is not None:
+        ns, n0, v0 = first
+        ax.plot(ns, v0 * n0 / ns, "k--", lw=1, label="1/n")
+        ax.plot([], [], ls=":", color="gray", label="c/(gamma^2 n) per H, scaled")
+    log_axes(ax)
+    sizes = sorted({r["num_train"] for r in group})
+    ax.set_xticks(sizes, [str(n) for n in sizes])  # the sweep's n as labels: often less than a decade
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("training set size n")
     ax.set_ylabel(f"{field} (mean, min-max over seeds)")
@@ -325,7 +236,7 @@ def fitted_slope(x, y) -> float:
     return float(np.polyfit(np.log(x), np.log(y), 1)[0])
 
 
-def _plot_margin_vs_H(fig, records, init):
+def _plot_margin_vs_H(fig, records, style):
     left, right = fig.subplots(1, 2)
     # The margin is taken at theta_0, which members differing only in eta share (their key leaves
     # eta out) unless theta_0 includes a first GD step of size eta: a line per (n, eta) only where
@@ -339,30 +250,31 @@ def _plot_margin_vs_H(fig, records, init):
         for _, eta, group in drawn:
             _draw_margins(left, right, n, eta if len(drawn) > 1 else None, group)
     for ax in (left, right):
-        ax.set_xscale("log", base=2)
+        log_axes(ax, y=False, base=2)
         ax.set_xlabel("heads H")
         ax.legend(fontsize=7)
     left.set_ylabel("NTK margin at theta_0 (mean ± std over seeds)")
-    left.set_title(f"NTK margin vs H, init={init} (<= 0: not separable)", fontsize=9)
+    left.set_title("NTK margin vs H (<= 0: not separable)", fontsize=9)
     right.set_ylabel("margin / max feature norm")
     right.set_title("scale-free margins: NTK vs linear on raw inputs", fontsize=9)
+    style.suptitle(fig, "NTK margin at theta_0")
 
 
 def _draw_margins(left, right, n, eta, group):
     """One line per (n[, eta]): the NTK margin (left) and the scale-free margins (right)."""
     by_h = group_by(group, ("heads",))
     hs = np.array([h[0] for h in by_h], dtype=float)
-    stats = [_values(v, "ntk_margin") for v in by_h.values()]
+    stats = [values_of(v, "ntk_margin") for v in by_h.values()]
     mean = np.array([s.mean() if s.size else np.nan for s in stats])
     std = np.array([s.std() if s.size else np.nan for s in stats])
-    normed = np.array([_mean(v, "ntk_margin_normalized") for v in by_h.values()])
+    normed = np.array([mean_of(v, "ntk_margin_normalized") for v in by_h.values()])
     label = f"n={n}" if eta is None else f"n={n}, eta={eta:g}"
     line = left.errorbar(hs, mean, yerr=std, marker="o", capsize=3, label=label)
     color = line[0].get_color()
     right.plot(hs, normed, marker="o", color=color, label=f"NTK, {label}")
-    right.axhline(_mean(group, "linear_margin_normalized"), ls="--", color=color, lw=1, label=f"linear (flat), n={n}")
+    right.axhline(mean_of(group, "linear_margin_normalized"), ls="--", color=color, lw=1, label=f"linear (flat), n={n}")
     right.axhline(
-        _mean(group, "linear_margin_mean_normalized"),
+        mean_of(group, "linear_margin_mean_normalized"),
         ls=":",
         color=color,
         lw=1,
@@ -373,36 +285,42 @@ def _draw_margins(left, right, n, eta, group):
 PATH_TAGS = ("eval/distance_from_init", "eval/min_hessian_eig_over_loss_sqrtH", "eval/step_times_hessian_max")
 
 
-def _plot_path(fig, workdir, records, init):
+def _plot_path(fig, workdir, records, style):
     (n, eta), group = next(iter(group_by(records, ("num_train", "step_size")).items()))
     curves = {r["name"]: _curves(workdir, r["name"], PATH_TAGS) for r in group}
     if all(len(curves[r["name"]].get(PATH_TAGS[0], ((),))[0]) < 3 for r in group):
         raise NothingToDraw("fewer than 3 evaluations along the path (set train.eval_points)")
     colors = _colors(r["heads"] for r in records)
     axes = fig.subplots(1, 3)
+    tags = [t for t in PATH_TAGS if style.tail or t != PATH_TAGS[1]]  # L-ratios need an exponential tail
     for (h,), members in group_by(group, ("heads",)).items():
-        found = [curves[r["name"]] for r in members if all(t in curves[r["name"]] for t in PATH_TAGS)]
+        found = [curves[r["name"]] for r in members if all(t in curves[r["name"]] for t in tags)]
         if not found:
             continue
         length = min(c[PATH_TAGS[0]][0].size for c in found)
         steps = found[0][PATH_TAGS[0]][0][:length].astype(float)
-        mean = {t: np.mean([c[t][1][:length] for c in found], axis=0) for t in PATH_TAGS}
-        gamma = _mean(members, "ntk_margin")
+        mean = {t: np.mean([c[t][1][:length] for c in found], axis=0) for t in tags}
+        gamma = mean_of(members, "ntk_margin")
         keep = steps > 0
         if gamma > 0:
             axes[0].plot(
                 np.log(steps[keep]) / gamma, mean[PATH_TAGS[0]][keep], marker=".", color=colors[h], label=f"H={h}"
             )
-        axes[1].plot(np.maximum(steps, 0.5), mean[PATH_TAGS[1]], marker=".", color=colors[h], label=f"H={h}")
+        if style.tail:
+            axes[1].plot(np.maximum(steps, 0.5), mean[PATH_TAGS[1]], marker=".", color=colors[h], label=f"H={h}")
         axes[2].plot(np.maximum(steps, 0.5), mean[PATH_TAGS[2]], marker=".", color=colors[h], label=f"H={h}")
     axes[2].axhline(2.0, color="k", ls="--", lw=1, label="stability edge 2")
     axes[0].set_xlabel("log(k) / gamma (gamma: NTK margin at theta_0)")
     axes[0].set_ylabel("||theta_k - theta_0||")
-    axes[0].set_title(f"distance from theta_0, n={n}, eta={eta:g}, init={init}", fontsize=9)
+    axes[0].set_title("distance from theta_0", fontsize=9)
+    style.suptitle(fig, f"along the GD path, n={n}, eta={eta:g}, mean over seeds")
     for ax, label in ((axes[1], "sqrt(H) lambda_min / L"), (axes[2], "eta lambda_max")):
-        ax.set_xscale("log")
+        log_axes(ax, y=False)
         ax.set_xlabel("GD step k (k=0 drawn at 0.5)")
         ax.set_ylabel(label)
-        ax.set_title(label + " along the path (mean over seeds)", fontsize=9)
+        ax.set_title(label, fontsize=9)
+    if not style.tail:
+        axes[1].set_title(f"sqrt(H) lambda_min / L: left out ({style.loss} loss)", fontsize=9)
     for ax in axes:
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)

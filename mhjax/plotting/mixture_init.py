@@ -18,7 +18,11 @@ import numpy as np
 
 from mhjax.io.results import write_text
 from mhjax.io.workdir import Workdir
-from mhjax.plotting.mixture import _fmt, _mean, _values, group_by
+from mhjax.plotting.mixture import log_axes
+from mhjax.plotting.mixture_summary import fmt as _fmt
+from mhjax.plotting.mixture_summary import group_by
+from mhjax.plotting.mixture_summary import mean_of as _mean
+from mhjax.plotting.mixture_summary import values_of as _values
 
 TABLE, FIGURE = "mixture_init.md", "test_accuracy_vs_H.png"
 
@@ -103,7 +107,7 @@ def plot_accuracy_vs_H(fig, records, scheme: str = "?"):
             ax.errorbar(
                 hs, mean, yerr=[mean - lo, hi - mean], marker="o", capsize=2, color=colours[tau], label=f"tau={tau:g}"
             )
-        ax.set_xscale("log", base=2)
+        log_axes(ax, y=False, base=2)
         ax.set_xlabel("heads H")
         ax.set_ylabel("test accuracy at theta_K (mean, min-max over seeds)")
         ax.set_title(f"n={n}" + (f", eta={eta:g}" if several_eta else "") + f", init={scheme}", fontsize=9)

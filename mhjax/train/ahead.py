@@ -38,14 +38,50 @@ class Compiled(NamedTuple):
     from_cache: int  # executables JAX's persistent cache answered
 
 
+class ChunkPlan(NamedTuple):
+    """The chunks a run trains, in order: ``pieces``, the first chunk cut at early evaluation
+    steps (all run by ONE program of up to ``max(pieces)`` steps, engine.make_partial_chunk),
+    then ``chunks`` of ``chunk`` steps each (the last one shorter)."""
+
+    pieces: list[int]
+    chunks: list[int]
+
+    def lengths(self) -> list[tuple[int, bool]]:
+        """(steps, is a piece) of every chunk, in order."""
+        return [(n, True) for n in self.pieces] + [(n, False) for n in self.chunks]
+
+    @property
+    def piece_length(self) -> int:
+        """The static length of the pieces' program (0: no pieces)."""
+        return max(self.pieces, default=0)
+
+    @property
+    def chunk_lengths(self) -> list[int]:
+        return sorted(set(self.chunks), reverse=True)
+
+
+def chunk_plan(step: int, total: int, chunk: int, splits=()) -> ChunkPlan:
+    """The chunks of a run from ``step`` to ``total``; the first chunk is cut at every step k of
+    ``splits`` with step < k < chunk, so that an evaluation can fall on those early steps."""
+    first_end = min(step + chunk, total)
+    cuts = sorted({int(k) for k in splits if step < k < min(chunk, first_end)})
+    pieces, previous = [], step
+    for bound in cuts + [first_end] if cuts else []:
+        pieces.append(bound - previous)
+        previous = bound
+    start = first_end if cuts else step
+    return ChunkPlan(pieces, [min(chunk, total - s) for s in range(start, total, chunk)])
+
+
 def chunk_lengths(step: int, total: int, chunk: int) -> list[int]:
-    """The chunk lengths a run from ``step`` to ``total`` uses, largest first."""
-    return sorted({min(chunk, total - s) for s in range(step, total, chunk)}, reverse=True)
+    """The chunk lengths a run from ``step`` to ``total`` uses without cuts, largest first."""
+    return chunk_plan(step, total, chunk).chunk_lengths
 
 
-def jobs(sweep, lengths: list[int], init: bool) -> list[Job]:
+def jobs(sweep, lengths: list[int], init: bool, piece_length: int = 0) -> list[Job]:
     """Every executable the host loop will call, with the argument shapes and shardings it
-    will call them with (states as abstract values: they do not exist yet)."""
+    will call them with (states as abstract values: they do not exist yet); ``piece_length``:
+    the program of the first chunk's pieces (ChunkPlan)."""
     out = []
     states = sweep.abstract_states(sharded=True)
     for p in sweep.programs:
@@ -54,17 +90,23 @@ def jobs(sweep, lengths: list[int], init: bool) -> list[Job]:
             out.append(Job(("init", p.name), sweep.init_fn(p), (consts,)))
         for length in lengths:
             out.append(Job(("chunk", p.name, length), sweep.chunk_fn(p, length), (states[p.name], consts)))
+        if piece_length:
+            count = jax.ShapeDtypeStruct((), jax.numpy.int32)
+            args = (states[p.name], consts, count)
+            out.append(Job(("piece", p.name, piece_length), sweep.piece_fn(p, piece_length), args))
         out.append(Job(("evaluate", p.name), sweep.evaluate_fn(p), (states[p.name], consts)))
     return out
 
 
-def describe(sweep, lengths: list[int], init: bool) -> str:
+def describe(sweep, lengths: list[int], init: bool, piece_length: int = 0) -> str:
     """The console's line before a compile, e.g. "1 program (8 members): training chunks of
     50 steps, evaluation, initial state"."""
     programs, members = len(sweep.programs), sum(len(p.members) for p in sweep.programs)
     parts = []
     if lengths:
         parts.append("training chunks of " + " and ".join(str(n) for n in lengths) + " steps")
+    if piece_length:
+        parts.append(f"the first chunk's pieces (one program of up to {piece_length} steps)")
     parts.append("evaluation")
     if init:
         parts.append("initial state")
@@ -99,7 +141,7 @@ def compile_all(job_list: list[Job], workers: int = 1, poll_seconds: float = 0.1
     return executables, time.perf_counter() - start, min(counter.hits, len(job_list))
 
 
-def compile_sweep(sweep, lengths: list[int], init: bool, log=None) -> Compiled:
+def compile_sweep(sweep, lengths: list[int], init: bool, piece_length: int = 0, log=None) -> Compiled:
     """Compile the sweep's executables and hand them to ``sweep`` (Sweep.use).
 
     A compile that fails where the experiment chose a kernel itself (attention=auto picking the
@@ -109,7 +151,7 @@ def compile_sweep(sweep, lengths: list[int], init: bool, log=None) -> Compiled:
     makes the same decision (a failure on any process counts for all)."""
     failure, start = None, time.perf_counter()
     try:
-        executables, _, hits = compile_all(jobs(sweep, lengths, init))
+        executables, _, hits = compile_all(jobs(sweep, lengths, init, piece_length))
     except Exception as exc:  # noqa: BLE001 -- any compile error; re-raised unless the experiment falls back
         failure = exc
     if _failed_anywhere(failure is not None):
@@ -121,7 +163,7 @@ def compile_sweep(sweep, lengths: list[int], init: bool, log=None) -> Compiled:
         if log is not None:
             log(f"attention: the Pallas kernel failed to compile ({reason}); attention=auto falls back to JAX")
         sweep.rebuild()
-        executables, _, hits = compile_all(jobs(sweep, lengths, init))
+        executables, _, hits = compile_all(jobs(sweep, lengths, init, piece_length))
     sweep.use(executables)
     return Compiled(executables, time.perf_counter() - start, hits)
 

@@ -81,12 +81,14 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
     # kernel lowered through Triton (interpret=False: models/attention_choice.py).
     sweep = Sweep(experiment, target.backend, placement)
     config = experiment.config
-    lengths = ahead.chunk_lengths(0, config.train.steps, config.train.chunk_steps)
-    description = ahead.describe(sweep, lengths, init=True)
+    # The run's plan from step 0, as the host loop makes it (the first chunk cut at early evaluations).
+    plan = ahead.chunk_plan(0, config.train.steps, config.train.chunk_steps, splits=experiment.eval_steps())
+    lengths, pieces = plan.chunk_lengths, plan.piece_length
+    description = ahead.describe(sweep, lengths, True, pieces)
     members = {p.name: len(p.members) for p in sweep.programs}
     out = []
     with persistent_cache_off():
-        for job in ahead.jobs(sweep, lengths, init=True):
+        for job in ahead.jobs(sweep, lengths, True, pieces):
             if only and job.key[0] not in only:
                 continue
             log(f"compiling {' '.join(str(k) for k in job.key)} for {target.device}")
@@ -137,7 +139,7 @@ def lines(report: Report) -> list[str]:
     ]
     for e in report.executables:
         kernels = ", ".join(f"{k} x{n}" for k, n in sorted(e.kernels.items())) or "no Triton kernel"
-        if length and e.key[0] == "chunk":
+        if length and e.key[0] in ("chunk", "piece"):
             kernels += f"; {e.square} f32 (..., {length}, {length}) value(s)" if e.square else "; no (T, T) map"
         out.append(
             f"  {' '.join(str(k) for k in e.key):<18} {e.seconds:>7.1f}s {_size(e.arguments):>12} "

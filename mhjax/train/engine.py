@@ -205,25 +205,50 @@ def make_init(recipe, out_shardings=None):
     return jax.jit(over_members(recipe, init_member), out_shardings=out_shardings)
 
 
+def _chunk_steps(recipe, consts):
+    """(to_carry(states), step(carry) -> (carry, metrics), from_carry(carry)) of a chunk's scan."""
+    if isinstance(recipe, Unrolled):
+        # The scan carries one state per group, so a step neither slices nor concatenates.
+        group_consts = recipe.split(consts)
+
+        def step(carry):
+            out = [members_step(r, s, c) for r, s, c in zip(recipe.recipes, carry, group_consts)]
+            return tuple(o[0] for o in out), _concat([o[1] for o in out])
+
+        return lambda states: tuple(recipe.split(states)), step, _concat
+    return (lambda states: states), (lambda carry: members_step(recipe, carry, consts)), (lambda carry: carry)
+
+
 def make_train_chunk(recipe, length: int):
     """jit(states, consts) -> (states, metrics with leaves (length, members))."""
 
     def chunk(states, consts):
-        if isinstance(recipe, Unrolled):
-            # The scan carries one state per group, so a step neither slices nor concatenates.
-            group_consts = recipe.split(consts)
+        to_carry, step, from_carry = _chunk_steps(recipe, consts)
+        final, metrics = jax.lax.scan(lambda carry, _: step(carry), to_carry(states), None, length=length)
+        return from_carry(final), metrics
 
-            def body(carry, _):
-                out = [members_step(r, s, c) for r, s, c in zip(recipe.recipes, carry, group_consts)]
-                return tuple(o[0] for o in out), _concat([o[1] for o in out])
+    return jax.jit(chunk, donate_argnums=0)
 
-            final, metrics = jax.lax.scan(body, tuple(recipe.split(states)), None, length=length)
-            return _concat(final), metrics
 
-        def body(carry, _):
-            return members_step(recipe, carry, consts)
+def make_partial_chunk(recipe, length: int):
+    """jit(states, consts, count) -> (states after ``count`` steps, metrics (length, members)):
+    one program for every chunk of up to ``length`` steps (``count`` is traced; the steps from
+    ``count`` on are skipped by a conditional, their metric rows NaN). The trainer cuts its first
+    chunk into such pieces to evaluate at early steps without compiling one program per piece."""
 
-        return jax.lax.scan(body, states, None, length=length)
+    def chunk(states, consts, count):
+        to_carry, step, from_carry = _chunk_steps(recipe, consts)
+        carry = to_carry(states)
+        shapes = jax.eval_shape(lambda c: step(c)[1], carry)
+        blank = jax.tree_util.tree_map(
+            lambda s: jnp.full(s.shape, jnp.nan if jnp.issubdtype(s.dtype, jnp.inexact) else 0, s.dtype), shapes
+        )
+
+        def body(carry, t):
+            return jax.lax.cond(t < count, step, lambda c: (c, blank), carry)
+
+        final, metrics = jax.lax.scan(body, carry, jnp.arange(length))
+        return from_carry(final), metrics
 
     return jax.jit(chunk, donate_argnums=0)
 

@@ -14,6 +14,7 @@ from mhjax.io.checkpoint import member_key
 from mhjax.io.curves import train_window
 from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.workdir import Workdir
+from mhjax.plotting import draw as draw_figures
 from mhjax.plotting.images import member_images
 from mhjax.train import ahead, engine
 from mhjax.train.console import Console
@@ -39,7 +40,7 @@ class Sweep:
         by config.devices); an abstract one (a compile target's) makes constants shapes only."""
         self.experiment = experiment
         self.backend = backend = backend or jax.default_backend()
-        self.programs = experiment.programs(experiment.config.strategy, backend)
+        self.programs = experiment.programs(experiment.config.get("strategy", "auto"), backend)
         count = int(experiment.config.get("devices", 0) or 0)  # 0: every device
         self.placement = placement or Placement(jax.devices()[:count] if count else None)
         self.consts = {
@@ -51,7 +52,7 @@ class Sweep:
         self._jit()
 
     def _jit(self) -> None:
-        self._chunks = {}
+        self._chunks, self._pieces = {}, {}
         self._evaluate = {p.name: engine.make_evaluate(p.recipe) for p in self.programs}
         self._init = {
             p.name: engine.make_init(p.recipe, self.placement.sharding(len(p.members))) for p in self.programs
@@ -61,7 +62,7 @@ class Sweep:
         """The experiment's programs again, after it changed how it computes them (a kernel that
         failed to compile: train/ahead.py). Members stay in the same programs and order, so
         constants, records and states stay valid."""
-        programs = self.experiment.programs(self.experiment.config.strategy, self.backend)
+        programs = self.experiment.programs(self.experiment.config.get("strategy", "auto"), self.backend)
         if [(p.name, p.members) for p in programs] != [(p.name, p.members) for p in self.programs]:
             raise RuntimeError("Sweep.rebuild: the experiment's programs changed their members")
         self.programs = programs
@@ -75,6 +76,8 @@ class Sweep:
                 self._init[name] = executable
             elif role == "chunk":
                 self._chunks[(name, key[2])] = executable
+            elif role == "piece":
+                self._pieces[(name, key[2])] = executable
             else:
                 self._evaluate[name] = executable
 
@@ -144,8 +147,19 @@ class Sweep:
             fn = self._chunks[(program.name, length)] = engine.make_train_chunk(program.recipe, length)
         return fn
 
+    def piece_fn(self, program, length: int):
+        fn = self._pieces.get((program.name, length))
+        if fn is None:
+            fn = self._pieces[(program.name, length)] = engine.make_partial_chunk(program.recipe, length)
+        return fn
+
     def run_chunk(self, program, states, length: int):
         return self.chunk_fn(program, length)(states, self.consts[program.name])
+
+    def run_piece(self, program, states, length: int, piece_length: int):
+        """``length`` steps by the pieces' program of ``piece_length`` steps (its metric rows cut to ``length``)."""
+        states, metrics = self.piece_fn(program, piece_length)(states, self.consts[program.name], np.int32(length))
+        return states, jax.tree_util.tree_map(lambda x: x[:length], metrics)
 
     def record(self, program, losses, start: int) -> None:
         """Keep the wanted exact losses of a chunk that started at step ``start`` (host ``losses``:
@@ -184,6 +198,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     primary = jax.process_index() == 0
     console = Console(log, progress and primary)
     log = console.log
+    if not workdir.has_checkpoints():  # a fresh run: its start checked before the workdir is written
+        experiment.check_start()
     resuming = (
         workdir.check_or_write_metadata(config.to_dict(), experiment.kind, experiment.metadata()) if primary else True
     )
@@ -210,27 +226,30 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         writers = MemberWriters(workdir.tensorboard_dir, names, log=log) if primary else NoWriters()
         hparams = {m.name: m.hparams for m in members}
         writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
-        _compile_ahead(sweep, console, ahead.chunk_lengths(step, total, chunk), init=latest is None)
+        evals = sorted(set(experiment.eval_steps()))
+        plan = ahead.chunk_plan(step, total, chunk, splits=evals)  # the first chunk cut at early evals
+        _compile_ahead(sweep, console, plan, init=latest is None)
         stop.where = "at the end of the running chunk"
         if latest is None:
             states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
         reported_divergence, evaluation = set(), None
         started, trained = time.perf_counter(), 0
-        evals = sorted(set(experiment.eval_steps()))
         if 0 in evals and step == 0:
             _log_eval(writers, members, sweep.evaluate(states), 0)
         console.start(total, step)
-        while step < total:
+        for n, piece in plan.lengths():
             if stop.raised:  # before any chunk of this run: nothing to save
                 raise Interrupted(
                     f"interrupted at step {step} before training; nothing new to save, run the same command to resume"
                 )
-            n = min(chunk, total - step)
             chunk_time = 0.0
             for program in sweep.programs:
                 name, idx = program.name, program.members
                 start = time.perf_counter()
-                states[name], metrics = sweep.run_chunk(program, states[name], n)
+                if piece:
+                    states[name], metrics = sweep.run_piece(program, states[name], n, plan.piece_length)
+                else:
+                    states[name], metrics = sweep.run_chunk(program, states[name], n)
                 # One device-to-host transfer per program and chunk: the metrics and status.
                 metrics, status = sweep.host((metrics, engine.member_status(states[name])))
                 elapsed = time.perf_counter() - start
@@ -275,7 +294,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         member_states = sweep.member_states(states)
         if primary:
             _images(experiment, writers, member_states, step, log)
-            experiment.finalize(workdir, payload)  # experiment-specific figures and summaries
+            for request in experiment.figures(payload):  # experiment-specific figures and summaries
+                draw_figures(workdir, request, log)
         return payload
     finally:
         stop.close()
@@ -286,10 +306,10 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             multihost_utils.sync_global_devices("mhjax:run-end")
 
 
-def _compile_ahead(sweep, console, lengths, init: bool) -> None:
+def _compile_ahead(sweep, console, plan, init: bool) -> None:
     """Every executable of the run, compiled before the loop (train/ahead.py), said on the console."""
-    console.compiling(ahead.describe(sweep, lengths, init))
-    report = ahead.compile_sweep(sweep, lengths, init, log=console.log)
+    console.compiling(ahead.describe(sweep, plan.chunk_lengths, init, plan.piece_length))
+    report = ahead.compile_sweep(sweep, plan.chunk_lengths, init, plan.piece_length, log=console.log)
     console.compiled(report.seconds, len(report.executables), report.from_cache)
 
 

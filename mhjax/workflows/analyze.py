@@ -47,9 +47,12 @@ def analyze_torch_checkpoint(
 def _restore_sweep(opened: Opened):
     """(experiment, Sweep, latest step, states) restored from a trained sweep workdir."""
     workdir = opened.files
+    if not opened.kind.analyzable:  # before any plug-in code runs
+        hint = "; run.analyze(steps=...) from Python analyzes its states" if opened.kind.analyzes_states else ""
+        raise ConfigError(
+            f"--workdir: analyze needs a sequence sweep; {workdir} holds a {opened.kind.kind!r} sweep{hint}"
+        )
     experiment = opened.experiment()  # plug-in tasks restored from where they came
-    if not experiment.analyzable:
-        raise ConfigError(f"--workdir: analyze needs a sequence sweep; {workdir} holds a {experiment.kind!r} sweep")
     if not workdir.has_checkpoints():
         raise ConfigError(f"--workdir: {workdir} has no {os.path.basename(workdir.checkpoints_dir)}/; train it first")
     checkpointer = workdir.checkpointer()

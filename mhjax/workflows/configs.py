@@ -13,7 +13,7 @@ import os
 import ml_collections
 
 from mhjax.config import ConfigError, apply_overrides, load_config_file
-from mhjax.experiments import make_experiment
+from mhjax.experiments import make_experiment, override_defaults
 
 # configs/ of the checkout this package sits in (absent in an installed, non-editable package)
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
@@ -40,7 +40,7 @@ def load_config(path_or_name, overrides: dict | None = None, *, validate: bool =
     config = load_config_file(config_path(path_or_name))
     if overrides:
         text = {field: value if isinstance(value, str) else repr(value) for field, value in overrides.items()}
-        config = apply_overrides(config, text)
+        config = apply_overrides(config, text, override_defaults(config))
     if validate:
         make_experiment(config)
     return config

@@ -1,8 +1,9 @@
 """Opening a trained (or training) sweep's workdir, for analyze, report and the Python API.
 
 Reading its metadata, results, curves and parameters needs no task code (mhjax/io/workdir.py
-reads them); the plug-in tasks it was trained on are registered again, and its experiment
-made, only when something asks for them (analyze: the model and the tasks' samplers)."""
+reads them); the plug-ins it was trained with (tasks; a mixture sweep's data, phi, loss and step
+rule) are registered again, and its experiment made, only when something asks for them
+(analyze: the model and the tasks' samplers; a mixture run's data, theta_0 and NTK)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import ml_collections
 
 from mhjax.config import ConfigError
 from mhjax.data import tasks
-from mhjax.experiments import make_experiment
+from mhjax.experiments import experiment_class, make_experiment
 from mhjax.io.workdir import Workdir
 
 
@@ -37,16 +38,29 @@ class Opened:
         except (TypeError, AttributeError) as exc:
             raise ConfigError(f"--workdir: {self.files.metadata_path} is unreadable ({type(exc).__name__})") from None
 
+    @property
+    def kind(self):
+        """The sweep's Experiment class (W/mhjax.json's experiment), not made: no plug-in code runs."""
+        metadata = self.files.metadata()
+        return experiment_class(metadata.get("experiment") or self.config.get("experiment", "sequence"))
+
     def restore_tasks(self) -> None:
         """Register again the plug-in tasks W/mhjax.json says the sweep used, from where they
         came (a source that is gone: a one-line ConfigError naming it)."""
         tasks.restore(self.files.metadata().get("tasks"), self.files.metadata_path)
 
+    def restore_plugins(self) -> None:
+        """Register again the plug-ins W/mhjax.json says the sweep used (its tasks; a mixture
+        sweep's data generator, phi, loss and step rule), from where they came (a source that is
+        gone: a one-line ConfigError naming it)."""
+        self.restore_tasks()
+        self.kind.restore_plugins(self.files.metadata(), self.files.metadata_path)
+
     def experiment(self):
-        """The sweep's Experiment, made once (its tasks restored first)."""
+        """The sweep's Experiment, made once (its plug-ins restored first)."""
         if self._experiment is None:
             config = self.config
-            self.restore_tasks()
+            self.restore_plugins()
             self._experiment = make_experiment(config)
         return self._experiment
 

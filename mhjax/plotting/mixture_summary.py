@@ -1,0 +1,187 @@
+"""mixture_summary.md of a mixture sweep, and the record helpers its figures share.
+
+The table: per (n, eta, H), means over seeds of the margins, losses, accuracies and Hessian
+quantities. The training rate section: each H's last-decade slope of log L against log k and
+gamma^2 (sum_k eta_k) L(theta_K), mean ± std over seeds, and the rate verdict, which is
+one-sided: the theory bounds the loss from above by c / (gamma^2 eta K), so a slope at or below
+RATE_SLOPE (-0.8) agrees with it and a faster decay does not contradict it. The verdict and the
+quantities that assume an exponential tail of the loss are left out for a loss without one
+(the squared loss), and the summary says so.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+RATE_SLOPE = -0.8  # a last-decade slope at or below this agrees with the theory's 1/K upper bound
+TAIL_FIELDS = ("margin_loss_product", "grad_norm_over_loss", "min_hessian_eig_over_loss_sqrtH")
+
+
+def group_by(records, keys) -> dict:
+    """{tuple of the records' values at ``keys``: records}, sorted by key (None last)."""
+    out = {}
+    for r in records:
+        out.setdefault(tuple(r.get(k) for k in keys), []).append(r)
+    return dict(sorted(out.items(), key=lambda kv: tuple((v is None, v) for v in kv[0])))
+
+
+def values_of(records, field):
+    values = [r.get(field) for r in records]
+    return np.array([v for v in values if isinstance(v, (int, float)) and math.isfinite(v)], float)
+
+
+def mean_of(records, field):
+    values = values_of(records, field)
+    return float(values.mean()) if values.size else float("nan")
+
+
+def mean_std(records, field) -> str:
+    values = values_of(records, field)
+    if not values.size:
+        return "-"
+    return f"{values.mean():.3g} ± {values.std():.2g}" if values.size > 1 else f"{values[0]:.3g}"
+
+
+def fmt(value) -> str:
+    return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.4g}"
+
+
+SUMMARY_COLUMNS = (
+    ("ntk_margin", "NTK margin at theta_0"),
+    ("ntk_margin_normalized", "NTK margin / radius"),
+    ("linear_margin", "linear margin (flat)"),
+    ("linear_margin_mean", "linear margin (mean token)"),
+    ("train_loss_eval", "train loss"),
+    ("test_loss", "test loss"),
+    ("test_accuracy", "test acc"),
+    ("param_distance", "dist(theta_K, theta_0)"),
+    ("head_spread", "head spread"),
+    ("grad_norm_over_loss", "norm(grad L) / L"),
+    ("min_hessian_eig_over_loss_sqrtH", "sqrt(H) lambda_min / L"),
+    ("step_times_hessian_max", "eta lambda_max"),
+)
+
+
+def rate_rows(records) -> list[tuple]:
+    """(n, eta, H, seeds, slope, product, L(theta_K), eta lambda_max), each 'mean ± std', per (n, eta, H)."""
+    rows = []
+    for (n, eta, h), group in group_by(records, ("num_train", "step_size", "heads")).items():
+        rows.append(
+            (
+                n,
+                eta,
+                h,
+                len(group),
+                mean_std(group, "loss_slope"),
+                mean_std(group, "margin_loss_product"),
+                mean_std(group, "train_loss_eval"),
+                mean_std(group, "step_times_hessian_max"),
+            )
+        )
+    return rows
+
+
+def rate_threshold(records, slope: float = RATE_SLOPE) -> dict:
+    """{(n, eta): the smallest H from which on every larger H has mean loss_slope <= ``slope``,
+    or None}: where the measured rate is at least the theory's 1/K (one-sided: the theory gives
+    an upper bound on the loss, so decaying faster agrees with it)."""
+    out = {}
+    for (n, eta), group in group_by(records, ("num_train", "step_size")).items():
+        by_h = group_by(group, ("heads",))
+        ok = [(h, mean_of(v, "loss_slope") <= slope) for (h,), v in by_h.items()]
+        found = None
+        for pos, (h, _) in enumerate(ok):
+            if all(flag for _, flag in ok[pos:]):
+                found = h
+                break
+        out[(n, eta)] = found
+    return out
+
+
+def edge_crossings(curves_of, records: list[dict]) -> dict:
+    """{(eta, H): the last evaluated step k with eta lambda_max(theta_k) > 2 in any seed}, from
+    the members' eval/step_times_hessian_max curves (``curves_of(name, tags)``; empty without
+    evaluations)."""
+    tag = "eval/step_times_hessian_max"
+    out = {}
+    for r in records:
+        steps, values = curves_of(r["name"], [tag]).get(tag, (np.zeros(0), np.zeros(0)))
+        above = steps[values > 2]
+        if above.size:
+            key = (r.get("step_size"), r.get("heads"))
+            out[key] = max(out.get(key, 0), int(above.max()))
+    return dict(sorted(out.items()))
+
+
+def summary_markdown(
+    records: list[dict], init: str = "?", crossings: dict | None = None, loss: str = "logistic", tail: bool = True
+) -> str:
+    total = max((r.get("steps") or 0) for r in records) if records else 0
+    lines = [
+        "# Tokenized mixture: one-layer multi-head attention under GD",
+        "",
+        f"theta_0: init scheme `{init}`; loss `{loss}`; K = {total} GD steps. Means over seeds. Margins: certified",
+        "lower bounds (simplex dual); a value <= 0 means the features were not certified separable, `-` that",
+        "the margin could not be computed. `sep` counts the seeds whose NTK features at theta_0 are separable.",
+        "Losses, accuracies, head spread and the Hessian columns at theta_K; eta lambda_max > 2 means the step",
+        "is above GD's stability edge.",
+        "",
+    ]
+    if not tail:
+        lines += [
+            f"The `{loss}` loss has no exponential tail: gamma^2 eta K L, the 1/K rate verdict, norm(grad L) / L and",
+            "sqrt(H) lambda_min / L assume one and are left out (`-`).",
+            "",
+        ]
+    header = ["n", "eta", "H", "seeds", "sep"] + [title for _, title in SUMMARY_COLUMNS]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (n, eta, h), group in group_by(records, ("num_train", "step_size", "heads")).items():
+        sep = sum(1 for r in group if (r.get("ntk_margin") or 0) > 0)
+        row = [str(n), fmt(eta), str(h), str(len(group)), f"{sep}/{len(group)}"]
+        row += [fmt(mean_of(group, field)) for field, _ in SUMMARY_COLUMNS]
+        lines.append("| " + " | ".join(row) + " |")
+    if any("loss_slope" in r for r in records):
+        lines += [
+            "",
+            "## Training rate",
+            "",
+            "slope: least-squares slope of log L(theta_k) against log k over k in [K/10, K] (theory: L <=",
+            "c / (gamma^2 eta K), so a slope <= -1 up to noise). product: ntk_margin^2 * (sum_{k<K} eta_k) *",
+            "L(theta_K) (theory: of order one and flat in K once H is past a threshold). Mean ± std over seeds.",
+            "Where L(theta_K) is below ~1e-6 the GD updates are at float32 rounding level, so a flat tail there",
+            "is a precision floor, not a rate. eta lambda_max at theta_K (> 2: above GD's stability edge).",
+            "",
+            "| n | eta | H | seeds | loss slope | margin^2 sum(eta) L | L(theta_K) | eta lambda_max |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for n, eta, h, count, slope, product, value, sharp in rate_rows(records):
+            lines.append(f"| {n} | {fmt(eta)} | {h} | {count} | {slope} | {product} | {value} | {sharp} |")
+        lines += [""]
+        if tail:
+            for (n, eta), h in rate_threshold(records).items():
+                found = f"H >= {h}" if h is not None else "no H in the sweep"
+                lines.append(f"- n={n}, eta={fmt(eta)}: slope <= {RATE_SLOPE} (at least the 1/K rate) for {found}.")
+        else:
+            lines.append(f"- No rate verdict: the 1/K bound assumes a loss with an exponential tail, not `{loss}`.")
+    unstable = sorted(
+        {(r.get("step_size"), r.get("heads")) for r in records if (r.get("step_times_hessian_max") or 0) > 2}
+    )
+    if unstable:
+        lines += [
+            "",
+            "Above the stability edge (eta lambda_max(theta_K) > 2): "
+            + ", ".join(f"eta={fmt(e)} H={h}" for e, h in unstable)
+            + ".",
+        ]
+    if crossings:
+        lines += [
+            "",
+            "Above the stability edge along the path (eta lambda_max(theta_k) > 2 at an evaluated k; the",
+            "last such k): " + ", ".join(f"eta={fmt(e)} H={h} (k={k})" for (e, h), k in crossings.items()) + ".",
+        ]
+    diverged = [r["name"] for r in records if r.get("status") == "diverged"]
+    if diverged:
+        lines += ["", f"Diverged (left in the means above): {', '.join(diverged)}."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,287 @@
+"""The mixture experiment opened to its user: own data (with an extra data field), the squared loss
+and linear attention, trained, then read back in a NEW process through mhjax.load: the NTK margin
+at theta_0 rebuilt from the run's own data equals results.json's, and test_loss is the squared
+loss of run.model on run.data(seed)'s test set. Plus the checks that stop a run that cannot train."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mhjax.config import ConfigError, apply_overrides, load_config_file
+from mhjax.experiments import make_experiment, override_defaults
+from tests.test_mixture_sweep import tiny_mixture_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CONFIG = '''
+import jax, jax.numpy as jnp, ml_collections
+import mhjax
+
+
+@mhjax.mixture_data("signal_at")
+def sample(key, data):
+    """The label's signal at one fixed position (data.signal_position), noise elsewhere."""
+    k_y, k_x = jax.random.split(key)
+    y = jnp.where(jax.random.bernoulli(k_y), 1.0, -1.0)
+    x = jax.random.normal(k_x, (data.seq_len, data.dim))
+    x = x.at[data.signal_position, 0].add(y * data.signal_norm)
+    return x, y
+
+
+def get_config():
+    c = ml_collections.ConfigDict()
+    c.experiment, c.seed = "mixture", 0
+    c.sweep = ml_collections.ConfigDict(dict(heads=(1, 4), seed=(0,), num_train=(16,), step_size=(0.05,)))
+    c.data = ml_collections.ConfigDict(
+        dict(generator="signal_at", dim=4, seq_len=3, num_test=40, signal_position=0, signal_norm=2.0)
+    )
+    c.model = ml_collections.ConfigDict(dict(query="full", phi="linear"))
+    c.init = ml_collections.ConfigDict(dict(scheme="random_decoders", first_step=None, tau=0.3))
+    c.analysis = ml_collections.ConfigDict(dict(lanczos_iters=8, margin_iters=20000, margin_tol=1e-5))
+    c.train = ml_collections.ConfigDict(
+        dict(steps=20, chunk_steps=10, eval_every=0, checkpoint_every=10, loss="squared")
+    )
+    return c
+'''
+
+READ_BACK = """
+import json, sys
+import jax.numpy as jnp, numpy as np
+import mhjax
+
+run = mhjax.load(sys.argv[1])
+out = {}
+for r in run.results:
+    name = r["name"]
+    data = run.data(r["seed"])
+    params = run.params(name)
+    phi = np.asarray(run.model(name)(params, data.x_test))
+    out[name] = {
+        "ntk_margin": run.ntk(name, 0).margin,
+        "gram_shape": list(run.ntk(name, 0).gram.shape),
+        "test_loss": float(np.mean(0.5 * (1.0 - data.y_test * phi) ** 2)),
+        "W_shape": list(params["W"].shape),
+        "theta0_U": float(np.abs(run.theta0(name)["U"]).sum()),
+        "signal": float(np.mean(data.x_train[:, 0, 0] * data.y_train)),
+    }
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("plugins")
+    config_path = folder / "own.py"
+    config_path.write_text(CONFIG)
+    workdir = folder / "w"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    train = [sys.executable, "-m", "mhjax", "train", "--config", str(config_path), "--workdir", str(workdir)]
+    done = subprocess.run(train + ["--no-progress"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return config_path, workdir, env
+
+
+def test_own_data_squared_loss_linear_phi_read_back_in_a_new_process(trained):
+    config_path, workdir, env = trained
+    results = {m["name"]: m for m in json.loads((workdir / "results.json").read_text())["members"]}
+    metadata = json.loads((workdir / "mhjax.json").read_text())
+    assert metadata["mixture"]["data"]["signal_at"]["config"] == str(config_path)
+    assert metadata["mixture"]["loss"]["squared"]["module"] == "mhjax.models.mixture_parts"
+    done = subprocess.run(
+        [sys.executable, "-c", READ_BACK, str(workdir)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    back = json.loads(done.stdout)
+    assert set(back) == {"h1-s0", "h4-s0"}
+    for name, got in back.items():
+        r = results[name]
+        assert r["status"] == "ok" and r["ntk_margin"] > 0
+        assert got["ntk_margin"] == pytest.approx(r["ntk_margin"], rel=1e-3)
+        assert got["gram_shape"] == [16, 16]
+        assert got["test_loss"] == pytest.approx(r["test_loss"], rel=1e-5)
+        assert got["W_shape"] == [r["heads"], 4, 4]  # unpadded to the member's own heads
+        assert got["theta0_U"] > 0
+        assert got["signal"] > 1.5  # the run's own data: the signal at position 0, not the stock mixture
+        # Tail-dependent quantities are null for the squared loss.
+        assert r["margin_loss_product"] is None and r["grad_norm_over_loss"] is None
+
+
+def test_run_params_at_steps_analyze_and_kept_checkpoints(trained):
+    import mhjax
+
+    _, workdir, _ = trained
+    run = mhjax.load(workdir)
+    assert run.checkpoint_steps == [10, 20]
+    early, late = run.params("h4-s0", step=10), run.params("h4-s0")
+    assert not np.allclose(early["W"], late["W"])
+    with pytest.raises(ConfigError, match=r"^step: no checkpoint at step 5 .*\(kept: 10, 20\)$"):
+        run.params("h4-s0", step=5)
+    rows = run.analyze(steps=[0, 20])
+    assert {(r["member"], r["step"]) for r in rows} == {(n, s) for n in ("h1-s0", "h4-s0") for s in (0, 20)}
+    results = {m["name"]: m for m in run.results}
+    for r in rows:
+        if r["step"] == 0:
+            assert r["ntk_margin"] == pytest.approx(results[r["member"]]["ntk_margin"], rel=1e-3)
+        else:
+            assert r["test_loss"] == pytest.approx(results[r["member"]]["test_loss"], rel=1e-5)
+        assert "grad_norm_over_loss" not in r  # squared loss: no exponential tail
+
+
+def test_huge_tau_is_one_line_exit_2_and_never_an_ok_member(tmp_path, capsys):
+    from mhjax import cli
+
+    config = os.path.join(ROOT, "configs", "mixture_rates.py")
+    workdir = tmp_path / "w"
+    small = ["--config.sweep.heads=1,4", "--config.sweep.step_size=1.0", "--config.train.steps=10"]
+    code = cli.main(
+        ["train", "--config", config, "--workdir", str(workdir), "--no-progress", *small, "--config.init.tau=1e30"]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("mhjax: error: config.init.tau: theta_0 of member h1-s0 gives a non-finite NTK Gram")
+    assert not (workdir / "results.json").exists() and not (workdir / "mhjax.json").exists()
+
+
+@pytest.mark.parametrize(
+    "override, value",
+    [
+        ({"init.tau": "inf"}, "config.init.tau: must be a finite number >= 0; got inf"),
+        ({"sweep.step_size": "nan,"}, "config.sweep.step_size: each must be a positive finite number; got nan"),
+        ({"init.tau": "1e-3,"}, None),  # a trailing comma in a number field: the number
+        ({"train.loss": "squared", "train.divergence_factor": "0"}, None),  # absent from the file
+        ({"sweep.init_tau": "0.1,1.0"}, None),
+        ({"train.step_rule": "cosine"}, "config.train.step_rule: unknown step rule 'cosine'"),
+        ({"data.generator": "nope"}, "config.data.generator: unknown mixture data 'nope'"),
+        ({"data.extra": "1"}, "config.data.extra: unknown field"),
+    ],
+)
+def test_every_known_field_parses_alike_and_is_settable_from_the_command_line(override, value):
+    config = load_config_file(os.path.join(ROOT, "configs", "mixture.py"))
+    try:
+        config = apply_overrides(config, override, override_defaults(config))
+        make_experiment(config)
+    except ConfigError as exc:
+        assert value is not None and str(exc).startswith(value), str(exc)
+        return
+    assert value is None
+    for field in override:
+        node = config
+        for part in field.split("."):
+            node = node[part]
+        assert node is not None
+
+
+def _register(name, fn):
+    import mhjax
+
+    mhjax.register_mixture("data", name, fn)
+    return name
+
+
+@pytest.mark.parametrize(
+    "sample, needle",
+    [
+        (lambda k, d: (jnp.zeros((d.seq_len, d.dim)), jnp.float32(1.0)), "the draws do not change with the key"),
+        (lambda k, d: (jax.random.normal(k, (d.seq_len, d.dim)), jnp.float32(0.0)), "y must be -1 or +1"),
+        (lambda k, d: (jax.random.normal(k, (d.dim,)), jnp.float32(1.0)), "sample must return (x, y) with x (4, 6)"),
+        (lambda k, d: (jax.random.normal(k, (d.seq_len, d.dim)) / 0.0, jnp.float32(1.0)), "x must be finite"),
+    ],
+)
+def test_a_bad_data_plugin_is_one_line_before_anything_compiles(sample, needle):
+    name = _register(f"bad{abs(hash(needle)) % 10**6}", sample)
+    config = tiny_mixture_config()
+    config.data = {"generator": name, "dim": 6, "seq_len": 4, "num_test": 8}
+    with pytest.raises(ConfigError) as info:
+        make_experiment(config)
+    message = str(info.value)
+    assert message.startswith(f"config.data.generator: mixture data {name!r}") and needle in message, message
+
+
+def test_padded_examples_are_left_out_without_nan_under_an_overflowing_loss():
+    """A padded example whose exp(-z) overflows contributes nothing: the loss and gradient equal
+    those of the unpadded set (0 * inf would be NaN)."""
+    from mhjax.models import classifier
+
+    key = jax.random.PRNGKey(0)
+    X = jax.random.normal(key, (3, 2, 2))
+    X = X.at[2].set(1e4)  # the padded example: a huge negative margin
+    y = jnp.array([1.0, -1.0, -1.0])
+    params = classifier.init_params(key, type("S", (), {"dim": 2, "seq_len": 2}), 1, "random", 1.0)
+    exp = lambda z: jnp.exp(-z)
+    args = dict(loss=exp, phi=classifier.softmax)
+    padded = jax.value_and_grad(classifier.margin_loss)(
+        params, X, y, jnp.ones(1), 1, None, jnp.array([1.0, 1.0, 0.0]), **args
+    )
+    plain = jax.value_and_grad(classifier.margin_loss)(params, X[:2], y[:2], jnp.ones(1), 1, None, **args)
+    for a, b in zip(jax.tree_util.tree_leaves(padded), jax.tree_util.tree_leaves(plain)):
+        assert np.all(np.isfinite(np.asarray(a)))
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_divergence_factor_marks_a_member_whose_loss_grew(tmp_path):
+    """Squared loss, a step far above the stability edge: L(theta_K) > 1e3 L(theta_0) without a
+    non-finite value gives status "diverged"; divergence_factor = 0 turns the check off."""
+    from mhjax.experiments.mixture_results import member_margin
+    from mhjax.train.loop import run
+
+    config = tiny_mixture_config(heads=(1,), num_train=(8,), step_size=(0.1, 8.0))
+    config.init.scheme = "random_decoders"
+    with config.train.unlocked():
+        config.train.loss = "squared"
+        config.train.steps, config.train.chunk_steps, config.train.eval_every = 4, 4, 0
+    payload = run(make_experiment(config), str(tmp_path / "a"), progress=False, log=lambda m: None)
+    status = {m["step_size"]: (m["status"], m.get("diverged_reason", "")) for m in payload["members"]}
+    assert status[0.1] == ("ok", "")
+    assert status[8.0][0] == "diverged" and "train.divergence_factor 1000" in status[8.0][1], status
+    with config.train.unlocked():
+        config.train.divergence_factor = 0.0
+    payload = run(make_experiment(config), str(tmp_path / "b"), progress=False, log=lambda m: None)
+    assert all(m["status"] == "ok" for m in payload["members"] if np.isfinite(m["train_loss"]))
+    assert member_margin(np.full((2, 2), np.inf), np.ones(2), {}) == (None, None, {"radius": None})
+
+
+def test_step_rule_drives_the_optimizer_and_its_sum_replaces_eta_k():
+    """inverse_sqrt: step k moves theta by eta / sqrt(1 + k) times the gradient (checked against
+    plain GD by hand for 2 steps), and step_sum is sum_k eta_k (eta K exactly for constant)."""
+    from mhjax.models import mixture_parts
+    from mhjax.train.loop import Sweep
+
+    assert mixture_parts.step_sum(mixture_parts.get("step_rule", "constant").fn, 0.1, 7) == 0.1 * 7
+    rule = mixture_parts.get("step_rule", "inverse_sqrt").fn
+    assert mixture_parts.step_sum(rule, 0.5, 3) == pytest.approx(0.5 * (1 + 2**-0.5 + 3**-0.5), rel=1e-6)
+    config = tiny_mixture_config(heads=(2,), num_train=(8,), step_size=(0.5,))
+    config.init.scheme = "random_decoders"
+    with config.train.unlocked():
+        config.train.step_rule = "inverse_sqrt"
+    experiment = make_experiment(config)
+    sweep = Sweep(experiment)
+    program = sweep.programs[0]
+    states = sweep.init_states()
+    recipe = program.recipe
+    consts = jax.tree_util.tree_map(jnp.asarray, experiment.member_constants(experiment.members[0]))
+    params = jax.tree_util.tree_map(lambda x: x[0], states[program.name].params)
+    for k in range(2):
+        grads = jax.grad(recipe.train_loss)(params, consts)
+        params = jax.tree_util.tree_map(lambda p, g, k=k: p - 0.5 / np.sqrt(1 + k) * g, params, grads)
+    states[program.name], _ = sweep.run_chunk(program, states[program.name], 2)
+    for key in ("W", "U"):
+        np.testing.assert_allclose(np.asarray(states[program.name].params[key][0]), params[key], rtol=1e-5, atol=1e-7)
+
+
+def test_a_phi_that_is_not_finite_at_zero_scores_is_refused():
+    import mhjax
+
+    mhjax.register_mixture("phi", "log_scores", lambda s: jnp.log(s))
+    config = tiny_mixture_config()
+    with config.model.unlocked():
+        config.model.phi = "log_scores"
+    with pytest.raises(ConfigError, match=r"^config\.model\.phi: phi 'log_scores' .* not finite at zero scores$"):
+        make_experiment(config)
+    with pytest.raises(ConfigError, match=r"^register_mixture: kind must be one of data, phi, loss, step_rule"):
+        mhjax.register_mixture("optimizer", "adam", lambda x: x)
