@@ -68,6 +68,7 @@ def device_from(args) -> cost.Device:
             name=f"{device.name} (overridden)",
             peak_flops=(args.peak_tflops or device.peak_flops / 1e12) * 1e12,
             hbm_bytes_per_s=(args.hbm_gbs or device.hbm_bytes_per_s / 1e9) * 1e9,
+            effective_bytes_per_s=args.hbm_gbs * 1e9 if args.hbm_gbs else device.effective_bytes_per_s,
         )
     return device
 
@@ -101,15 +102,36 @@ def run_strategy(config, spec: str, device: cost.Device) -> dict:
     groups = experiment.program_groups(programs)
     model = None if variant and not kernel else cost.sweep_cost(cost.Shape.of(config), groups, device, kernel=kernel)
     scale = lambda key, unit: None if model is None else model[key] / unit  # noqa: E731
+    # XLA's count priced as cost.py prices its own: the kernel's bytes exact, the rest converted
+    # to the compiled GPU program's count (Device.compiled_bytes; on the JAX path, all that the
+    # model's rest-of-step terms do not count taken as the attention core's), dots (the analytic
+    # matmuls) at the device's dot rate.
+    kernel_bytes = measured["kernel_bytes_per_member_step"] if kernel else 0.0
+    calibrated = None
+    if model is not None:
+        dots = min(model["dot_flops_per_member_step"], hlo.flops)
+        core = 0.0 if kernel else max(0.0, hlo.bytes - model["rest_bytes_per_member_step"])
+        priced = cost.Cost(hlo.flops, hlo.bytes, dots, core, kernel_bytes)
+        gpu_bytes = cost.device_bytes(priced, device)
+        compute, _ = cost.times(priced, device)
+        calibrated = {
+            "gb_per_member_step": gpu_bytes / 1e9,
+            "member_steps_per_s": 1.0 / max(compute, gpu_bytes / device.bandwidth()),
+            "bound": "compute" if compute > gpu_bytes / device.bandwidth() else "memory",
+        }
     return {
         "gflop_per_member_step": hlo.flops / 1e9,
         "gb_per_member_step": hlo.bytes / 1e9,
         "analytic_gflop_per_member_step": analytic / 1e9,
         "hlo_over_analytic_flops": hlo.flops / analytic,
-        "roofline_member_steps_per_s": 1.0 / cost.step_seconds(hlo, device),
+        # the plain roofline of XLA:CPU's count: every FLOP at the fp32 peak, bytes at the peak bandwidth
+        "roofline_member_steps_per_s": 1.0 / max(hlo.flops / device.peak_flops, hlo.bytes / device.hbm_bytes_per_s),
         "cost_model_gflop_per_member_step": scale("flops_per_member_step", 1e9),
         "cost_model_gb_per_member_step": scale("bytes_per_member_step", 1e9),
         "cost_model_member_steps_per_s": scale("member_steps_per_s", 1),
+        "cost_model_compiled_gb_per_member_step": scale("compiled_bytes_per_member_step", 1e9),
+        "cost_model_bound_by_heads": None if model is None else {str(h): b for h, b in model["bound_by_heads"].items()},
+        "calibrated": calibrated,
         "kernel_gb_per_member_step": measured["kernel_bytes_per_member_step"] / 1e9 if kernel else None,
         "kernel_gflop_per_member_step": measured["kernel_flops_per_member_step"] / 1e9 if kernel else None,
         "gb_by_part_per_member_step": {k: v / 1e9 for k, v in measured["bytes_by_part_per_member_step"].items()},
@@ -134,7 +156,9 @@ def main(argv=None) -> int:
         help="roofline preset (sources in mhjax/models/cost.py)",
     )
     parser.add_argument("--peak-tflops", type=float, default=None, help="override the preset's peak TFLOP/s")
-    parser.add_argument("--hbm-gbs", type=float, default=None, help="override the preset's memory bandwidth, GB/s")
+    parser.add_argument(
+        "--hbm-gbs", type=float, default=None, help="override the preset's (calibrated) memory bandwidth, GB/s"
+    )
     parser.add_argument(
         "--strategies", default=DEFAULT_STRATEGIES, help="comma-separated; S:V = strategy S with attention variant V"
     )
@@ -147,7 +171,7 @@ def main(argv=None) -> int:
     device = device_from(args)
     print(
         f"{len(experiment.members)} members; roofline on {device.name}: {device.peak_flops / 1e12:g} TFLOP/s, "
-        f"{device.hbm_bytes_per_s / 1e9:g} GB/s",
+        f"{device.hbm_bytes_per_s / 1e9:g} GB/s (steps/s: this roofline of XLA:CPU's count, uncalibrated)",
         flush=True,
     )
     header = (
@@ -169,6 +193,22 @@ def main(argv=None) -> int:
             f"{r['compile_s']:>9.1f} {r['roofline_member_steps_per_s']:>8.0f}",
             flush=True,
         )
+        if r["calibrated"] is not None:
+            c, bound = r["calibrated"], r["cost_model_bound_by_heads"]
+            heads = ", ".join(
+                f"{h} {b['bound']} ({b['compute_s'] * 1e6:.0f}/{b['memory_s'] * 1e6:.0f} us)" for h, b in bound.items()
+            )
+            print(
+                f"{'':<18} calibrated ({device.name}, {device.bandwidth() / 1e12:.2f} TB/s effective, dots at "
+                f"{device.dot_rate() / 1e12:g} TFLOP/s): XLA's count as the GPU program's "
+                f"{c['gb_per_member_step']:.2f} GB, "
+                f"{c['member_steps_per_s']:,.0f}/s ({c['bound']}-bound); models/cost.py "
+                f"{r['cost_model_compiled_gb_per_member_step']:.2f} GB, {r['cost_model_member_steps_per_s']:,.0f}/s",
+                flush=True,
+            )
+            print(
+                f"{'':<18} models/cost.py per head count, bound (compute/memory per member-step): {heads}", flush=True
+            )
         if r["kernel_gb_per_member_step"] is not None:
             parts = ", ".join(f"{k} {v:.3f}" for k, v in r["gb_by_part_per_member_step"].items())
             print(f"{'':<18} GB: kernel {r['kernel_gb_per_member_step']:.3f}; the rest by part (approx.): {parts}")

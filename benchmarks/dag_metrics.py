@@ -37,6 +37,7 @@ import numpy as np
 
 from mhjax.analysis import dag
 from mhjax.analysis.metrics import layer_metrics, learned_head_weights, random_tokens
+from mhjax.models.model_config import ModelConfig
 from mhjax.models.probe import forward_fn, model_sizes
 
 CKPT = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "beyond_parallelism" / "checkpoints"
@@ -54,7 +55,7 @@ def checkpoint_attention(num_seq: int):
     for h, task in MODELS:
         params, _ = load_reference_params(CKPT / f"{h}_heads_{task}.pt", h)
         s = model_sizes(params)
-        fwd = forward_fn(s["vocab_size"], s["max_len"], s["width"], s["num_layers"], s["mlp_dim"], h)
+        fwd = forward_fn(ModelConfig.from_sizes(s), h)
         _, attn = fwd(jax.tree_util.tree_map(jnp.asarray, params), tokens)
         out.append((f"{h}_heads_{task}", attn, jnp.asarray(learned_head_weights(params, h))))
     return out

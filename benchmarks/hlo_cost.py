@@ -14,16 +14,19 @@ Variants of the attention core that the library does not use are measured by swa
 The programs must run the JAX attention path (config.attention = "jax"): a kernel is an
 opaque custom call whose cost XLA cannot see. The exception is the Pallas kernel (variant
 ``pallas``, programs built with config.attention = "pallas"): its interpret-mode program
-would be counted as loops, so for the compile the kernel is replaced by a stand-in custom
-call with the same inputs and outputs (forward and backward), which XLA counts as -1 FLOP
-and -1 byte each (added back); the kernel's own HBM traffic and FLOPs are then added
-analytically (pallas_attention.kernel_cost, per layer and member at its head count).
+would be counted as loops, so for the compile the kernel (pallas_attention.members_attention,
+which plain heads also run) is replaced by a stand-in custom call with the same inputs and
+outputs (forward and backward; a layout's groups as one call, since they write in place),
+which XLA counts as -1 FLOP and -1 byte each (added back); the kernel's own HBM traffic and
+FLOPs are then added analytically (pallas_attention.kernel_cost, per layer and member at its
+head count).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import time
 
@@ -89,21 +92,25 @@ def _opaque(shapes, *args):
     return jax.pure_callback(lambda *a: None, shapes, *args, vmap_method="broadcast_all")
 
 
-@jax.custom_vjp
-def _kernel_stand_in(q, k, v, seeds):
-    return _kernel_stand_in_fwd(q, k, v, seeds)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _kernel_stand_in(qkv, seeds, layout):
+    return _kernel_stand_in_fwd(qkv, seeds, layout)[0]
 
 
-def _kernel_stand_in_fwd(q, k, v, seeds):
-    lse = jax.ShapeDtypeStruct((*q.shape[:-2], seeds.shape[-2], q.shape[-2]), q.dtype)
-    out, lse = _opaque((jax.ShapeDtypeStruct(q.shape, q.dtype), lse), q, k, v, seeds)
-    return out, (q, k, v, seeds, out, lse)
+def _kernel_stand_in_fwd(qkv, seeds, layout):
+    """members_attention's outputs: the (M, B, T, D) output, written in place group by group,
+    and each group's (members, B, heads, T) row statistics."""
+    batch, length, fused = qkv.shape[-3:]
+    stats = [jax.ShapeDtypeStruct((*qkv.shape[:-4], n, batch, h, length), qkv.dtype) for n, h in layout]
+    out_shape = jax.ShapeDtypeStruct((*qkv.shape[:-1], fused // 3), qkv.dtype)
+    out, *lse = _opaque((out_shape, *stats), qkv, seeds)
+    return out, (qkv, seeds, out, lse)
 
 
-def _kernel_stand_in_bwd(residuals, dout):
-    q, k, v, seeds, out, lse = residuals
-    grads = _opaque((jax.ShapeDtypeStruct(q.shape, q.dtype),) * 3, q, k, v, seeds, out, lse, dout)
-    return (*grads, None)
+def _kernel_stand_in_bwd(layout, residuals, dout):
+    qkv, seeds, out, lse = residuals
+    (grad,) = _opaque((jax.ShapeDtypeStruct(qkv.shape, qkv.dtype),), qkv, seeds, out, *lse, dout)
+    return grad, None
 
 
 _kernel_stand_in.defvjp(_kernel_stand_in_fwd, _kernel_stand_in_bwd)
@@ -116,7 +123,11 @@ def variant(name: str | None):
         yield
         return
     module, field, replacement = (
-        (pallas_attention, "attention", lambda q, k, v, seeds, *_: _kernel_stand_in(q, k, v, seeds))
+        (
+            pallas_attention,
+            "members_attention",
+            lambda qkv, seeds, layout, *_: _kernel_stand_in(qkv, seeds, layout),
+        )
         if name == KERNEL_VARIANT
         else (attention, "jax_attention", VARIANTS[name])
     )
@@ -137,7 +148,7 @@ def kernel_cost(experiment, programs) -> tuple[float, float]:
         for members, heads, mixed in groups:
             if mixed:
                 raise ValueError("the Pallas kernel runs static head counts only (not fused over several)")
-            f, b = pallas_attention.kernel_cost(batch, m.seq_len, m.width, heads)
+            f, b, _ = pallas_attention.kernel_cost(batch, m.seq_len, m.width, heads)
             flops, nbytes = flops + members * m.num_layers * f, nbytes + members * m.num_layers * b
     return flops, nbytes
 

@@ -23,11 +23,8 @@ class ConfigError(ValueError):
 def load_config_file(path: str) -> ml_collections.ConfigDict:
     if not os.path.isfile(path):
         raise ConfigError(f"--config: file not found: {path}")
-    loader = importlib.machinery.SourceFileLoader(CONFIG_MODULE, os.path.abspath(path))  # any name, not only *.py
-    spec = importlib.util.spec_from_loader(CONFIG_MODULE, loader)
-    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        module = exec_config_file(path)
     except Exception as exc:  # a broken config file is bad input, not a crash
         raise ConfigError(f"--config: cannot load {path}: {_one_line(exc)}") from None
     if not callable(getattr(module, "get_config", None)):
@@ -41,6 +38,15 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
             f"--config: get_config() in {path} must return an ml_collections.ConfigDict, got {type(config).__name__}"
         )
     return config
+
+
+def exec_config_file(path: str):
+    """Run the file at ``path`` (any name, not only *.py) as the module CONFIG_MODULE; return it."""
+    loader = importlib.machinery.SourceFileLoader(CONFIG_MODULE, os.path.abspath(path))
+    spec = importlib.util.spec_from_loader(CONFIG_MODULE, loader)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _one_line(exc: BaseException) -> str:

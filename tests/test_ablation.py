@@ -10,16 +10,18 @@ import scipy.stats
 from mhjax.analysis import ablation, metrics, rollout
 from mhjax.analysis.ranks import spearman
 from mhjax.data.sequences import TASKS, targets_for
+from mhjax.models.model_config import ModelConfig
 from mhjax.models.probe import eval_model, model_sizes, predict
 from mhjax.plotting.heads import head_tables, member_lines
 from mhjax.plotting.images import sink_row_image
 
 VOCAB, T, WIDTH, LAYERS, MLP = 11, 6, 8, 2, 12
+SIZES = ModelConfig(vocab_size=VOCAB, max_len=T, width=WIDTH, num_layers=LAYERS, mlp_dim=MLP)
 
 
 def tiny_params(heads: int, seed: int = 0) -> dict:
     """A random parameter tree (every leaf N(0, 0.7^2), norms included) of the tiny model."""
-    shapes = eval_model(VOCAB, T, WIDTH, LAYERS, MLP, heads).init(jax.random.PRNGKey(0), jnp.zeros((1, T), jnp.int32))
+    shapes = eval_model(SIZES, heads).init(jax.random.PRNGKey(0), jnp.zeros((1, T), jnp.int32))
     rng = np.random.default_rng(seed)
     return jax.tree_util.tree_map(lambda x: (0.7 * rng.standard_normal(x.shape)).astype(np.float32), shapes["params"])
 
@@ -134,7 +136,7 @@ def test_keeping_the_only_head_of_a_one_head_layer_is_the_full_model():
 def test_removing_every_head_of_a_layer_leaves_the_output_bias(heads):
     params = tiny_params(heads, seed=6)
     tokens, targets = _data()
-    model = eval_model(VOCAB, T, WIDTH, LAYERS, MLP, heads)
+    model = eval_model(SIZES, heads)
     mask = np.ones((LAYERS, heads), np.float32)
     mask[0] = 0.0
     logits = model.apply({"params": params}, tokens, head_mask=mask)
@@ -148,7 +150,7 @@ def test_removing_every_head_of_a_layer_leaves_the_output_bias(heads):
 def test_no_mask_and_all_ones_mask_agree_with_numpy():
     params = tiny_params(2, seed=7)
     tokens, _ = _data()
-    model = eval_model(VOCAB, T, WIDTH, LAYERS, MLP, 2)
+    model = eval_model(SIZES, 2)
     plain = model.apply({"params": params}, tokens)
     ones = model.apply({"params": params}, tokens, head_mask=np.ones((LAYERS, 2), np.float32))
     np.testing.assert_allclose(plain, ones, rtol=1e-6, atol=1e-6)

@@ -115,3 +115,40 @@ def test_cost_model_script_reports_every_strategy_and_variant(tmp_path):
     assert kernel["cost_model_gb_per_member_step"] == pytest.approx(kernel["gb_per_member_step"], rel=TOLERANCE)
     assert kernel["cost_model_gflop_per_member_step"] == pytest.approx(kernel["gflop_per_member_step"], rel=TOLERANCE)
     assert sum(kernel["gb_by_part_per_member_step"].values()) > 0
+
+
+def test_dots_run_at_the_dot_rate_and_bytes_at_the_calibrated_bandwidth():
+    device = cost.Device("test", 100.0, 10.0, 1e9, "", dot_flops=1000.0, effective_bytes_per_s=5.0)
+    # 200 dot FLOPs at 1000/s + 100 other FLOPs at 100/s = 1.2 s; 5 bytes at 5 B/s = 1 s
+    assert cost.times(cost.Cost(flops=300.0, bytes=5.0, dot_flops=200.0), device) == pytest.approx((1.2, 1.0))
+    # the calibration reproduces its own figures: XLA:CPU's counts -> the compiled GPU program's
+    h200 = cost.DEVICES["h200"]
+    jax_path = cost.Cost(flops=0.0, bytes=2.453e9, core_bytes=2.453e9 - 0.913e9)
+    pallas = cost.Cost(flops=0.0, bytes=0.773e9, kernel_bytes=0.063e9)
+    assert cost.device_bytes(jax_path, h200) == pytest.approx(1.483e9)
+    assert cost.device_bytes(pallas, h200) == pytest.approx(0.687e9)
+    assert 1.0 / cost.step_seconds(jax_path, h200) == pytest.approx(2104.0)  # the measured rate
+    assert h200.bandwidth() / h200.hbm_bytes_per_s == pytest.approx(0.65, abs=0.01)
+
+
+def test_the_kernels_padded_dots_are_memory_bound_at_tf32_not_at_fp32():
+    """The paper shapes' 16-head member under the Pallas kernel: 11.7 of its 19.5 GFLOP are the
+    kernel's padded dots. Priced at fp32 (the old model) it sat at the compute roof; at TF32
+    every head count is bound by memory, and sweep_cost says so per head count."""
+    shape = cost.Shape(batch=50, length=100, width=64, num_layers=4, mlp_dim=128, vocab=256)
+    h200 = cost.DEVICES["h200"]
+    sixteen = cost.member_cost(shape, 16, kernel=True)
+    k = cost.kernel_cost(50, 100, 64, 16)
+    assert k.dot_flops == 50 * 16 * 7 * 2 * 128 * 128 * 16  # T 100 -> 128, head dim 4 -> 16
+    assert sixteen.dot_flops - cost.member_cost(shape, 16).dot_flops == pytest.approx(
+        4 * k.dot_flops - 4 * 3 * 2 * 50 * 100 * 2 * 100 * 64  # the JAX path's attention matmuls leave with it
+    )
+    fp32 = h200._replace(dot_flops=None)
+    compute, memory = cost.times(sixteen, fp32)
+    assert compute > memory
+    compute, memory = cost.times(sixteen, h200)
+    assert compute < memory / 2
+    groups = [[(2, 1, False), (2, 4, False), (2, 8, False), (2, 16, False)]]
+    bound = cost.sweep_cost(shape, groups, h200, kernel=True)["bound_by_heads"]
+    assert {h: b["bound"] for h, b in bound.items()} == {1: "memory", 4: "memory", 8: "memory", 16: "memory"}
+    assert cost.sweep_cost(shape, groups, fp32, kernel=True)["bound_by_heads"][16]["bound"] == "compute"

@@ -93,11 +93,79 @@ def _layout_value_and_grad(inputs, length, deterministic, implementation):
 
 
 @pytest.mark.parametrize(
-    "length,deterministic", [(32, False), (100, True), pytest.param(100, False, marks=pytest.mark.slow)]
+    "length,deterministic",
+    [(32, False), (100, True)] + [pytest.param(*case, marks=pytest.mark.slow) for case in ((100, False), (32, True))],
 )
 def test_kernel_equals_jax_inside_one_program_layout(inputs, length, deterministic):
     run = lambda implementation: _layout_value_and_grad(inputs, length, deterministic, implementation)  # noqa: E731
     _assert_close(run("jax"), run("pallas"))
+
+
+def test_members_attention_reads_and_writes_each_group_at_its_offset():
+    """The kernel on member-axis arrays: each member (group offsets 0, 2, 3) at its own head
+    count with its own dropout seeds equals the JAX path run on that member alone, values and
+    the gradients of q, k and v, so no group's in-place writes touch another's members."""
+    layout, width, length = ((2, 1), (1, 4), (2, 16)), 16, 8
+    heads = [h for n, h in layout for _ in range(n)]
+    keys = jax.random.split(jax.random.PRNGKey(11), 5)
+    q, k, v, cotangent = (jax.random.normal(key, (len(heads), BATCH, length, width)) for key in keys[:4])
+    seeds = jax.random.bits(keys[4], (len(heads), 16, 2), jnp.uint32)
+    threshold, inv_keep = attention.dropout_threshold(RATE)
+
+    def kernel(q, k, v):  # the kernel reads the fused projection; its gradient comes back as one array
+        qkv = jnp.concatenate([q, k, v], axis=-1)
+        return pallas_attention.members_attention(qkv, seeds, layout, threshold, inv_keep, INTERPRET)
+
+    def alone(q, k, v):
+        each = [
+            attention.jax_attention(q[i], k[i], v[i], h, None, seeds[i, :h], threshold, inv_keep)[0]
+            for i, h in enumerate(heads)
+        ]
+        return jnp.stack(each)
+
+    (out, pull), (expected, pull_expected) = jax.vjp(kernel, q, k, v), jax.vjp(alone, q, k, v)
+    np.testing.assert_allclose(out, expected, rtol=VALUE_RTOL, atol=1e-6)
+    for got, want in zip(pull(cotangent), pull_expected(cotangent)):
+        np.testing.assert_allclose(got, want, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+
+
+def _primitives(jaxpr, counts):
+    """Primitive names of ``jaxpr`` and its sub-jaxprs, except inside kernels; a concatenation
+    of activations (4 or more dimensions: members, batch, time, features) as 'concatenate4'."""
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        name += "4" if name == "concatenate" and eqn.outvars[0].aval.ndim >= 4 else ""
+        counts[name] = counts.get(name, 0) + 1
+        if eqn.primitive.name == "pallas_call":
+            continue
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    _primitives(inner, counts)
+    return counts
+
+
+@pytest.mark.parametrize("implementation,copies", [("pallas", False), ("jax", True)])
+def test_one_program_layout_has_no_per_group_copies_under_the_kernel(inputs, implementation, copies):
+    """The gradient of a layout layer (5 members in 3 groups): under the kernel, no slice of a
+    group's members, no pad of its gradient to all members and no concatenation of groups'
+    outputs or of dq, dk, dv into the projection's gradient (the JAX path has all three)."""
+    x, params = inputs
+    layout = ((2, 1), (1, 2), (2, 4))
+    layer = attention.CausalSelfAttention(WIDTH, 4, RATE, layout, implementation, INTERPRET)
+    heads = jnp.array([h for n, h in layout for _ in range(n)], jnp.int32)
+    stacked = jax.tree_util.tree_map(lambda p: jnp.stack([p] * len(heads)), params)
+    drops, short = jax.random.split(jax.random.PRNGKey(5), len(heads)), x[:, :8]
+
+    def loss(p, h, drop):
+        return jnp.sum(layer.apply({"params": p}, short, h, False, rngs={"dropout": drop})[0])
+
+    grad = jax.grad(lambda p: jnp.sum(jax.vmap(loss)(p, heads, drops)))
+    counts = _primitives(jax.make_jaxpr(grad)(stacked).jaxpr, {})
+    assert counts.get("pallas_call", 0) == (6 if implementation == "pallas" else 0)  # 3 groups, forward and backward
+    copied = [counts.get(name, 0) for name in ("pad", "slice", "concatenate4")]
+    assert (min(copied) > 0) == copies and (max(copied) == 0) == (not copies), counts
 
 
 @pytest.mark.parametrize(
@@ -149,7 +217,8 @@ def test_kernel_dropout_keeps_the_jax_paths_elements():
     seeds = attention.coarse_seeds(jax.random.PRNGKey(9), heads)
     q = k = jnp.zeros((batch, length, 128))  # uniform causal attention: p_ij = 1 / (i + 1)
     v = jnp.broadcast_to(jnp.eye(length, 128), (batch, length, 128))  # value j = unit vector j
-    out = pallas_attention.attention(q, k, v, seeds, heads, threshold, inv_keep, INTERPRET)[..., :length]
+    qkv = jnp.concatenate([q, k, v], axis=-1)
+    out = pallas_attention.attention(qkv, seeds, heads, threshold, inv_keep, INTERPRET)[..., :length]
     keep = attention.dropout_keep(seeds[0], batch, length, threshold)
     expected = jnp.where(keep & jnp.tril(jnp.ones((length, length), bool)), inv_keep, 0.0)
     expected = expected / jnp.arange(1, length + 1)[:, None]
@@ -159,9 +228,9 @@ def test_kernel_dropout_keeps_the_jax_paths_elements():
 def test_the_lowerings_constraints_are_checked_before_interpreting():
     assert pallas_attention.block_sizes(100, 4) == (128, 16) and pallas_attention.block_sizes(32, 64) == (32, 64)
     seeds = jnp.zeros((2, 2), jnp.uint32)
-    too_long = jnp.zeros((1, pallas_attention.MAX_LENGTH + 1, 32))
+    too_long = jnp.zeros((1, pallas_attention.MAX_LENGTH + 1, 3 * 32))
     with pytest.raises(ValueError, match="sequence length"):
-        pallas_attention.attention(too_long, too_long, too_long, seeds, 2, 1 << 24, 1.0, True)
-    half = jnp.zeros((1, 8, 32), jnp.bfloat16)
+        pallas_attention.attention(too_long, seeds, 2, 1 << 24, 1.0, True)
+    half = jnp.zeros((1, 8, 3 * 32), jnp.bfloat16)
     with pytest.raises(ValueError, match="float32"):
-        pallas_attention.attention(half, half, half, seeds, 2, 1 << 24, 1.0, True)
+        pallas_attention.attention(half, seeds, 2, 1 << 24, 1.0, True)

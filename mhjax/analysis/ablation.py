@@ -27,6 +27,7 @@ import numpy as np
 import optax
 
 from mhjax.analysis.ranks import spearman
+from mhjax.models.model_config import ModelConfig
 from mhjax.models.probe import eval_model
 
 MASK_BUDGET = 1 << 24  # floats of the largest per-variant activation held for one block of masks
@@ -62,20 +63,37 @@ def masks_per_block(num_masks: int, batch: int, length: int, sizes: dict, heads:
 
 
 @lru_cache(maxsize=32)
-def ablation_fn(vocab_size: int, max_len: int, width: int, num_layers: int, mlp_dim: int, heads: int, block: int):
+def scored_forward_fn(model: ModelConfig, heads: int):
+    """jit(params, tokens, targets, weights (B, T)) -> (predictions (B, T) int32, attention
+    (L, B, H, T, T), full (2,)): the DAG analysis's forward and the full model's weighted (loss sum,
+    correct sum) from the same logits, so the full model runs once per batch."""
+    transformer = eval_model(model, heads)
+
+    @jax.jit
+    def run(params, tokens, targets, weights):
+        logits, attn = transformer.apply({"params": params}, tokens, return_attention=True)
+        predictions = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return predictions, jnp.stack(attn), jnp.stack(token_totals(logits, targets, weights))
+
+    return run
+
+
+@lru_cache(maxsize=32)
+def ablation_fn(model: ModelConfig, heads: int, block: int, with_full: bool = True):
     """jit(params, tokens, targets, weights (B, T)) -> (full (2,), variants (2, L, H, 2)): weighted
     (loss sum, correct sum) of the full model and of every head mask of :func:`head_masks`
-    (``block`` masks per vmapped step; ``block = 0``: the full model only, variants None)."""
-    model = eval_model(vocab_size, max_len, width, num_layers, mlp_dim, heads)
+    (``block`` masks per vmapped step; ``block = 0``: the full model only, variants None;
+    ``with_full = False``: full None, for a caller that has the full model's sums)."""
+    transformer, num_layers = eval_model(model, heads), model.num_layers
     masks = head_masks(num_layers, heads).reshape(-1, num_layers, heads)
 
     @jax.jit
     def run(params, tokens, targets, weights):
         def totals(head_mask):
-            logits = model.apply({"params": params}, tokens, head_mask=head_mask)
+            logits = transformer.apply({"params": params}, tokens, head_mask=head_mask)
             return jnp.stack(token_totals(logits, targets, weights))
 
-        full = totals(None)
+        full = totals(None) if with_full else None
         if block == 0:
             return full, None
         count = masks.shape[0]
@@ -96,6 +114,8 @@ def head_ablation(
     batch_size: int = 50,
     ablate: bool = True,
     head_weights=None,
+    *,
+    full_totals=None,
 ) -> tuple[dict, list[dict] | None]:
     """Loss and accuracy of the full model and of every head removed / kept alone.
 
@@ -107,6 +127,8 @@ def head_ablation(
     ``head_weight_ablation_spearman``: across the layer's heads, the Spearman correlation between
     ``head_weights`` (L, H) (the DAG analysis's beta) and the loss increase when the head is
     removed (None without head weights, with one head or when either is constant).
+    ``full_totals``: the full model's (loss sum, correct sum) over these sequences when the caller
+    has them (:func:`scored_forward_fn`); then only the head masks run.
     """
     tokens, targets = np.asarray(tokens, np.int32), np.asarray(targets, np.int32)
     weights = np.ones(tokens.shape, np.float32) if weights is None else np.asarray(weights, np.float32)
@@ -116,17 +138,19 @@ def head_ablation(
     L = sizes["num_layers"]
     bs = max(1, min(int(batch_size), N))
     block = masks_per_block(2 * L * heads, bs, T, sizes, heads) if ablate else 0
-    run = ablation_fn(sizes["vocab_size"], sizes["max_len"], sizes["width"], L, sizes["mlp_dim"], int(heads), block)
+    with_full = full_totals is None
+    run = ablation_fn(ModelConfig.from_sizes(sizes), int(heads), block, with_full)
     params = jax.tree_util.tree_map(jnp.asarray, params)
-    full = np.zeros(2)
+    full = np.zeros(2) if with_full else np.asarray(full_totals, np.float64)
     variants = np.zeros((2, L, heads, 2))
-    for start in range(0, N, bs):
+    for start in range(0, N if with_full or ablate else 0, bs):
         pad = max(0, start + bs - N)
         rows = slice(start, start + bs)
         chunk = [np.concatenate([a[rows], np.repeat(a[:1], pad, axis=0)]) for a in (tokens, targets)]
         w = np.concatenate([weights[rows], np.zeros((pad, T), np.float32)])
         f, v = jax.device_get(run(params, *chunk, w))
-        full += np.asarray(f, np.float64)
+        if with_full:
+            full += np.asarray(f, np.float64)
         if ablate:
             variants += np.asarray(v, np.float64)
     total = float(weights.sum())

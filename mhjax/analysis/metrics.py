@@ -19,6 +19,7 @@ input raises :class:`mhjax.config.ConfigError` with a one-line message naming th
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from functools import partial
 
@@ -27,11 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from mhjax.analysis import ablation, dag, rollout
+from mhjax.analysis.records import AnalysisOptions, LayerAnalysis, MemberAnalysis
 from mhjax.config import ConfigError
 from mhjax.data import sequences as seqdata
 from mhjax.data.tasks import Batch, Task, get_task
-from mhjax.io.torch_import import CheckpointFormatError, UnsafeCheckpointError, load_reference_params
-from mhjax.models.probe import forward_fn, model_sizes
+from mhjax.io.released import read_released
+from mhjax.models.model_config import ModelConfig
+from mhjax.models.probe import model_sizes
 
 DEFAULTS = {"horizon": 100, "max_steps": 100, "include_sink": True, "chain": "reference"}
 _CHAINS = ("reference", "normalized")
@@ -182,16 +185,10 @@ def analyze_params(
     tokens,
     sizes: dict | None = None,
     *,
-    horizon: int = 100,
-    max_steps: int = 100,
-    include_sink: bool = True,
-    chain: str = "reference",
-    batch_size: int = 50,
-    keep_attention: bool = False,
-    block: int = 8,
-    ablate: bool = True,
+    options: AnalysisOptions | None = None,
     weights=None,
-) -> dict:
+    **fields,
+) -> MemberAnalysis:
     """Accuracy and per-layer DAG metrics of one H-head Transformer.
 
     Args:
@@ -201,6 +198,7 @@ def analyze_params(
       tokens: (N, T) int sequences (targets from the task's ``targets(tokens)``), or a
         :class:`mhjax.data.tasks.Batch` of tokens, targets and weights (its sampler's).
       sizes: model sizes; read off ``params`` when None (:func:`model_sizes`).
+      options: an :class:`AnalysisOptions`; keyword ``fields`` replace some of its fields.
       batch_size: sequences per forward/metrics call (bounds memory).
       keep_attention: also return ``attention`` (L, H, T, T) and ``combined``
         (L, T, T) numpy arrays of sequence 0 (for heatmaps) and ``rollout_sink_row`` (L, T),
@@ -218,7 +216,8 @@ def analyze_params(
     ``ablate``, ``ablation`` and ``accuracy_synergy``), and the conventions used.
     """
     check_task(task)
-    conventions = check_conventions(horizon, max_steps, include_sink, chain)
+    o = dataclasses.replace(options or AnalysisOptions(), **fields)  # an unknown field: TypeError
+    conventions = check_conventions(o.horizon, o.max_steps, o.include_sink, o.chain)
     sizes = dict(sizes or model_sizes(params))
     if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads < 1 or sizes["width"] % heads:
         raise ConfigError(f"--heads: must be a positive divisor of the model width {sizes['width']}, got {heads!r}")
@@ -232,40 +231,51 @@ def analyze_params(
     tokens = tokens.astype(np.int32)
     weights = weights.astype(np.float64)  # 0/1 sums are exact: uniform weights give today's plain means
     N, T = tokens.shape
-    forward = forward_fn(
-        sizes["vocab_size"], sizes["max_len"], sizes["width"], sizes["num_layers"], sizes["mlp_dim"], heads
-    )
+    forward = ablation.scored_forward_fn(ModelConfig.from_sizes(sizes), heads)
     params = jax.tree_util.tree_map(jnp.asarray, params)
     beta = jnp.asarray(learned_head_weights(params, heads))  # (L, H)
 
-    bs = max(1, min(int(batch_size), N))
+    bs = max(1, min(int(o.batch_size), N))
     correct = np.zeros((N, T), bool)
+    full_totals = np.zeros(2)  # the full model's weighted (loss sum, correct sum), for the ablation
     parts: dict[str, list] = {}
     example = None
     for start in range(0, N, bs):
-        chunk = tokens[start : start + bs]
-        n = chunk.shape[0]
-        if n < bs:  # pad the tail so every call has one shape (one compile)
-            chunk = np.concatenate([chunk, np.repeat(chunk[:1], bs - n, axis=0)])
-        preds, attn = forward(params, chunk)
+        rows = slice(start, start + bs)
+        n = tokens[rows].shape[0]
+        # pad the tail so every call has one shape (one compile); padded rows weigh nothing
+        chunk, chunk_targets = (np.concatenate([a[rows], np.repeat(a[:1], bs - n, axis=0)]) for a in (tokens, targets))
+        chunk_weights = np.concatenate([weights[rows], np.zeros((bs - n, T))]).astype(np.float32)
+        preds, attn, totals = forward(params, chunk, chunk_targets.astype(np.int32), chunk_weights)
+        full_totals += np.asarray(jax.device_get(totals), np.float64)
         correct[start : start + n] = np.asarray(preds)[:n] == targets[start : start + n]
-        if keep_attention and example is None:
+        if o.keep_attention and example is None:
             example = np.asarray(attn[:, 0])
         m = jax.device_get(
             layer_metrics(
-                attn, beta, horizon=horizon, max_steps=max_steps, include_sink=include_sink, chain=chain, block=block
+                attn,
+                beta,
+                horizon=o.horizon,
+                max_steps=o.max_steps,
+                include_sink=o.include_sink,
+                chain=o.chain,
+                block=o.block,
             )
         )
-        m.update({f"rollout_{k}": v for k, v in jax.device_get(rollout.sink_rollout(attn, beta, include_sink)).items()})
+        m.update(
+            {f"rollout_{k}": v for k, v in jax.device_get(rollout.sink_rollout(attn, beta, o.include_sink)).items()}
+        )
         for k, v in m.items():
             parts.setdefault(k, []).append(np.asarray(v)[:, :n])
     per = {k: np.concatenate(v, axis=1) for k, v in parts.items()}  # (L, N)
-    full, ablated = ablation.head_ablation(params, heads, tokens, targets, sizes, weights, bs, ablate, np.asarray(beta))
+    full, ablated = ablation.head_ablation(
+        params, heads, tokens, targets, sizes, weights, bs, o.ablate, np.asarray(beta), full_totals=full_totals
+    )
     rolled, rolled_layers = rollout.rollout_summary(
         {"min": per["rollout_min"], "min_mean_heads": per["rollout_min_mean_heads"]}, per["fidelity"]
     )
     beta_np = np.asarray(beta)
-    layers = []
+    layers: list[LayerAnalysis] = []
     for l in range(sizes["num_layers"]):
         mix, fid, best = (
             per["mixing_time"][l].astype(np.float64),
@@ -287,7 +297,7 @@ def analyze_params(
                 **(ablated[l] if ablated else {}),
             }
         )
-    result = {
+    result: MemberAnalysis = {
         "heads": heads,
         "task": task,
         "num_sequences": int(N),
@@ -299,7 +309,7 @@ def analyze_params(
         "model": sizes,
         "layers": layers,
     }
-    if keep_attention:
+    if o.keep_attention:
         result["attention"] = example  # (L, H, T, T)
         result["combined"] = np.einsum("lh,lhij->lij", beta_np, example)
         result["rollout_sink_row"] = per["rollout_sink_row"].mean(axis=1)
@@ -345,19 +355,8 @@ def analyze_checkpoint(
     Extra keyword arguments go to :func:`analyze_params`.
     """
     check_task(task)
-    path = str(path)
-    if not os.path.isfile(path):
-        raise ConfigError(f"--torch-checkpoint: no such file: {path}")
-    if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads < 1:
-        raise ConfigError(f"--heads: must be a positive integer, got {heads!r}")
-    try:
-        params, info = load_reference_params(path, num_heads=int(heads))
-    except (CheckpointFormatError, UnsafeCheckpointError) as exc:
-        option = "--heads" if "num_heads" in str(exc) else "--torch-checkpoint"
-        raise ConfigError(f"{option}: {one_line(exc)}") from None
-    sizes = {k: info[k] for k in ("vocab_size", "max_len", "num_layers", "mlp_dim")}
-    sizes["width"] = info["d_model"]
+    params, sizes = read_released(path, heads)
     batch, source = task_sequences(task, sequences, num_sequences, seed, sizes["max_len"], sizes["vocab_size"])
     result = analyze_params(params, int(heads), task, batch, sizes, **kwargs)
-    result = {"source": {"torch_checkpoint": os.path.abspath(path), **source}, **result}
+    result = {"source": {"torch_checkpoint": os.path.abspath(str(path)), **source}, **result}
     return result

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mhjax.config import CONFIG_MODULE, ConfigError
+from mhjax.config import CONFIG_MODULE, ConfigError, exec_config_file
 
 
 class Batch(NamedTuple):
@@ -219,11 +219,8 @@ def restore(recorded: dict, where: str) -> None:
 def _run_config_file(name: str, path: str, where: str) -> None:
     if not os.path.isfile(path):
         raise ConfigError(f"task {name!r}: its config file {path} (recorded in {where}) is gone")
-    loader = importlib.machinery.SourceFileLoader(CONFIG_MODULE, path)
-    spec = importlib.util.spec_from_loader(CONFIG_MODULE, loader)
-    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        exec_config_file(path)
     except ConfigError:
         raise
     except Exception as exc:

@@ -13,7 +13,7 @@ import numpy as np
 
 from mhjax.train.console import SummaryTable
 from mhjax.train.engine import Program, TrainedProgram
-from mhjax.train.sweep import Member
+from mhjax.train.members import Member
 
 
 class FigureRequest(NamedTuple):

@@ -73,7 +73,7 @@ from mhjax.experiments.mixture_config import parts, setting, validate
 from mhjax.models import classifier, mixture_parts
 from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program, Recipe, TrainedProgram
-from mhjax.train.sweep import Member, derive_key, expand, key_names
+from mhjax.train.members import Member, derive_key, expand, key_names
 
 
 def own_steps(config, num_train: int) -> int:
@@ -95,7 +95,7 @@ def init_tau(config, member: Member) -> float:
     return float(member.hparams.get("init_tau", config.init.tau))
 
 
-# Members differing only in these start from the same random draws (train/sweep.py: key_names):
+# Members differing only in these start from the same random draws (train/members.py: key_names):
 # the same theta_0 directions at every step size and training-set size, scaled by each tau.
 SHARED_DRAWS = ("init_tau", "step_size", "num_train")
 

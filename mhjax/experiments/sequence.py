@@ -17,12 +17,13 @@ from mhjax.analysis.metrics import learned_head_weights
 from mhjax.data import sequences, tasks
 from mhjax.experiments.base import Experiment
 from mhjax.experiments.sequence_config import requested_attention, validate
-from mhjax.models import Transformer, cost, count_params, flops
+from mhjax.models import cost, count_params, flops
 from mhjax.models.attention_choice import AUTO, JAX, AttentionChoice, resolve_attention
+from mhjax.models.model_config import ModelConfig
 from mhjax.models.probe import config_sizes, predict
 from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program, Recipe, Unrolled, recipe_groups
-from mhjax.train.sweep import Member, derive_key, expand, key_names
+from mhjax.train.members import Member, derive_key, expand, key_names
 
 UNROLL_MIN_STEPS, UNROLL_MAX_MEMBERS = 2000, 16  # when `auto` unrolls on a CPU
 EXAMPLE_SEED = 0  # the fixed evaluation sequence of the end-of-training images (numpy: no compile)
@@ -42,19 +43,13 @@ class SequenceRecipe(Recipe):
     attention at its static head count, and the engine takes gradients outside the vmap.
     ``attention``: what computes the attention core (models/attention_choice.py)."""
 
-    def __init__(self, config, fine_heads: int, static_heads: bool, layout=None, attention: AttentionChoice = JAX):
+    def __init__(self, config, fine_heads: int, *, static_heads: bool, layout=None, attention: AttentionChoice = JAX):
         m, d = config.model, config.data
-        self.model = Transformer(
-            m.vocab_size,
-            m.seq_len,
-            m.width,
-            m.num_layers,
-            m.mlp_dim,
+        self.model = ModelConfig.from_config(m).transformer(
             fine_heads,
-            m.dropout,
-            layout,
-            attention.implementation,
-            attention.interpret,
+            layout=layout,
+            attention=attention.implementation,
+            interpret=attention.interpret,
             scan_layers=attention.backend in ("gpu", "tpu"),  # compile time on accelerators (transformer.py)
         )
         self.static_heads = static_heads
@@ -164,7 +159,7 @@ class SequenceExperiment(Experiment):
         heads = [m["heads"] for m in self.members]
         attention = self.attention(backend)
         if strategy == "unrolled":
-            recipes = {h: SequenceRecipe(self.config, h, True, attention=attention) for h in set(heads)}
+            recipes = {h: SequenceRecipe(self.config, h, static_heads=True, attention=attention) for h in set(heads)}
             return [Program("all", list(range(len(self.members))), Unrolled([recipes[h] for h in heads]))]
         finest = math.lcm(*heads)  # divides the width: every head count does
         if strategy == "one_program":
@@ -174,13 +169,19 @@ class SequenceExperiment(Experiment):
             groups = self._by_heads()
             layout = tuple((len(idx), h) for h, idx in groups.items())
             order = [i for idx in groups.values() for i in idx]
-            return [Program("all", order, SequenceRecipe(self.config, finest, False, layout, attention))]
+            return [
+                Program(
+                    "all",
+                    order,
+                    SequenceRecipe(self.config, finest, static_heads=False, layout=layout, attention=attention),
+                )
+            ]
         if strategy == "fused":
             static = len(set(heads)) == 1
-            recipe = SequenceRecipe(self.config, finest, static, attention=attention)
+            recipe = SequenceRecipe(self.config, finest, static_heads=static, attention=attention)
             return [Program("all", list(range(len(self.members))), recipe)]
         return [
-            Program(f"h{h}", idx, SequenceRecipe(self.config, h, True, attention=attention))
+            Program(f"h{h}", idx, SequenceRecipe(self.config, h, static_heads=True, attention=attention))
             for h, idx in self._by_heads().items()
         ]
 
@@ -309,7 +310,7 @@ class SequenceExperiment(Experiment):
     def member_info(self, member: Member) -> dict:
         """Static facts for results.json."""
         m = self.config.model
-        model = Transformer(m.vocab_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, member["heads"], m.dropout)
+        model = ModelConfig.from_config(m).transformer(member["heads"])
         shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, m.seq_len), jnp.int32)))
         return {"params": count_params(shapes["params"])}
 
@@ -374,12 +375,15 @@ class SequenceExperiment(Experiment):
 
 
 def _figures(p: dict, member_steps: int) -> str:
-    """A prediction's figures: rate, time for the sweep's member-steps, traffic, memory."""
+    """A prediction's figures: rate, time for the sweep's member-steps, traffic (XLA:CPU's
+    count and the compiled program's, models/cost.py), memory, what bounds each head count."""
+    bound = ", ".join(f"{h} {b['bound']}" for h, b in p["bound_by_heads"].items())
     return (
         f"~{p['member_steps_per_s']:,.0f} member-steps/s, ~{_seconds(member_steps / p['member_steps_per_s'])} of "
-        f"training without compiles, {p['bytes_per_member_step'] / 1e9:.2f} GB and "
+        f"training without compiles, {p['bytes_per_member_step'] / 1e9:.2f} GB "
+        f"({p['compiled_bytes_per_member_step'] / 1e9:.2f} compiled for {p['device'].name}) and "
         f"{p['flops_per_member_step'] / 1e9:.2f} GFLOP per member-step, "
-        f"~{p['memory_per_device_bytes'] / 2**30:.2f} GiB per device"
+        f"~{p['memory_per_device_bytes'] / 2**30:.2f} GiB per device; bound by heads: {bound}"
     )
 
 

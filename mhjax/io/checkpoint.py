@@ -80,8 +80,7 @@ class SweepCheckpointer:
         try:
             records = self.manager.restore(step, args=ocp.args.Composite(**{RECORDS: ocp.args.JsonRestore()}))[RECORDS]
         except Exception as exc:
-            detail = " ".join(str(exc).split())[:300]
-            raise ConfigError(f"checkpoint {where}: unreadable ({type(exc).__name__}: {detail})") from None
+            raise ConfigError(f"checkpoint {where}: unreadable ({_one_line(exc)})") from None
         if not isinstance(records, dict):
             raise ConfigError(f"checkpoint {where}: not a JSON object")
         return records
@@ -93,8 +92,7 @@ class SweepCheckpointer:
         try:
             return self.manager.restore(step, args=ocp.args.Composite(default=ocp.args.StandardRestore()))["default"]
         except Exception as exc:
-            detail = " ".join(str(exc).split())[:300]
-            raise ConfigError(f"checkpoint {where}: unreadable ({type(exc).__name__}: {detail})") from None
+            raise ConfigError(f"checkpoint {where}: unreadable ({_one_line(exc)})") from None
 
     def restore(self, step: int, abstract_tree):
         """Restore into the structure/shapes of abstract_tree; a mismatch is a one-line ConfigError."""
@@ -105,10 +103,7 @@ class SweepCheckpointer:
             stored = ocp.StandardCheckpointHandler().metadata(epath.Path(where) / "default")
             stored = getattr(stored, "tree", stored)
         except Exception as exc:
-            detail = " ".join(str(exc).split())[:300]
-            raise ConfigError(
-                f"checkpoint {where}: unreadable, corrupt or truncated ({type(exc).__name__}: {detail})"
-            ) from None
+            raise ConfigError(f"checkpoint {where}: unreadable, corrupt or truncated ({_one_line(exc)})") from None
         mismatch = describe_mismatch(stored, target)
         if mismatch:
             raise ConfigError(f"checkpoint {where}: does not match this sweep: {mismatch}")
@@ -117,13 +112,17 @@ class SweepCheckpointer:
                 "default"
             ]
         except Exception as exc:  # orbax raises many types for corrupt/mismatched files
-            detail = " ".join(str(exc).split())[:300]
             raise ConfigError(
-                f"checkpoint {self.directory}/{step}: cannot restore into this sweep ({type(exc).__name__}: {detail})"
+                f"checkpoint {self.directory}/{step}: cannot restore into this sweep ({_one_line(exc)})"
             ) from None
 
     def close(self) -> None:
         self.manager.close()
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line, at most 300 characters of message (orbax's run long)."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
 
 
 def _tree_state(path: str) -> list:

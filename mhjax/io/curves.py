@@ -14,6 +14,37 @@ def train_window(chunk_steps: int) -> int:
     return max(1, -(-int(chunk_steps) // TRAIN_POINTS_PER_CHUNK))
 
 
+def window_means(values, window: int, finite_only: bool):
+    """(windows, members) means of a chunk's (steps, members) rows over consecutive windows of
+    ``window`` steps (the last one may be shorter), skipping NaNs (``finite_only``: infinities too;
+    none left: NaN). Equal bit for bit to a per-member, per-window ``np.nanmean``: each window is
+    one contiguous row, which numpy sums pairwise as it does a 1-D slice."""
+    values = np.asarray(values)
+    n, m = values.shape
+    rows = []
+    for lo, hi in ((0, n - n % window), (n - n % window, n)):  # whole windows, then the short one
+        if hi > lo:
+            block = np.ascontiguousarray(
+                values[lo:hi].reshape(-1, hi - lo if hi - lo < window else window, m).transpose(0, 2, 1)
+            )
+            rows.append(_row_means(block, finite_only))
+    return np.concatenate(rows)
+
+
+def _row_means(block, finite_only: bool):
+    """Means over the last axis of ``block`` skipping what is not kept (np.nanmean's algorithm:
+    zero-filled sum over kept count); rows with a dropped value are recomputed from the kept ones
+    alone when ``finite_only``, as ``finite.mean()`` sums them."""
+    kept = np.isfinite(block) if finite_only else ~np.isnan(block)
+    count = kept.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = (np.where(kept, block, 0).sum(axis=-1) / count).astype(block.dtype)
+    if finite_only:
+        for w, j in zip(*np.nonzero(~kept.all(axis=-1) & (count > 0))):
+            means[w, j] = block[w, j][kept[w, j]].mean()
+    return np.where(count > 0, means, np.nan).astype(block.dtype)
+
+
 def read_run(path: str) -> dict:
     """{tag: (steps, values)} of every scalar tag of the run at ``path``. A resumed run may log a
     step twice: the last value wins."""

@@ -129,7 +129,8 @@ class CausalSelfAttention(nn.Module):
         fine = self.num_heads
         # One (D, 3D) matmul for the three projections (parameters stay query/key/value).
         w, b = zip(*(DenseParams(width, width, name=name)() for name in ("query", "key", "value")))
-        q, k, v = jnp.split(x @ jnp.concatenate(w, axis=1) + jnp.concatenate(b), 3, axis=-1)
+        qkv = x @ jnp.concatenate(w, axis=1) + jnp.concatenate(b)
+        q, k, v = jnp.split(qkv, 3, axis=-1)  # the Pallas kernel reads qkv itself (unused there: dead code)
         dropout = not deterministic and self.dropout_rate > 0.0
         if dropout:
             seeds = coarse_seeds(self.make_rng("dropout") if dropout_key is None else dropout_key, fine)
@@ -146,11 +147,12 @@ class CausalSelfAttention(nn.Module):
             out = cpu_attention.attention(q, k, v, count, seeds, threshold, inv_keep)
         elif self.layout is not None:
             kernel = self.interpret if implementation == "pallas" else None
-            out = layout_attention(self.layout, q, k, v, fine, heads, seeds, threshold, inv_keep, kernel)
+            arrays = (q, k, v) if kernel is None else (qkv,)
+            out = layout_attention(self.layout, arrays, fine, heads, seeds, threshold, inv_keep, kernel)
         elif implementation == "pallas":
             from mhjax.models import pallas_attention
 
-            out = pallas_attention.attention(q, k, v, seeds, fine, threshold, inv_keep, self.interpret)
+            out = pallas_attention.attention(qkv, seeds, fine, threshold, inv_keep, self.interpret)
         else:
             out, probs = jax_attention(q, k, v, fine, heads, seeds, threshold, inv_keep)
         if head_mask is not None:
@@ -159,27 +161,28 @@ class CausalSelfAttention(nn.Module):
 
 
 def layout_attention(
-    layout: Layout, q, k, v, fine: int, heads, seeds, threshold: int, inv_keep: float, kernel: bool | None = None
+    layout: Layout, arrays, fine: int, heads, seeds, threshold: int, inv_keep: float, kernel: bool | None = None
 ):
     """jax_attention's output for one member, which under vmap over a program's members runs
     group by group at static head counts: group g's members (consecutive on the member axis)
     at ``layout[g][1]`` heads with the dropout seeds of those coarse heads, so every member
-    computes what plain attention at its own head count does (tested); with ``kernel`` not None,
-    each group runs the Pallas kernel (pallas_attention) at its head count, in interpret mode if
-    ``kernel`` is True. Reverse mode
-    differentiates a custom_vmap function only from outside the vmap (neither inside it nor
-    unbatched): such a model's gradient is taken of the summed member losses
+    computes what plain attention at its own head count does (tested). ``arrays``: (q, k, v);
+    with ``kernel`` not None, (qkv,) the fused (B, T, 3D) projection, which the Pallas kernel
+    (pallas_attention.members_attention, in interpret mode if ``kernel`` is True) reads for
+    every group at its head count on the member axis itself: no per-group slice,
+    concatenation or padded gradient, no q/k/v split. Reverse mode differentiates a
+    custom_vmap function only from outside the vmap (neither inside it nor unbatched): such a
+    model's gradient is taken of the summed member losses
     (engine.members_step); for one member alone, use the plain model at its head count."""
 
+    def split(arrays):
+        return arrays if len(arrays) == 3 else jnp.split(arrays[0], 3, axis=-1)
+
     @custom_vmap
-    def core(q, k, v, heads, seeds):
-        return jax_attention(q, k, v, fine, heads, seeds, threshold, inv_keep)[0]
+    def core(heads, seeds, *arrays):
+        return jax_attention(*split(arrays), fine, heads, seeds, threshold, inv_keep)[0]
 
     def static(q, k, v, seeds, h):
-        if kernel is not None:
-            from mhjax.models import pallas_attention
-
-            return pallas_attention.attention(q, k, v, seeds[:h], h, threshold, inv_keep, kernel)
         return jax_attention(q, k, v, h, None, seeds[:h], threshold, inv_keep)[0]
 
     @core.def_vmap
@@ -187,7 +190,12 @@ def layout_attention(
         members = sum(n for n, _ in layout)
         if axis_size != members:
             raise ValueError(f"layout_attention: vmapped over {axis_size} members, the layout has {members}")
-        q, k, v, _, seeds = (x if b else jnp.broadcast_to(x, (axis_size, *x.shape)) for x, b in zip(args, in_batched))
+        _, seeds, *arrays = (x if b else jnp.broadcast_to(x, (axis_size, *x.shape)) for x, b in zip(args, in_batched))
+        if kernel is not None:  # one kernel call per group, reading and writing its members in place
+            from mhjax.models import pallas_attention
+
+            return pallas_attention.members_attention(arrays[0], seeds, layout, threshold, inv_keep, kernel), True
+        q, k, v = split(arrays)
         outs, start = [], 0
         for n, h in layout:
             group = slice(start, start + n)
@@ -196,7 +204,7 @@ def layout_attention(
             start += n
         return jnp.concatenate(outs), True
 
-    return core(q, k, v, jnp.asarray(fine if heads is None else heads, jnp.int32), seeds)
+    return core(jnp.asarray(fine if heads is None else heads, jnp.int32), seeds, *arrays)
 
 
 def jax_attention(q, k, v, fine: int, heads, seeds, threshold: int, inv_keep: float):

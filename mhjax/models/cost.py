@@ -12,9 +12,15 @@ at their full size (the causal half is computed and masked), plus per attention 
 and per token-row costs measured once and stated below. Tests hold the model to XLA's
 count on other shapes (tests/test_cost.py).
 
-Roofline: a step takes max(FLOPs / peak, bytes / bandwidth). At these shapes a step does
-~3 FLOPs per byte, far below either device's ridge point (H200: 14, v5e: 240), so the
-prediction is set by memory bandwidth and the FLOP/s figure hardly matters.
+Roofline: a step takes max(compute time, bytes / bandwidth), per member at its head count.
+Compute time prices each kind of arithmetic at the rate it runs: matmuls ("dots": the model's
+projections, MLP, readout, and the attention kernel's seven dots) at the device's dot rate
+(TF32 tensor cores on an H200 or H100, where XLA and the Triton lowering run fp32 dots at
+their default precision; on a CPU, as in interpret mode and CI, dots are plain fp32), the
+rest (softmax, masks, dropout hash, Adam) at the fp32 rate. Bytes are XLA:CPU's count, what
+the terms below were fitted to, converted to the compiled GPU program's count and divided by
+a bandwidth calibrated on the one device measurement (the calibration below). sweep_cost reports
+per head count which of the two bounds the step.
 """
 
 from __future__ import annotations
@@ -26,20 +32,60 @@ from mhjax.models.pallas_attention import kernel_cost
 
 class Device(NamedTuple):
     name: str
-    peak_flops: float  # FLOP/s the step's arithmetic can reach
-    hbm_bytes_per_s: float
+    peak_flops: float  # FLOP/s of the step's elementwise arithmetic (fp32)
+    hbm_bytes_per_s: float  # the datasheet's peak
     memory_bytes: float
     source: str
+    dot_flops: float | None = None  # FLOP/s of fp32 matmuls at the default precision (None: peak_flops)
+    effective_bytes_per_s: float | None = None  # calibrated bandwidth (None: hbm_bytes_per_s)
+    # the compiled program's bytes per XLA:CPU byte: (the rest of the step, the JAX attention core)
+    compiled_bytes: tuple[float, float] = (1.0, 1.0)
 
+    def dot_rate(self) -> float:
+        return self.dot_flops or self.peak_flops
+
+    def bandwidth(self) -> float:
+        return self.effective_bytes_per_s or self.hbm_bytes_per_s
+
+
+# Calibration (issue 29). The terms below count what XLA:CPU counts; a GPU's compiled program
+# fuses more and moves fewer bytes, and not in one ratio: XLA:GPU fuses the JAX attention core
+# (and one_program's slices and pads around it) far better than the rest of the step. So two
+# ratios, measured on the code as it is: benchmarks/gpu_bytes.py (deviceless H200 compile, each
+# top-level kernel of the compiled program reading its operands and writing its results once,
+# the Pallas calls at kernel_cost's bytes) against benchmarks/cost_model.py (XLA:CPU), paper
+# config, one_program, per member-step, jax 0.10.2, 2026-12-05:
+#   attention=pallas: 0.687 GB on the GPU, 0.773 GB by XLA:CPU, the kernel's 0.063 GB in both;
+#   JAX path:         1.483 GB on the GPU, 2.453 GB by XLA:CPU, of which the rest of the step
+#                     (WIDTH, MLP, VOCAB, PARAM below) 0.913 GB.
+GPU_REST = (0.687 - 0.063) / (0.773 - 0.063)  # 0.88: the step around the attention core
+GPU_JAX_CORE = (1.483 - GPU_REST * 0.913) / (2.453 - 0.913)  # 0.44: the JAX core with one_program's copies
+# The one device measurement (benchmarks/RESULTS.md, "Cost model"): the JAX path, one_program,
+# the paper sweep, 2,104 member-steps/s on an H200, so 1.483 GB x 2,104/s = 3.12 TB/s moved, 65 %
+# of the 4.8 TB/s peak (the step is many small kernels). The issue's own walk of the same
+# programs gave 1.56 and 0.77 GB (before items 1 and 4): 3.28 TB/s; its ratio no longer holds
+# once the copies XLA:CPU charged heavily and XLA:GPU fused are gone.
+H200_MEASURED = (2104.0, 1.483e9)  # (member-steps/s, compiled GPU bytes per member-step)
+H200_EFFECTIVE = H200_MEASURED[0] * H200_MEASURED[1]
 
 DEVICES = {
-    # fp32 on CUDA cores: the model trains in fp32 and most of its FLOPs are elementwise
-    # (softmax, masks, Adam), which never reach the tensor cores (989 TFLOP/s dense bf16,
-    # 495 TF32). Memory-bound either way (see above).
+    # The model trains in fp32. Its matmuls run as TF32 on the tensor cores (JAX's default
+    # precision for fp32 dots on NVIDIA GPUs since Ampere; the Pallas kernel's Triton dots
+    # likewise); the elementwise rest on CUDA cores at the fp32 rate.
     "h200": Device(
-        "NVIDIA H200 SXM", 67e12, 4.8e12, 141e9, "NVIDIA H200 datasheet: FP32 67 TFLOP/s, HBM3e 4.8 TB/s, 141 GB"
+        "NVIDIA H200 SXM",
+        67e12,
+        4.8e12,
+        141e9,
+        "NVIDIA H200 datasheet: FP32 67 TFLOP/s, TF32 Tensor Core 989 TFLOP/s with 2:4 sparsity (494.7 dense; "
+        "the H100 SXM datasheet gives the same), HBM3e 4.8 TB/s, 141 GB; bandwidth calibrated to 3.12 TB/s "
+        "effective on 2,104 member-steps/s measured (models/cost.py, calibration)",
+        dot_flops=494.7e12,
+        effective_bytes_per_s=H200_EFFECTIVE,
+        compiled_bytes=(GPU_REST, GPU_JAX_CORE),
     ),
     # TPUs run fp32 matmuls as bf16 passes at JAX's default precision, so the bf16 MXU peak.
+    # Not calibrated: no TPU measurement; XLA:CPU's bytes at the peak bandwidth.
     "tpu-v5e": Device(
         "Google TPU v5e", 197e12, 819e9, 16e9, "Cloud TPU v5e docs: 197 TFLOP/s bf16, 819 GB/s HBM2, 16 GiB"
     ),
@@ -54,6 +100,12 @@ SCORE_ROW = (23.0, 8.0)  # per (b, t, s) per layer, whatever F: the mask and ind
 MIXING = (4.0, 44.0)  # fused only, per score element per layer (FLOPs also x F: the F x F einsum)
 WIDTH, MLP, VOCAB = (127.0, 512.0), (6.4, 58.6), (8.4, 70.6)  # per (b, t) row and unit of D, MLP (per layer), V
 PARAM = (38.0, 99.0)  # per parameter: Adam, the divergence check, gradients
+# Under the Pallas kernel, per (b, t) row and unit of D per layer: WIDTH less what the kernel
+# reads and writes in place that the JAX path copies (its core's layout changes of q, k, v, the
+# output and their gradients; the q/k/v split and the dq/dk/dv concatenation). Fitted on XLA's
+# count of the paper sweep's one_program:pallas, 8 seeds, after issue 29 items 1 and 4: 0.773
+# GB per member-step against 0.975 by the terms above.
+KERNEL_WIDTH = (-26.5, -158.0)
 
 
 class Shape(NamedTuple):
@@ -76,10 +128,15 @@ class Shape(NamedTuple):
 
 
 class Cost(NamedTuple):
-    """Per member-step."""
+    """Per member-step. ``bytes`` is XLA:CPU's count; of it ``core_bytes`` are the JAX
+    attention core's and ``kernel_bytes`` the Pallas kernel's (exact, counted analytically);
+    of ``flops``, ``dot_flops`` are matmuls."""
 
     flops: float
     bytes: float
+    dot_flops: float = 0.0
+    core_bytes: float = 0.0
+    kernel_bytes: float = 0.0
 
 
 def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = False) -> Cost:
@@ -97,17 +154,34 @@ def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = Fal
         (VOCAB, b * t * v),
         (PARAM, shape.params()),
     ]
-    if kernel:
-        counts.append((kernel_cost(b, t, d, fine), layers))
-    else:
-        counts += [(ATTENTION, elements), (SCORE_ROW, scores)]
+    core = [(ATTENTION, elements), (SCORE_ROW, scores)] if not kernel else []
     if mixed:
-        counts.append(((MIXING[0] * fine, MIXING[1]), elements))
-    return Cost(matmul + sum(c[0] * n for c, n in counts), sum(c[1] * n for c, n in counts))
+        core.append(((MIXING[0] * fine, MIXING[1]), elements))
+    core_bytes = sum(c[1] * n for c, n in core)
+    flops, nbytes = sum(c[0] * n for c, n in counts + core), sum(c[1] * n for c, n in counts) + core_bytes
+    if not kernel:
+        return Cost(matmul + flops, nbytes, matmul, core_bytes)
+    flops, nbytes = flops + KERNEL_WIDTH[0] * layers * b * t * d, nbytes + KERNEL_WIDTH[1] * layers * b * t * d
+    k = kernel_cost(b, t, d, fine)
+    kernel_flops, kernel_bytes, kernel_dots = layers * k.flops, layers * k.bytes, layers * k.dot_flops
+    return Cost(matmul + flops + kernel_flops, nbytes + kernel_bytes, matmul + kernel_dots, 0.0, kernel_bytes)
+
+
+def device_bytes(cost: Cost, device: Device) -> float:
+    """``cost``'s bytes as the device's compiled program moves them (Device.compiled_bytes)."""
+    rest, core = device.compiled_bytes
+    return (cost.bytes - cost.core_bytes - cost.kernel_bytes) * rest + cost.core_bytes * core + cost.kernel_bytes
+
+
+def times(cost: Cost, device: Device) -> tuple[float, float]:
+    """(compute seconds, memory seconds) of a step: dots at the dot rate, the rest of the
+    arithmetic at the fp32 rate, bytes at the calibrated bandwidth."""
+    compute = cost.dot_flops / device.dot_rate() + (cost.flops - cost.dot_flops) / device.peak_flops
+    return compute, device_bytes(cost, device) / device.bandwidth()
 
 
 def step_seconds(cost: Cost, device: Device) -> float:
-    return max(cost.flops / device.peak_flops, cost.bytes / device.hbm_bytes_per_s)
+    return max(times(cost, device))
 
 
 def sweep_cost(shape: Shape, programs, device: Device, devices: int = 1, kernel: bool = False) -> dict:
@@ -116,14 +190,17 @@ def sweep_cost(shape: Shape, programs, device: Device, devices: int = 1, kernel:
     ``programs``: per program, its groups as (members, fine heads, mixed). A program's
     member axis is sharded over ``devices`` when they divide it, else every device
     computes every member (placement.py), so that case costs ``devices`` times more.
-    Returns per member-step FLOPs and bytes (averaged over members), member-steps/s of the
-    whole sweep and the memory per device (states of every member, activations of the
-    largest program; fp32). ``kernel``: static head counts run the Pallas kernel.
+    Returns per member-step FLOPs and bytes (XLA:CPU's count and the device's compiled
+    program's, averaged over members), member-steps/s of the whole sweep, the memory per
+    device (states of every member, activations of the largest program; fp32) and, per fine
+    head count, the step's compute and memory seconds and which bounds it. ``kernel``: static
+    head counts run the Pallas kernel.
     """
     members = sum(n for groups in programs for n, _, _ in groups)
-    flops = nbytes = seconds = 0.0
+    flops = nbytes = compiled = dots = rest = seconds = 0.0
     states = activations = 0.0
     member_state = 16.0 * shape.params()  # params, gradients, Adam m and v
+    bound = {}
     for groups in programs:
         size = sum(n for n, _, _ in groups)
         share = 1.0 / devices if size % devices == 0 else 1.0
@@ -131,15 +208,27 @@ def sweep_cost(shape: Shape, programs, device: Device, devices: int = 1, kernel:
         for n, fine, mixed in groups:
             cost = member_cost(shape, fine, mixed, kernel)
             flops, nbytes = flops + n * cost.flops, nbytes + n * cost.bytes
-            seconds += n * share * step_seconds(cost, device)
+            compiled, dots = compiled + n * device_bytes(cost, device), dots + n * cost.dot_flops
+            rest += n * (cost.bytes - cost.core_bytes - cost.kernel_bytes)
+            compute, memory = times(cost, device)
+            bound[fine] = {
+                "compute_s": compute,
+                "memory_s": memory,
+                "bound": "compute" if compute > memory else "memory",
+            }
+            seconds += n * share * max(compute, memory)
             program_activations += n * share * activation_bytes(shape, fine, kernel and not mixed)
         states += size * share * member_state
         activations = max(activations, program_activations)
     return {
         "flops_per_member_step": flops / members,
+        "dot_flops_per_member_step": dots / members,
         "bytes_per_member_step": nbytes / members,
+        "rest_bytes_per_member_step": rest / members,  # of bytes, neither the JAX core's nor the kernel's
+        "compiled_bytes_per_member_step": compiled / members,
         "member_steps_per_s": members / seconds,
         "memory_per_device_bytes": states + activations,
+        "bound_by_heads": dict(sorted(bound.items())),
     }
 
 

@@ -7,8 +7,11 @@ probabilities instead of storing them (flash attention). Dropout is mhjax's coun
 hash (dropout_hash.hash_mix) recomputed in both passes from the head's seed and the element's
 (b * T + i, j) position, with the UNPADDED length T: the JAX path's keep decisions exactly.
 
-q, k and v are read where the model's projection wrote them: a (B, T, D) array viewed as
-(B, T, H, D/H) (a free reshape, no transposed copy). The Triton lowering wants every block
+q, k and v are read where the model's one projection matmul wrote them: its (B, T, 3D) output
+viewed as (B, T, 3, H, D/H) (a free reshape, no split or transposed copy), and the backward
+writes the one (B, T, 3D) gradient of it. Under one_program's member layout the arrays are
+every member's (M, B, T, ...), and each group of members is read and written at its offset
+on the member axis (members_attention). The Triton lowering wants every block
 dimension a power of two and every matmul dimension >= 16, so a program's block is
 (T padded to a power of two, D/H padded to >= 16 and a power of two): the padding exists
 only on chip, as masked loads (zeros) and masked stores; the padded key columns and rows
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -69,8 +73,9 @@ def _scores(q, k, scale: float):
 
 
 def _keep(seeds_ref, rows: int, length: int, threshold: int):
-    """This program's (R, R) dropout keep mask: hash_keep's bits at (b * T + i, j)."""
-    first = (pl.program_id(0) * length).astype(jnp.uint32)
+    """This program's (R, R) dropout keep mask: hash_keep's bits at (b * T + i, j); b is the
+    grid's second axis (members, batch, heads)."""
+    first = (pl.program_id(1) * length).astype(jnp.uint32)
     i = first + jnp.arange(rows).astype(jnp.uint32)
     j = jnp.arange(rows).astype(jnp.uint32)
     bits = hash_mix(seeds_ref[0], seeds_ref[1], i[:, None], j[None, :])
@@ -93,8 +98,7 @@ def _forward_kernel(seeds_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, *, length,
 
 
 def _backward_kernel(
-    seeds_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, dout_ref, dq_ref, dk_ref, dv_ref, *, length, head_dim, threshold,
-    inv_keep,
+    seeds_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, dout_ref, dqkv_ref, *, length, head_dim, threshold, inv_keep
 ):  # fmt: skip
     rows, cols = q_ref.shape
     row, tile = _masks(rows, cols, length, head_dim)
@@ -110,71 +114,136 @@ def _backward_kernel(
         dp = jnp.where(keep, dp * inv_keep, 0.0)
     # softmax backward: sum_j p_ij dp_ij = dout_i . out_i (out = attended @ v); padded rows: 0
     ds = p * (dp - jnp.sum(out * dout, axis=1)[:, None]) * scale
-    plgpu.store(dv_ref, pl.dot(attended, dout, trans_a=True), mask=tile)
-    plgpu.store(dq_ref, pl.dot(ds, k), mask=tile)
-    plgpu.store(dk_ref, pl.dot(ds, q, trans_a=True), mask=tile)
+    # dq, dk, dv into this head's (R, 4, C) block of the (3, H, D/H)-viewed gradient (index 3 past its end);
+    # an array index, not a Python int, which interpret mode's discharge of the store does not take
+    grads = (pl.dot(ds, k), pl.dot(ds, q, trans_a=True), pl.dot(attended, dout, trans_a=True))
+    for part, grad in enumerate(grads):
+        plgpu.store(dqkv_ref.at[:, jnp.int32(part), :], grad, mask=tile)
 
 
-def _call(kernel, name, seeds, args, outs, heads, threshold, inv_keep, interpret):
-    """pallas_call of ``kernel`` over a (batch, heads) grid. seeds (H, 2) uint32; args and outs
-    are (array, kind) and kinds: 'tile' a (B, T, D) array (viewed as (B, T, H, D/H)), 'rows'
-    (B, H, T) row statistics."""
-    batch, length, width = args[0][0].shape
+Layout = tuple[tuple[int, int], ...]  # (members, heads) per group, in member-axis order (attention.Layout)
+
+
+def _call(kernel, name, seeds, args, outs, group, threshold, inv_keep, interpret, into=()):
+    """pallas_call of ``kernel`` for one group of members over a (members, batch, heads) grid.
+    group = (first member, members, heads). seeds (M, S >= heads, 2) uint32; args are
+    (array, kind), read at the group's offset on the member axis; kinds: 'q', 'k', 'v' the
+    (M, B, T, 3D) projection of every member (viewed as (M, B, T, 3, H, D/H)), read at this
+    head's query, key or value columns; 'tile' an (M, B, T, D) array (viewed as (M, B, T, H,
+    D/H)); 'qkv' a (M, B, T, 3D) output, written at all three of this head's column blocks;
+    'rows' the group's own (members, B, H, T) row statistics. ``into``: arrays the first
+    outputs are written into in place (input_output_aliases), another group's members left
+    as they are; without them the other members' blocks of an output are not written."""
+    first, count, heads = group
+    members, batch, length, width = args[0][0].shape  # args[0]: the projection's query columns
+    width //= 3
     rows, cols = check_lowering(length, width, heads, args[0][0].dtype)
     head_dim = width // heads
-    shapes = {"tile": (batch, length, heads, head_dim), "rows": (batch, heads, length)}
+    fused = (members, batch, length, 3, heads, head_dim)
+    shapes = {"tile": (members, batch, length, heads, head_dim), "rows": (count, batch, heads, length), "qkv": fused}
+    shapes.update(q=fused, k=fused, v=fused)
+    part = lambda c: pl.BlockSpec((None, None, rows, None, None, cols), lambda m, b, h: (m + first, b, 0, c, h, 0))  # noqa: E731
     specs = {
-        "tile": pl.BlockSpec((None, rows, None, cols), lambda b, h: (b, 0, h, 0)),
-        "rows": pl.BlockSpec((None, None, rows), lambda b, h: (b, h, 0)),
+        "tile": pl.BlockSpec((None, None, rows, None, cols), lambda m, b, h: (m + first, b, 0, h, 0)),
+        "qkv": pl.BlockSpec((None, None, rows, 4, None, cols), lambda m, b, h: (m + first, b, 0, 0, h, 0)),
+        "rows": pl.BlockSpec((None, None, None, rows), lambda m, b, h: (m, b, h, 0)),
+        "q": part(0),
+        "k": part(1),
+        "v": part(2),
     }
     body = functools.partial(kernel, length=length, head_dim=head_dim, threshold=threshold, inv_keep=inv_keep)
+    inputs = [(x, kind) for x, kind in args] + [(x, kind) for x, kind in zip(into, outs)]
+
+    def run(*refs):  # the aliased inputs are the outputs' own buffers: the kernel writes, never reads them
+        body(*refs[: 1 + len(args)], *refs[1 + len(inputs) :])
+
     results = pl.pallas_call(
-        body,
-        grid=(batch, heads),
-        in_specs=[pl.BlockSpec((None, 2), lambda b, h: (h, 0))] + [specs[kind] for _, kind in args],
+        run,
+        grid=(count, batch, heads),
+        in_specs=[pl.BlockSpec((None, None, 2), lambda m, b, h: (m + first, h, 0))] + [specs[k] for _, k in inputs],
         out_specs=[specs[kind] for kind in outs],
         out_shape=[jax.ShapeDtypeStruct(shapes[kind], jnp.float32) for kind in outs],
+        input_output_aliases={1 + len(args) + i: i for i in range(len(into))},
         compiler_params=plgpu.CompilerParams(num_warps=8 if rows >= 128 else 4, num_stages=1),
         interpret=interpret,
         name=name,
-    )(seeds, *(x.reshape(shapes[kind]) for x, kind in args))
-    return [r.reshape(batch, length, width) if kind == "tile" else r for r, kind in zip(results, outs)]
+    )(seeds, *(x.reshape(shapes[kind]) for x, kind in inputs))
+    flat = {"tile": width, "qkv": 3 * width}
+    return [r.reshape(members, batch, length, flat[kind]) if kind in flat else r for r, kind in zip(results, outs)]
 
 
-def _forward(q, k, v, seeds, heads, threshold, inv_keep, interpret):
-    args = [(q, "tile"), (k, "tile"), (v, "tile")]
-    outs = ("tile", "rows")
-    return _call(_forward_kernel, "mhjax_attention_fwd", seeds, args, outs, heads, threshold, inv_keep, interpret)
+def _groups(layout: Layout):
+    """(first member, members, heads) of each group."""
+    first = 0
+    for count, heads in layout:
+        yield first, count, heads
+        first += count
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def attention(q, k, v, seeds, heads: int, threshold: int, inv_keep: float, interpret: bool):
-    """Causal attention of (B, T, D) float32 q, k, v at ``heads`` (static) heads of dim D/heads,
-    dropout seeds (heads, 2) uint32 per head (threshold >= 2^24: no dropout). Returns the
-    (B, T, D) heads' outputs before the output projection: jax_attention's, computed on chip.
-    ``interpret`` (static): Pallas's interpret mode, for a CPU; the caller decides it for the
-    backend it compiles for (attention_choice.resolve_attention), not this process's."""
-    return _forward(q, k, v, seeds, heads, threshold, inv_keep, interpret)[0]
+def _forward(qkv, seeds, layout, threshold, inv_keep, interpret):
+    args, out, stats = [(qkv, "q"), (qkv, "k"), (qkv, "v")], (), []
+    for group in _groups(layout):
+        into = out
+        out, lse = _call(
+            _forward_kernel, "mhjax_attention_fwd", seeds, args, ("tile", "rows"), group, threshold, inv_keep,
+            interpret, into,
+        )  # fmt: skip
+        out, stats = (out,), stats + [lse]
+    return out[0], stats
 
 
-def _attention_fwd(q, k, v, seeds, heads, threshold, inv_keep, interpret):
-    out, lse = _forward(q, k, v, seeds, heads, threshold, inv_keep, interpret)
-    return out, (q, k, v, seeds, out, lse)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def members_attention(qkv, seeds, layout: Layout, threshold: int, inv_keep: float, interpret: bool):
+    """Causal attention of M members from their (M, B, T, 3D) float32 fused projection (q, k
+    and v side by side on the last axis, as the model's one matmul writes them), the members
+    in ``layout`` groups ((members, heads), ... along the member axis; static), each at its
+    own head count of dim D/heads; dropout seeds (M, S, 2) uint32 per member and coarse head
+    (S >= every head count; threshold >= 2^24: no dropout). Each group's programs read their
+    members' blocks where they lie and write the (M, B, T, D) output (and, backward, the one
+    (M, B, T, 3D) gradient) in place: no per-group copy, no q/k/v split or concatenation.
+    Returns jax_attention's output of each member at its head count. ``interpret`` (static):
+    Pallas's interpret mode, for a CPU; the caller decides it for the backend it compiles for
+    (attention_choice.resolve_attention), not this process's."""
+    return _forward(qkv, seeds, layout, threshold, inv_keep, interpret)[0]
 
 
-def _attention_bwd(heads, threshold, inv_keep, interpret, residuals, dout):
-    q, k, v, seeds, out, lse = residuals
-    args = [(q, "tile"), (k, "tile"), (v, "tile"), (out, "tile"), (lse, "rows"), (dout, "tile")]
-    statics = (heads, threshold, inv_keep, interpret)
-    dq, dk, dv = _call(_backward_kernel, "mhjax_attention_bwd", seeds, args, ("tile",) * 3, *statics)
-    return dq, dk, dv, np.zeros(seeds.shape, jax.dtypes.float0)
+def _members_fwd(qkv, seeds, layout, threshold, inv_keep, interpret):
+    out, stats = _forward(qkv, seeds, layout, threshold, inv_keep, interpret)
+    return out, (qkv, seeds, out, stats)
 
 
-attention.defvjp(_attention_fwd, _attention_bwd)
+def _members_bwd(layout, threshold, inv_keep, interpret, residuals, dout):
+    qkv, seeds, out, stats = residuals
+    grads = ()
+    for group, lse in zip(_groups(layout), stats):
+        args = [(qkv, "q"), (qkv, "k"), (qkv, "v"), (out, "tile"), (lse, "rows"), (dout, "tile")]
+        grads = _call(
+            _backward_kernel, "mhjax_attention_bwd", seeds, args, ("qkv",), group, threshold, inv_keep,
+            interpret, grads,
+        )  # fmt: skip
+    return grads[0], np.zeros(seeds.shape, jax.dtypes.float0)
 
 
-def kernel_cost(batch: int, length: int, width: int, heads: int) -> tuple[float, float]:
-    """(FLOPs, HBM bytes) of one forward and backward of the kernel, counted analytically.
+members_attention.defvjp(_members_fwd, _members_bwd)
+
+
+def attention(qkv, seeds, heads: int, threshold: int, inv_keep: float, interpret: bool):
+    """Causal attention of one (B, T, 3D) float32 fused projection at ``heads`` (static) heads
+    of dim D/heads, dropout seeds (heads, 2) uint32 per head (threshold >= 2^24: no dropout).
+    Returns the (B, T, D) heads' outputs before the output projection: jax_attention's,
+    computed on chip (members_attention of one member; the member axis is a free reshape);
+    ``interpret`` as there."""
+    return members_attention(qkv[None], seeds[None], ((1, heads),), threshold, inv_keep, interpret)[0]
+
+
+class KernelCost(NamedTuple):
+    flops: float
+    bytes: float
+    dot_flops: float  # of ``flops``, the matmuls' (TF32 on a GPU's tensor cores)
+
+
+def kernel_cost(batch: int, length: int, width: int, heads: int) -> KernelCost:
+    """FLOPs and HBM bytes of one forward and backward of the kernel, counted analytically.
     Bytes: forward reads q, k, v and writes out and the row statistics; backward reads q, k,
     v, out, dout and the statistics and writes dq, dk, dv (fp32). FLOPs: the seven matmuls
     at the padded block sizes the programs compute (2 forward, 5 backward), plus ~60
@@ -182,5 +251,5 @@ def kernel_cost(batch: int, length: int, width: int, heads: int) -> tuple[float,
     rows, cols = block_sizes(length, width // heads)
     tokens = batch * length * width
     nbytes = 4.0 * (12 * tokens + 2 * batch * heads * length)
-    flops = batch * heads * (7 * 2 * rows * rows * cols + 60 * rows * rows)
-    return float(flops), nbytes
+    dots = batch * heads * 7 * 2 * rows * rows * cols
+    return KernelCost(float(dots + batch * heads * 60 * rows * rows), nbytes, float(dots))

@@ -3,6 +3,7 @@ every layer's attention, for analysis and figures."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from functools import lru_cache
 
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mhjax.config import ConfigError
+from mhjax.models.model_config import ModelConfig
 from mhjax.models.transformer import Transformer
 
 
@@ -43,21 +45,21 @@ def config_sizes(model) -> dict[str, int]:
     }
 
 
-def eval_model(vocab_size: int, max_len: int, width: int, num_layers: int, mlp_dim: int, heads: int) -> Transformer:
+def eval_model(model: ModelConfig, heads: int) -> Transformer:
     """The plain H-head Transformer of these sizes, without dropout (eval mode). Its ``apply``
     takes ``head_mask`` (L, H) to scale heads at the input of each layer's output projection."""
-    return Transformer(vocab_size, max_len, width, num_layers, mlp_dim, heads, 0.0)
+    return dataclasses.replace(model, dropout=0.0).transformer(heads)
 
 
 @lru_cache(maxsize=32)
-def forward_fn(vocab_size: int, max_len: int, width: int, num_layers: int, mlp_dim: int, heads: int):
+def forward_fn(model: ModelConfig, heads: int):
     """jit(params, tokens (B, T)) -> (predictions (B, T) int32, attention (L, B, H, T, T)),
     compiled once per model shape."""
-    model = eval_model(vocab_size, max_len, width, num_layers, mlp_dim, heads)
+    transformer = eval_model(model, heads)
 
     @jax.jit
     def forward(params, tokens):
-        logits, attn = model.apply({"params": params}, tokens, return_attention=True)
+        logits, attn = transformer.apply({"params": params}, tokens, return_attention=True)
         return jnp.argmax(logits, axis=-1).astype(jnp.int32), jnp.stack(attn)
 
     return forward
@@ -66,9 +68,6 @@ def forward_fn(vocab_size: int, max_len: int, width: int, num_layers: int, mlp_d
 def predict(params, heads: int, tokens, sizes: dict | None = None):
     """Eval-mode forward of the plain H-head model: tokens (B, T) -> (argmax predictions (B, T),
     attention (L, B, H, T, T)) as numpy arrays."""
-    sizes = sizes or model_sizes(params)
-    forward = forward_fn(
-        sizes["vocab_size"], sizes["max_len"], sizes["width"], sizes["num_layers"], sizes["mlp_dim"], int(heads)
-    )
+    forward = forward_fn(ModelConfig.from_sizes(sizes or model_sizes(params)), int(heads))
     preds, attn = forward(jax.tree_util.tree_map(jnp.asarray, params), jnp.asarray(tokens, jnp.int32))
     return np.asarray(preds), np.asarray(attn)

@@ -11,7 +11,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from mhjax.io.checkpoint import member_key
-from mhjax.io.curves import train_window
+from mhjax.io.curves import train_window, window_means
 from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.workdir import Workdir
 from mhjax.plotting import draw as draw_figures
@@ -336,14 +336,12 @@ def _log_chunk(writers, members, idx, metrics, status, step, reported, log):
     diverged, diverged_at, lr = status["diverged"], status["diverged_at"], status.get("learning_rate")
     n = metrics["loss"].shape[0]
     window = train_window(n)
+    ends = [min(end, n) for end in range(window, n + window, window)]
+    means = {f"train/{k}": window_means(v, window, finite_only=k == "loss") for k, v in metrics.items()}
+    means = {"train/loss": means.pop("train/loss"), **means}
     for j, i in enumerate(idx):
-        for end in range(window, n + window, window):
-            rows = slice(end - window, min(end, n))
-            losses = metrics["loss"][rows, j]
-            finite = losses[np.isfinite(losses)]
-            values = {"train/loss": float(finite.mean()) if finite.size else float("nan")}
-            values.update({f"train/{k}": float(np.nanmean(v[rows, j])) for k, v in metrics.items() if k != "loss"})
-            writers.scalars(members[i].name, values, step - n + min(end, n))
+        for w, end in enumerate(ends):
+            writers.scalars(members[i].name, {tag: float(m[w, j]) for tag, m in means.items()}, step - n + end)
         if lr is not None:
             writers.scalars(members[i].name, {"train/learning_rate": float(lr[j])}, step)
         if diverged[j] and i not in reported:

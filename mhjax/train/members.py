@@ -1,4 +1,4 @@
-"""Sweep members: the cartesian product of the config's `sweep` fields.
+"""Sweep members and their keys: the cartesian product of the config's `sweep` fields.
 
 A member is one training run (task, heads, seed, learning rate, ...). Its PRNG keys
 derive from (config.seed, member seed, its key name) and never from its position in
