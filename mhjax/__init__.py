@@ -1,10 +1,10 @@
 """mhjax: sweeps over the number of attention heads in JAX.
 
 The Python API (imported on first use, so ``import mhjax`` stays fast):
-``load_config``, ``sweep`` (trains; ``mhjax.train`` is the trainer's subpackage), ``load``,
-``Run``, ``Forward`` (what ``Run.forward`` returns), ``ConfigError``, tasks as plug-ins: ``task``,
-``register_task``, ``registered_tasks``, and the mixture experiment's plug-ins: ``mixture_data``,
-``register_mixture_data``, ``register_mixture``.
+``load_config``, ``sweep`` (trains; ``mhjax.train`` is the trainer's subpackage), ``compile_for``
+(compiles a sweep for a GPU that is not here), ``load``, ``Run``, ``Forward`` (what ``Run.forward``
+returns), ``ConfigError``, tasks as plug-ins: ``task``, ``register_task``, ``registered_tasks``, and the
+mixture experiment's plug-ins: ``mixture_data``, ``register_mixture_data``, ``register_mixture``.
 """
 
 __version__ = "0.1.0"
@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "load_config": ("mhjax.api", "load_config"),
     "sweep": ("mhjax.api", "sweep"),
+    "compile_for": ("mhjax.api", "compile_for"),
     "load": ("mhjax.api", "load"),
     "Run": ("mhjax.api", "Run"),
     "Forward": ("mhjax.analysis.forward", "Forward"),

@@ -18,6 +18,7 @@ from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
 from mhjax.io.lock import WorkdirLock
 from mhjax.workflows import members
+from mhjax.workflows import target as _target
 from mhjax.workflows.analyze import analyze_workdir
 from mhjax.workflows.configs import load_config as _load_config
 from mhjax.workflows.forward import member_forward
@@ -74,6 +75,21 @@ def sweep(config, workdir, progress: bool = True) -> Run:
     workdir = os.fspath(workdir)
     train(make_experiment(config), workdir, progress=progress, log=lambda message: print(message, file=sys.stderr))
     return load(workdir)
+
+
+@python_errors
+def compile_for(config, target: str = "h200", progress: bool = True):
+    """``mhjax train --config ... --dry-run --target target`` as a function: compile every
+    executable of ``config``'s sweep (a ConfigDict, a path or a bundled name) for ``target``
+    (h200, h100, a100 or a GpuTargetConfig text file) on this machine, nothing run. Returns a
+    report: ``.executables`` (key, seconds, arguments/outputs/temp bytes per device, Triton
+    kernels, f32 (T, T) values, bytes per member-step) and ``.target`` (its memory_bytes).
+    Needs jax[cuda13] at the installed jax version (without it: ConfigError naming the install
+    command); on a machine without a GPU, set JAX_PLATFORMS=cpu before JAX starts."""
+    if not isinstance(config, ml_collections.ConfigDict):
+        config = load_config(config)
+    log = (lambda message: print(message, file=sys.stderr)) if progress else (lambda message: None)
+    return _target.compile_for(config, target, log=log)
 
 
 @python_errors

@@ -66,6 +66,13 @@ def _parser() -> argparse.ArgumentParser:
         "--workdir", metavar="W", default=None, help="output folder (default: runs/<config>-<timestamp>)"
     )
     train.add_argument("--dry-run", action="store_true", help="print members, parameters, FLOPs and memory, then exit")
+    train.add_argument(
+        "--target",
+        metavar="NAME|FILE",
+        default=None,
+        help="with --dry-run: compile every executable for this GPU (h200, h100, a100 or a GpuTargetConfig "
+        "text file) on this machine and print compile times, memory and kernels; needs jax[cuda13]",
+    )
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     dist = train.add_argument_group("several hosts (jax.distributed; one process per host)")
     dist.add_argument(
@@ -193,6 +200,19 @@ def _command(name: str):
     return importlib.import_module(f"mhjax.commands.{name}").command
 
 
+def quiet_backends(args) -> None:
+    """Before any JAX backend starts: a dry run for a target compiles for it from the CPU
+    (JAX_PLATFORMS=cpu: JAX starts no GPU backend; the GPU plugin still registers its compiler),
+    and JAX's plugin errors go to mhjax.log, not the console (io/plugin_log.py)."""
+    from mhjax.io import plugin_log
+
+    if getattr(args, "target", None):
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        if "jax" in sys.modules:
+            sys.modules["jax"].config.update("jax_platforms", "cpu")
+    plugin_log.hold()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -203,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if overrides and args.command != "train":
             raise ConfigError(f"--config.{next(iter(overrides))}: config overrides apply only to 'mhjax train'")
+        quiet_backends(args)
         status = _command(args.command)(args, overrides)
         sys.stdout.flush()  # here, so that a reader that left (`mhjax configs | head`) is caught below
         return status

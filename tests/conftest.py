@@ -12,6 +12,9 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(ROOT, ".pytest_cache", "xla"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# The tests are CPU tests. Where jax[cuda13] is installed (to compile for a GPU target) but no
+# GPU is, JAX would otherwise log a cuPTI traceback at every backend start.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 def tiny_sequence_config(**sweep):

@@ -167,3 +167,38 @@ def test_member_layout_must_cover_the_vmapped_axis():
     tokens = jnp.zeros((1, 8), jnp.int32)
     with pytest.raises(ValueError, match="vmapped over 2 members, the layout has 3"):
         jax.vmap(lambda k: model.init(k, tokens))(jax.random.split(jax.random.PRNGKey(0), 2))
+
+
+@pytest.mark.parametrize("num_heads, heads, layout", [(4, None, None), (8, 2, None), (4, None, ((2, 1), (1, 4)))])
+def test_scanned_layers_equal_the_unrolled_blocks(num_heads, heads, layout):
+    """scan_layers (accelerators: one layer compiled instead of L) computes what the unrolled
+    blocks compute: the same parameter tree, the same dropout draws (each layer's keys are the
+    ones make_rng gives its block), losses and gradients to float rounding, attention maps."""
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 8), 0, 16)
+    unrolled, scanned = (Transformer(16, 8, 16, 3, 32, num_heads, 0.3, layout, scan_layers=s) for s in (False, True))
+    params = unrolled.init(jax.random.PRNGKey(0), tokens)["params"]
+    same = jax.tree_util.tree_map(np.array_equal, params, scanned.init(jax.random.PRNGKey(0), tokens)["params"])
+    assert all(jax.tree_util.tree_leaves(same)) and "block_2" in params
+
+    def loss(model, p, deterministic):
+        out = model.apply({"params": p}, tokens, heads, deterministic, rngs={"dropout": jax.random.PRNGKey(5)})
+        return jnp.mean(out**2)
+
+    stacked = jax.tree_util.tree_map(lambda x: jnp.stack([x] * 3), params)
+
+    def value(model, deterministic):
+        if layout is None:
+            return jax.value_and_grad(lambda p: loss(model, p, deterministic))(params)
+        # a layout model is vmapped over its members, its gradient taken outside the vmap
+        return jax.value_and_grad(lambda s: jnp.sum(jax.vmap(lambda p: loss(model, p, deterministic))(s)))(stacked)
+
+    for deterministic in (True, False):
+        (a, ga), (b, gb) = value(unrolled, deterministic), value(scanned, deterministic)
+        np.testing.assert_allclose(b, a, rtol=1e-6)
+        for x, y in zip(jax.tree_util.tree_leaves(ga), jax.tree_util.tree_leaves(gb)):
+            np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)
+    if layout is None:
+        _, maps_a = unrolled.apply({"params": params}, tokens, heads, return_attention=True)
+        _, maps_b = scanned.apply({"params": params}, tokens, heads, return_attention=True)
+        assert len(maps_b) == 3
+        np.testing.assert_allclose(np.stack(maps_b), np.stack(maps_a), atol=1e-6)

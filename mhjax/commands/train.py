@@ -16,11 +16,18 @@ from mhjax.train.interrupt import EXIT_STATUS
 from mhjax.train.loop import Interrupted
 from mhjax.train.placement import maybe_initialize_distributed
 from mhjax.workflows.configs import load_config
+from mhjax.workflows.target import compile_for, report_lines
 from mhjax.workflows.train import default_workdir, describe, train
 
 
 def command(args, overrides) -> int:
     config = load_config(args.config, overrides, validate=False)
+    if args.target:
+        if not args.dry_run:
+            raise ConfigError("--target: only with --dry-run (it compiles for a device that is not here; nothing runs)")
+        report = compile_for(config, args.target, log=lambda m: print(m, file=sys.stderr), describe=print)
+        print("\n".join(report_lines(report)))
+        return 0
     if args.coordinator and (args.num_processes is None or args.process_id is None):
         raise ConfigError("--coordinator: needs --num-processes and --process-id")
     if args.num_processes is not None and not (

@@ -112,6 +112,18 @@ class Experiment:
         """Extra top-level results.json fields (e.g. how the run computed what it did)."""
         return {}
 
+    def estimated_bytes_per_member_step(self, backend: str, devices: int) -> float | None:
+        """A cost model's memory traffic per member-step on ``backend`` (None: no model), shown
+        beside what the compiled program moves (``train --dry-run --target``)."""
+        return None
+
+    def kernel_fallback(self, backend: str, reason: str) -> bool:
+        """A program failed to compile on ``backend`` (``reason``: the error's first line). If
+        the experiment chose a kernel there itself, switch to its path without it from now on
+        (``programs`` then returns the same programs without the kernel) and return True: the
+        trainer compiles again. False (the default): the failure stands."""
+        return False
+
     def metric_tags(self) -> list[str]:
         """TensorBoard tags filled in later (e.g. by ``mhjax analyze``), listed as HParams metrics."""
         return []

@@ -4,6 +4,7 @@ Attention" (arXiv 2507.02944, Section 4)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -12,21 +13,18 @@ import numpy as np
 import optax
 
 from mhjax.analysis import tags
-from mhjax.analysis.forward import apply_fn, model_sizes
 from mhjax.analysis.metrics import learned_head_weights
-from mhjax.analysis.positions import member_by_position
 from mhjax.data import sequences, tasks
-from mhjax.experiments import task_params
+from mhjax.experiments import sequence_results, task_params
 from mhjax.experiments.base import Experiment
 from mhjax.experiments.sequence_config import requested_attention, validate
 from mhjax.models import cost, count_params, flops
-from mhjax.models.attention_choice import JAX, AttentionChoice, resolve_attention
+from mhjax.models.attention_choice import AUTO, JAX, AttentionChoice, resolve_attention
 from mhjax.models.model_config import ModelConfig
 from mhjax.models.probe import config_sizes, predict
 from mhjax.train.console import Column, SummaryTable
-from mhjax.train.engine import Program, Recipe, Unrolled, recipe_groups, unstack
+from mhjax.train.engine import Program, Recipe, Unrolled, recipe_groups
 from mhjax.train.members import Member, derive_key, key_names
-from mhjax.train.placement import to_host
 
 UNROLL_MIN_STEPS, UNROLL_MAX_MEMBERS = 2000, 16  # when `auto` unrolls on a CPU
 EXAMPLE_SEED = 0  # the fixed evaluation sequence of the end-of-training images (numpy: no compile)
@@ -49,7 +47,11 @@ class SequenceRecipe(Recipe):
     def __init__(self, config, fine_heads: int, *, static_heads: bool, layout=None, attention: AttentionChoice = JAX):
         m, d = config.model, config.data
         self.model = ModelConfig.from_config(m).transformer(
-            fine_heads, layout=layout, attention=attention.implementation, interpret=attention.interpret
+            fine_heads,
+            layout=layout,
+            attention=attention.implementation,
+            interpret=attention.interpret,
+            scan_layers=attention.backend in ("gpu", "tpu"),  # compile time on accelerators (transformer.py)
         )
         self.static_heads = static_heads
         self.vmap_inside_grad = layout is not None
@@ -122,10 +124,10 @@ class SequenceExperiment(Experiment):
     def __init__(self, config):
         validate(config)
         self.config = config
+        self._kernel_failed: dict[str, str] = {}  # {backend: why}, after kernel_fallback
         self.members: list[Member] = task_params.members(config)
         self.tasks = task_params.bound_tasks(config)
-        # Members differing only in learning rate (or a task parameter: experiments/task_params.py)
-        # share their init and dropout draws (paired comparison).
+        # Members differing only in learning rate or a task parameter share their draws (paired comparison).
         self._key_names = key_names(config.sweep, self.members, shared=("learning_rate",), leading="task")
 
     def member_constants(self, member: Member) -> dict:
@@ -186,8 +188,21 @@ class SequenceExperiment(Experiment):
         ]
 
     def attention(self, backend: str) -> AttentionChoice:
-        """What config.attention runs on ``backend`` (this process's or a target's), and why."""
-        return resolve_attention(requested_attention(self.config), backend, self.config.model.seq_len)
+        """What config.attention runs on ``backend`` (this process's or a target's), and why;
+        after the kernel failed to compile there (kernel_fallback), auto's JAX path."""
+        choice = resolve_attention(requested_attention(self.config), backend, self.config.model.seq_len)
+        failed = self._kernel_failed.get(choice.backend)
+        if failed and choice.requested == AUTO and choice.implementation == "pallas":
+            reason = f"auto on {choice.backend}: JAX (the Pallas kernel failed to compile)"
+            return dataclasses.replace(choice, implementation="jax", interpret=False, fallback=failed, reason=reason)
+        return choice
+
+    def kernel_fallback(self, backend: str, reason: str) -> bool:
+        choice = self.attention(backend)
+        if choice.requested != AUTO or choice.implementation != "pallas":
+            return False
+        self._kernel_failed[choice.backend] = f"the Pallas kernel failed to compile: {reason}"
+        return True
 
     def attention_used(self, backend: str) -> str:
         """What computes the attention core of this sweep's programs: ``fused`` over several
@@ -200,7 +215,8 @@ class SequenceExperiment(Experiment):
         return self.auto_strategy(backend, devices) if self.config.strategy == "auto" else self.config.strategy
 
     def results_fields(self, backend: str) -> dict:
-        return {"attention": self.attention_used(backend)}
+        fallback = self.attention(backend).fallback
+        return {"attention": self.attention_used(backend), **({"attention_fallback": fallback} if fallback else {})}
 
     def _kernel_priced(self, backend: str) -> bool:
         """Whether the cost model prices static head counts at the Pallas kernel's cost: on a
@@ -265,6 +281,9 @@ class SequenceExperiment(Experiment):
             **cost.sweep_cost(cost.Shape.of(self.config), groups, device, devices or self._devices(), kernel=kernel),
         }
 
+    def estimated_bytes_per_member_step(self, backend: str, devices: int) -> float:
+        return self.predict(self.resolved_strategy(backend, devices), backend, devices)["bytes_per_member_step"]
+
     def estimate_lines(self, backend: str) -> list[str]:
         """The dry run's cost lines: an estimate for this machine where models/cost.py has a
         preset for its backend; else a prediction for one H200, labelled as such."""
@@ -297,29 +316,11 @@ class SequenceExperiment(Experiment):
         shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, m.seq_len), jnp.int32)))
         return {"params": count_params(shapes["params"])}
 
-    def held_out(self, member: Member) -> tasks.Batch:
-        """The held-out sequences the loop's evaluation averages over (numpy)."""
-        m, d, consts = self.config.model, self.config.data, self.member_constants(member)
-        batch = self.tasks[int(consts["task_id"])].draw(consts["eval_key"], d.num_eval, m.seq_len, m.vocab_size)
-        usable = (d.num_eval // min(d.num_eval, d.batch_size)) * min(d.num_eval, d.batch_size)
-        return tasks.Batch(*(np.asarray(a)[:usable] for a in batch))
-
-    def position_metrics(self, member: Member, params) -> dict[str, list]:
-        """eval_{loss,accuracy}_by_position: (T,) lists, null where unweighted (analysis/positions.py)."""
-        sizes = config_sizes(self.config.model)
-        metrics = member_by_position(params, member["heads"], self.held_out(member), sizes)
-        return {f"eval_{k}": v for k, v in metrics.items()}
-
-    @classmethod
-    def record_model(cls, record: dict, config: dict):
-        """Eval-mode apply(params, tokens) at the member's heads, from its record: no task code."""
-        return apply_fn(model_sizes(config["model"]), int(record["heads"]))
+    record_model = staticmethod(sequence_results.record_model)  # Run.model without task code
 
     def extra_results(self, trained, loss_curves) -> dict[int, dict]:
-        """An end-of-training evaluation per position (the loop's own evaluation stays scalar)."""
-        host = {t.program.name: to_host(t.states.params) for t in trained}  # gathered if distributed
-        params = unstack([t.program for t in trained], host)
-        return {i: self.position_metrics(member, params[i]) for i, member in enumerate(self.members)}
+        """Loss and accuracy per position, evaluated at the end of training (sequence_results.py)."""
+        return sequence_results.by_position(self, trained)
 
     def summary_table(self) -> SummaryTable:
         return SummaryTable(

@@ -92,11 +92,12 @@ class HashDropout(nn.Module):
     rate: float
 
     @nn.compact
-    def __call__(self, x, deterministic: bool = True):
+    def __call__(self, x, deterministic: bool = True, key=None):
+        """``key``: the dropout key, where the caller derived it (transformer.py's scanned layers)."""
         if deterministic or self.rate == 0.0:
             return x
         threshold, inv_keep = dropout_threshold(self.rate)
-        seed = jax.random.bits(self.make_rng("dropout"), (2,), jnp.uint32)
+        seed = jax.random.bits(self.make_rng("dropout") if key is None else key, (2,), jnp.uint32)
         return jnp.where(hash_keep(seed, x.shape, threshold), x * inv_keep, 0.0).astype(x.dtype)
 
 
@@ -114,7 +115,7 @@ class CausalSelfAttention(nn.Module):
     interpret: bool = False  # the Pallas kernel in interpret mode (a CPU; resolve_attention decides)
 
     @nn.compact
-    def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None):
+    def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None, dropout_key=None):
         """x: (B, T, D) -> (out (B, T, D), probs (B, F, T, T)); probs[b, f, i, j] is query i
         (receiver) attending to key j (sender); on fine heads, the fine heads of one coarse head
         carry identical rows. probs always come from the JAX path and are computed only if used
@@ -122,7 +123,8 @@ class CausalSelfAttention(nn.Module):
 
         ``head_mask`` (F,) scales each head's output at the input of the output projection (0
         removes a head, leaving the others untouched: head ablation); None (the default) adds
-        nothing to the program."""
+        nothing to the program. ``dropout_key``: the key make_rng("dropout") would give here,
+        derived by the caller (transformer.py's scanned layers)."""
         width = x.shape[-1]
         fine = self.num_heads
         # One (D, 3D) matmul for the three projections (parameters stay query/key/value).
@@ -131,7 +133,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = jnp.split(qkv, 3, axis=-1)  # the Pallas kernel reads qkv itself (unused there: dead code)
         dropout = not deterministic and self.dropout_rate > 0.0
         if dropout:
-            seeds = coarse_seeds(self.make_rng("dropout"), fine)
+            seeds = coarse_seeds(self.make_rng("dropout") if dropout_key is None else dropout_key, fine)
             threshold, inv_keep = dropout_threshold(self.dropout_rate)
         else:
             seeds, threshold, inv_keep = jnp.zeros((fine, 2), jnp.uint32), 1 << 24, 1.0

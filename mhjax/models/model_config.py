@@ -42,7 +42,9 @@ class ModelConfig:
     def sizes(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in SIZE_KEYS}
 
-    def transformer(self, heads: int, *, layout=None, attention: str = "jax", interpret: bool = False) -> Transformer:
+    def transformer(
+        self, heads: int, *, layout=None, attention: str = "jax", interpret: bool = False, scan_layers: bool = False
+    ) -> Transformer:
         """The ``heads``-head Transformer of these sizes (see :class:`Transformer` for the rest)."""
         return Transformer(
             vocab_size=self.vocab_size,
@@ -55,4 +57,5 @@ class ModelConfig:
             layout=layout,
             attention=attention,
             interpret=interpret,
+            scan_layers=scan_layers,
         )

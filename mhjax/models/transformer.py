@@ -18,6 +18,7 @@ import numpy as np
 from mhjax.models.attention import CausalSelfAttention, HashDropout, Layout, dense
 
 RMS_EPS = float(np.finfo(np.float32).eps)
+MLP_DROPOUT = "HashDropout_0"  # the name Flax gave it unnamed: dropout keys (and checkpoints) stay as they were
 
 
 class RMSNorm(nn.Module):
@@ -42,16 +43,19 @@ class Block(nn.Module):
     interpret: bool = False
 
     @nn.compact
-    def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None):
+    def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None, keys=None):
+        """``keys``: (attention's, the MLP dropout's) dropout keys, derived by the caller
+        (Transformer's scanned layers); None: make_rng, as usual."""
+        attn_key, mlp_key = (None, None) if keys is None else keys
         h = RMSNorm(name="ln1")(x)
         attn_out, probs = CausalSelfAttention(
             self.width, self.num_heads, self.dropout_rate, self.layout, self.attention, self.interpret, name="attn"
-        )(h, heads, deterministic, head_mask)
+        )(h, heads, deterministic, head_mask, attn_key)
         x = x + attn_out
         h = RMSNorm(name="ln2")(x)
         h = nn.relu(dense(self.mlp_dim, self.width, "mlp_in")(h))
         h = dense(self.width, self.mlp_dim, "mlp_out")(h)
-        h = HashDropout(self.dropout_rate)(h, deterministic)
+        h = HashDropout(self.dropout_rate, name=MLP_DROPOUT)(h, deterministic, mlp_key)
         return x + h, probs
 
 
@@ -78,6 +82,53 @@ class Transformer(nn.Module):
     layout: Layout | None = None
     attention: str = "jax"
     interpret: bool = False
+    # The blocks as one scanned layer (_scanned): XLA compiles one layer instead of num_layers.
+    # For accelerators, whose compiles are slow (GPU: ~4x less for the paper sweep); off by
+    # default, so CPU programs stay exactly as they were.
+    scan_layers: bool = False
+
+    def _block(self, **kwargs) -> Block:
+        return Block(
+            self.width,
+            self.num_heads,
+            self.mlp_dim,
+            self.dropout_rate,
+            self.layout,
+            self.attention,
+            self.interpret,
+            **kwargs,
+        )
+
+    def _scanned(self, x, heads, deterministic: bool, head_mask, return_attention: bool):
+        """The blocks as ONE layer in a lax.scan over their stacked parameters: XLA compiles one
+        layer instead of num_layers (the parameter tree stays block_0 ... block_{L-1}; the stack
+        exists inside the program only). Each layer's dropout keys are the ones make_rng gives
+        its unscanned block (the same hash of the module path), so results are unchanged."""
+        params = self.variables["params"]
+        stacked = jax.tree_util.tree_map(
+            lambda *p: jnp.stack(p), *[params[f"block_{layer}"] for layer in range(self.num_layers)]
+        )
+        keys = None
+        if not deterministic and self.dropout_rate > 0.0:
+            keys = tuple(
+                jnp.stack([self._dropout_key(f"block_{layer}", child) for layer in range(self.num_layers)])
+                for child in ("attn", MLP_DROPOUT)
+            )
+        block = self._block(parent=None)
+
+        def layer(x, xs):
+            p, k, mask = xs
+            x, probs = block.apply({"params": p}, x, heads, deterministic, mask, k)
+            return x, probs if return_attention else None
+
+        x, maps = jax.lax.scan(layer, x, (stacked, keys, head_mask))
+        return x, list(maps) if return_attention else None
+
+    def _dropout_key(self, *path: str):
+        """The key ``self.make_rng("dropout")`` returns in the submodule at ``path`` on its first call."""
+        from flax.core.scope import LazyRng
+
+        return LazyRng.create(self.scope.rngs["dropout"], *path, 1).as_jax_rng()
 
     @nn.compact
     def __call__(self, tokens, heads=None, deterministic: bool = True, return_attention: bool = False, head_mask=None):
@@ -86,23 +137,22 @@ class Transformer(nn.Module):
         x = nn.Embed(self.vocab_size, self.width, embedding_init=embed, name="token_emb")(tokens)
         pos = nn.Embed(self.max_len, self.width, embedding_init=embed, name="pos_emb")(jnp.arange(length))
         x = x + pos
-        maps = []
-        for layer in range(self.num_layers):
-            x, probs = Block(
-                self.width,
-                self.num_heads,
-                self.mlp_dim,
-                self.dropout_rate,
-                self.layout,
-                self.attention,
-                self.interpret,
-                name=f"block_{layer}",
-            )(x, heads, deterministic, None if head_mask is None else head_mask[layer])
-            maps.append(probs)
+        if self.scan_layers and not self.is_initializing() and self.num_layers > 1:
+            x, maps = self._scanned(x, heads, deterministic, head_mask, return_attention)
+        else:
+            x, maps = self._unrolled(x, heads, deterministic, head_mask)
         logits = dense(self.vocab_size, self.width, "readout")(x)
         if return_attention:
             return logits, maps
         return logits
+
+    def _unrolled(self, x, heads, deterministic: bool, head_mask):
+        maps = []
+        for layer in range(self.num_layers):
+            block = self._block(name=f"block_{layer}")
+            x, probs = block(x, heads, deterministic, None if head_mask is None else head_mask[layer])
+            maps.append(probs)
+        return x, maps
 
 
 def count_params(params) -> int:

@@ -16,6 +16,8 @@ import time
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
+from jax._src import config as jax_config
 
 from mhjax.io.compile_cache import CacheCounter
 
@@ -112,7 +114,11 @@ def describe(sweep, lengths: list[int], init: bool, piece_length: int = 0) -> st
 
 
 def _build(job: Job):
-    return job.jitted.lower(*job.args).compile()
+    # Threefry (parameter initialisers, key derivations) as one GPU kernel instead of its ~20
+    # unrolled rounds per draw: the same bits, and the paper sweep's initial state compiled
+    # for an H200 in 6 s instead of 39 s (benchmarks/RESULTS.md). Other backends ignore it.
+    with jax_config.threefry_gpu_kernel_lowering(True):
+        return job.jitted.lower(*job.args).compile()
 
 
 def compile_all(job_list: list[Job], workers: int = 1, poll_seconds: float = 0.1) -> tuple[dict, float, int]:
@@ -135,12 +141,45 @@ def compile_all(job_list: list[Job], workers: int = 1, poll_seconds: float = 0.1
     return executables, time.perf_counter() - start, min(counter.hits, len(job_list))
 
 
-def compile_sweep(sweep, lengths: list[int], init: bool, piece_length: int = 0) -> Compiled:
-    """Compile the sweep's executables and hand them to ``sweep`` (Sweep.use)."""
-    job_list = jobs(sweep, lengths, init, piece_length)
-    executables, seconds, hits = compile_all(job_list)
+def compile_sweep(sweep, lengths: list[int], init: bool, piece_length: int = 0, log=None) -> Compiled:
+    """Compile the sweep's executables and hand them to ``sweep`` (Sweep.use).
+
+    A compile that fails where the experiment chose a kernel itself (attention=auto picking the
+    Pallas kernel on a GPU) is not the end of the run: the experiment falls back to its path
+    without the kernel (Experiment.kernel_fallback, recorded in results.json), ``log`` gets
+    one line saying so, and everything is compiled again. Every process of a distributed run
+    makes the same decision (a failure on any process counts for all)."""
+    failure, start = None, time.perf_counter()
+    try:
+        executables, _, hits = compile_all(jobs(sweep, lengths, init, piece_length))
+    except Exception as exc:  # noqa: BLE001 -- any compile error; re-raised unless the experiment falls back
+        failure = exc
+    if _failed_anywhere(failure is not None):
+        reason = _first_line(failure) if failure is not None else "it failed to compile on another process"
+        if not sweep.experiment.kernel_fallback(sweep.backend, reason):
+            if failure is not None:
+                raise failure
+            raise RuntimeError("compile-ahead: an executable failed to compile on another process")
+        if log is not None:
+            log(f"attention: the Pallas kernel failed to compile ({reason}); attention=auto falls back to JAX")
+        sweep.rebuild()
+        executables, _, hits = compile_all(jobs(sweep, lengths, init, piece_length))
     sweep.use(executables)
-    return Compiled(executables, seconds, hits)
+    return Compiled(executables, time.perf_counter() - start, hits)
+
+
+def _failed_anywhere(failed: bool) -> bool:
+    if jax.process_count() == 1:
+        return failed
+    from jax.experimental import multihost_utils
+
+    return bool(np.any(multihost_utils.process_allgather(np.array([failed], np.int32))))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {line[:200]}" if line else type(exc).__name__
 
 
 def abstract(tree, sharding) -> Any:

@@ -35,23 +35,38 @@ def stack_constants(experiment, indices):
 class Sweep:
     """The members' programs, constants and states; usable without the host loop (tests)."""
 
-    def __init__(self, experiment, backend: str | None = None):
+    def __init__(self, experiment, backend: str | None = None, placement: Placement | None = None):
+        """``placement``: where the member axis lives (default: this machine's devices, capped
+        by config.devices); an abstract one (a compile target's) makes constants shapes only."""
         self.experiment = experiment
-        backend = backend or jax.default_backend()
+        self.backend = backend = backend or jax.default_backend()
         self.programs = experiment.programs(experiment.config.get("strategy", "auto"), backend)
         count = int(experiment.config.get("devices", 0) or 0)  # 0: every device
-        self.placement = Placement(jax.devices()[:count] if count else None)
+        self.placement = placement or Placement(jax.devices()[:count] if count else None)
         self.consts = {
             p.name: self.placement.put(stack_constants(experiment, p.members), len(p.members)) for p in self.programs
         }
-        self._chunks, self._pieces = {}, {}
         # What the host accumulates for results.json (the exact losses at the experiment's
         # loss_steps()), saved with every checkpoint.
         self.records = HostRecords([m.name for m in experiment.members], experiment.loss_steps())
+        self._jit()
+
+    def _jit(self) -> None:
+        self._chunks, self._pieces = {}, {}
         self._evaluate = {p.name: engine.make_evaluate(p.recipe) for p in self.programs}
         self._init = {
             p.name: engine.make_init(p.recipe, self.placement.sharding(len(p.members))) for p in self.programs
         }
+
+    def rebuild(self) -> None:
+        """The experiment's programs again, after it changed how it computes them (a kernel that
+        failed to compile: train/ahead.py). Members stay in the same programs and order, so
+        constants, records and states stay valid."""
+        programs = self.experiment.programs(self.experiment.config.get("strategy", "auto"), self.backend)
+        if [(p.name, p.members) for p in programs] != [(p.name, p.members) for p in self.programs]:
+            raise RuntimeError("Sweep.rebuild: the experiment's programs changed their members")
+        self.programs = programs
+        self._jit()
 
     def use(self, executables: dict) -> None:
         """Call these compiled executables (train/ahead.py keys) instead of jitting on first use."""
@@ -298,7 +313,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
 def _compile_ahead(sweep, console, plan, init: bool) -> None:
     """Every executable of the run, compiled before the loop (train/ahead.py), said on the console."""
     console.compiling(ahead.describe(sweep, plan.chunk_lengths, init, plan.piece_length))
-    report = ahead.compile_sweep(sweep, plan.chunk_lengths, init, plan.piece_length)
+    report = ahead.compile_sweep(sweep, plan.chunk_lengths, init, plan.piece_length, log=console.log)
     console.compiled(report.seconds, len(report.executables), report.from_cache)
 
 

@@ -16,8 +16,12 @@ AXIS = "members"
 
 
 class Placement:
-    def __init__(self, devices=None):
+    """``abstract``: the devices are compile-only (a target's topology, train/target.py): ``put``
+    returns shapes and dtypes placed on them, nothing is transferred."""
+
+    def __init__(self, devices=None, abstract: bool = False):
         devices = list(devices or jax.devices())
+        self.abstract = abstract
         # Auto axes: XLA propagates the member sharding through the vmapped step (no
         # sharding-in-types bookkeeping inside optax/flax code).
         self.mesh = jax.make_mesh((len(devices),), (AXIS,), axis_types=(AxisType.Auto,), devices=devices)
@@ -39,6 +43,8 @@ class Placement:
 
         def place(x):
             x = np.asarray(x)
+            if self.abstract:
+                return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
             return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
         return jax.tree_util.tree_map(place, tree)

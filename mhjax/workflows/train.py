@@ -11,6 +11,7 @@ import time
 import jax
 
 from mhjax.config import ConfigError
+from mhjax.io import plugin_log
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.workdir import Workdir
 from mhjax.train.loop import run
@@ -51,6 +52,8 @@ def library_logs(path: str):
     memory = logging.handlers.MemoryHandler(capacity=1000, flushLevel=logging.CRITICAL + 1, target=file)
     root.addHandler(memory)
     root.setLevel(logging.WARNING)
+    for record in plugin_log.held():  # JAX's plugin errors, kept off the console (io/plugin_log.py)
+        memory.handle(record)
     try:
         yield
     except ConfigError:

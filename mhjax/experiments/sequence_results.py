@@ -1,0 +1,44 @@
+"""What the sequence experiment adds to results.json at the end of training: held-out loss and
+accuracy per position (``eval_loss_by_position``, ``eval_accuracy_by_position``), evaluated on
+the same held-out sequences as the loop's scalar evaluation, with the plain eval-mode model at
+each member's own head count; and a member's model rebuilt from its results entry."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mhjax.analysis.forward import apply_fn, model_sizes
+from mhjax.analysis.positions import member_by_position
+from mhjax.data.tasks import Batch
+from mhjax.models.probe import config_sizes
+from mhjax.train.engine import unstack
+from mhjax.train.placement import to_host
+
+
+def held_out(experiment, member) -> Batch:
+    """The held-out sequences the loop's evaluation averages over (numpy)."""
+    m, d, consts = experiment.config.model, experiment.config.data, experiment.member_constants(member)
+    batch = experiment.tasks[int(consts["task_id"])].draw(consts["eval_key"], d.num_eval, m.seq_len, m.vocab_size)
+    usable = (d.num_eval // min(d.num_eval, d.batch_size)) * min(d.num_eval, d.batch_size)
+    return Batch(*(np.asarray(a)[:usable] for a in batch))
+
+
+def position_metrics(experiment, member, params) -> dict[str, list]:
+    """{"eval_loss_by_position", "eval_accuracy_by_position"}: (T,) lists, null where the task
+    weights no sequence (analysis/positions.py)."""
+    sizes = config_sizes(experiment.config.model)
+    metrics = member_by_position(params, member["heads"], held_out(experiment, member), sizes)
+    return {f"eval_{k}": v for k, v in metrics.items()}
+
+
+def by_position(experiment, trained) -> dict[int, dict]:
+    """{member index: its per-position results} from the trained programs (Experiment.extra_results)."""
+    host = {t.program.name: to_host(t.states.params) for t in trained}  # gathered if distributed
+    params = unstack([t.program for t in trained], host)
+    return {i: position_metrics(experiment, member, params[i]) for i, member in enumerate(experiment.members)}
+
+
+def record_model(record: dict, config: dict):
+    """Eval-mode ``apply(params, tokens) -> logits`` at the member's heads, from its results entry
+    and the run's config (Experiment.record_model): no task code runs."""
+    return apply_fn(model_sizes(config["model"]), int(record["heads"]))

@@ -1,0 +1,163 @@
+"""Compile a sweep for a target device that is not in this machine (``--dry-run --target``).
+
+The sweep is planned for the target's backend (``attention=auto`` and ``strategy=auto`` pick
+what a GPU would get), its constants and states become shapes on the target's compile-only
+mesh (train/target.py), and every executable a run would build (initial state, each chunk
+length, evaluation: train/ahead.py's jobs) is compiled by the target's compiler, one after
+another, with JAX's persistent cache off, so that each time is a real compile. Nothing runs.
+
+For each executable: compile seconds, memory per device against the target's, and the
+Triton kernels in it. For the training chunk: the attention path actually in the program
+(kernel calls; f32 (..., T, T) tensors, i.e. attention maps in memory) and the bytes per
+member-step its top-level kernels move (train/hlo.py), beside models/cost.py's estimate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import NamedTuple
+
+import jax
+
+from mhjax.train import ahead, hlo
+from mhjax.train import target as targets
+from mhjax.train.loop import Sweep
+from mhjax.train.placement import Placement
+
+
+class Executable(NamedTuple):
+    key: tuple  # ahead.Job.key
+    seconds: float
+    arguments: int  # bytes per device
+    outputs: int
+    temp: int
+    alias: int  # outputs that reuse (donated) argument buffers
+    kernels: dict  # {Triton kernel name: calls}
+    square: int  # lines with an f32 (..., T, T) value
+    bytes_per_member_step: float | None  # training chunks only
+
+    @property
+    def total(self) -> int:
+        return self.arguments + self.outputs - self.alias + self.temp
+
+
+class Report(NamedTuple):
+    target: targets.Target
+    description: str  # ahead.describe's line
+    executables: list[Executable]
+    estimate_bytes: float | None  # models/cost.py's bytes per member-step, where the experiment has it
+    length: int | None  # model.seq_len, where the experiment has one: the (T, T) maps looked for
+
+
+def step_bytes(text: str, length: int) -> float:
+    """Bytes one step of a ``length``-step chunk moves: loop bodies counted once per trip
+    (XLA's known trip counts, nested loops such as the layers' scan included), the entry
+    computation once, over ``length`` steps."""
+    return hlo.kernel_bytes(text, weighted=True) / length
+
+
+@contextlib.contextmanager
+def persistent_cache_off():
+    """No persistent cache: every compile is timed for real. JAX decides whether to use the
+    cache once per process, so it is told to decide again on the way in and out."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    saved = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", saved)
+        compilation_cache.reset_cache()
+
+
+def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, ...] = ()) -> Report:
+    """Compile every executable of ``experiment``'s run from step 0 for ``target`` (``only``:
+    those of these roles, e.g. ("chunk",)); ``log`` gets a line as each one starts (compiles
+    of the paper sweep take minutes on 2 cores)."""
+    placement = Placement(targets.devices(target), abstract=True)
+    # Planned for the target's backend: attention=auto resolves to what a GPU runs, the Pallas
+    # kernel lowered through Triton (interpret=False: models/attention_choice.py).
+    sweep = Sweep(experiment, target.backend, placement)
+    config = experiment.config
+    # The run's plan from step 0, as the host loop makes it (the first chunk cut at early evaluations).
+    plan = ahead.chunk_plan(0, config.train.steps, config.train.chunk_steps, splits=experiment.eval_steps())
+    lengths, pieces = plan.chunk_lengths, plan.piece_length
+    description = ahead.describe(sweep, lengths, True, pieces)
+    members = {p.name: len(p.members) for p in sweep.programs}
+    out = []
+    with persistent_cache_off():
+        for job in ahead.jobs(sweep, lengths, True, pieces):
+            if only and job.key[0] not in only:
+                continue
+            log(f"compiling {' '.join(str(k) for k in job.key)} for {target.device}")
+            executables, seconds, _ = ahead.compile_all([job])
+            out.append(_describe(job.key, executables[job.key], seconds, members, config.model.get("seq_len")))
+    return Report(target, description, out, _estimate(experiment, sweep), config.model.get("seq_len"))
+
+
+def _describe(key, executable, seconds: float, members: dict, length) -> Executable:
+    memory = executable.memory_analysis()
+    text = executable.as_text()
+    per_step = None
+    if key[0] == "chunk":
+        per_step = step_bytes(text, key[2]) / members[key[1]]
+    return Executable(
+        key,
+        seconds,
+        memory.argument_size_in_bytes,
+        memory.output_size_in_bytes,
+        memory.temp_size_in_bytes,
+        memory.alias_size_in_bytes,
+        dict(hlo.triton_kernels(text)),
+        hlo.square_tensors(text, length) if length else 0,
+        per_step,
+    )
+
+
+def _estimate(experiment, sweep) -> float | None:
+    return experiment.estimated_bytes_per_member_step(sweep.backend, sweep.placement.size)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"
+
+
+def lines(report: Report) -> list[str]:
+    """The dry run's table and summary for ``report``."""
+    t, length = report.target, report.length
+    out = [
+        f"target: {t.device} ({t.name}), {_gib(t.memory_bytes)} GiB per device, compiled here with "
+        f"jax {jax.__version__}'s GPU compiler; {report.description}",
+        f"  {'executable':<18} {'compile':>8} {'arguments':>12} {'outputs':>12} {'temp':>12} "
+        f"{'total':>12} {'of device':>9}  attention",
+    ]
+    for e in report.executables:
+        kernels = ", ".join(f"{k} x{n}" for k, n in sorted(e.kernels.items())) or "no Triton kernel"
+        if length and e.key[0] in ("chunk", "piece"):
+            kernels += f"; {e.square} f32 (..., {length}, {length}) value(s)" if e.square else "; no (T, T) map"
+        out.append(
+            f"  {' '.join(str(k) for k in e.key):<18} {e.seconds:>7.1f}s {_size(e.arguments):>12} "
+            f"{_size(e.outputs):>12} {_size(e.temp):>12} {_size(e.total):>12} {e.total / t.memory_bytes:>9.1%}  "
+            f"{kernels}"
+        )
+    total = sum(e.seconds for e in report.executables)
+    fits = max(e.total for e in report.executables) <= t.memory_bytes
+    out.append(
+        f"compile: {total:.1f} s for {len(report.executables)} executables; memory: "
+        + ("fits" if fits else "DOES NOT FIT")
+        + f" in {_gib(t.memory_bytes)} GiB"
+    )
+    for e in report.executables:
+        if e.bytes_per_member_step is not None:
+            estimate = f"; models/cost.py: {report.estimate_bytes / 1e9:.2f} GB" if report.estimate_bytes else ""
+            out.append(
+                f"bytes per member-step ({' '.join(str(k) for k in e.key)}, the compiled program's top-level "
+                f"kernels): {e.bytes_per_member_step / 1e9:.2f} GB{estimate}"
+            )
+    return out

@@ -1,0 +1,135 @@
+"""What a compiled program holds, read from its optimised HLO text (``compiled.as_text()``).
+
+- ``kernel_bytes``: memory traffic as the kernels see it: every instruction of the entry
+  computation and of the computations it calls as loop bodies or conditions (not the insides
+  of fusions: a fusion moves its operands and its result once) is charged its result's bytes
+  plus its operands' bytes, as XLA's HloCostAnalysis charges an op; a fusion whose root is a
+  dynamic-update-slice (in place) or a dynamic-slice, the slice's bytes only (a scan's
+  stacked buffers). Approximate (another fusion that reads a slice of an operand is charged
+  the whole operand). On a GPU target, where ``cost_analysis()`` is None, this is the only
+  count there is.
+- ``triton_kernels``: the Pallas/Triton kernels in the program, by name.
+- ``square_tensors``: f32 tensors whose last two dimensions are (T, T), i.e. attention maps
+  that reached memory (the fused kernel keeps them on chip).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+DTYPE_BYTES = {"f32": 4, "s32": 4, "u32": 4, "pred": 1, "f16": 2, "bf16": 2, "s8": 1, "u8": 1, "s64": 8, "u64": 8}
+SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([0-9,]*)\]")
+FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call", "conditional", "after-all"}
+CALLED = re.compile(r"(?:body|condition|to_apply|true_computation|false_computation)=(%[\w.\-]+)")
+INSTRUCTION = re.compile(r"(\([^=]*?\)|\S+)\s+([\w\-]+)\((.*?)\)")
+TRITON = re.compile(r'custom_call_target="__gpu\$xla\.gpu\.triton".*?backend_config=\{.*?\bname = "([^"]*)"')
+
+
+def type_bytes(type_text: str) -> int:
+    """Bytes of an HLO type, a tuple's summed: "f32[8,64]{1,0}" -> 2048."""
+    total = 0
+    for dtype, dims in SHAPE.findall(type_text):
+        count = 1
+        for d in filter(None, dims.split(",")):
+            count *= int(d)
+        total += count * DTYPE_BYTES[dtype]
+    return total
+
+
+def computations(text: str) -> tuple[dict[str, list[str]], str]:
+    """({computation name: its instruction lines, the root last}, the entry computation's name)."""
+    comps, current, entry = {}, None, None
+    for line in text.splitlines():
+        if line.endswith("{") and not line.startswith(" "):
+            name = line.split()[1] if line.startswith("ENTRY") else line.split()[0]
+            current = comps.setdefault(name, [])
+            entry = name if line.startswith("ENTRY") else entry
+        elif line.startswith("}"):
+            current = None
+        elif current is not None and " = " in line:
+            root = line.strip().startswith("ROOT ")
+            current.append(line.strip().removeprefix("ROOT "))
+            if root:  # the root last (XLA prints it last anyway; ROOT marks it)
+                current.append(current.pop())
+    return comps, entry
+
+
+def _root_op(comps: dict[str, list[str]], name: str) -> str:
+    match = INSTRUCTION.match(comps[name][-1].split(" = ", 1)[1]) if comps.get(name) else None
+    return match.group(2) if match else ""
+
+
+def top_level(comps: dict[str, list[str]], entry: str) -> set[str]:
+    """The entry computation and what it runs as loop bodies, conditions or calls."""
+    top, todo = set(), [entry]
+    while todo:
+        name = todo.pop()
+        if name in top or name not in comps:
+            continue
+        top.add(name)
+        todo += [callee for line in comps[name] for callee in CALLED.findall(line)]
+    return top
+
+
+TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')  # a while's backend_config
+
+
+def runs(comps: dict[str, list[str]], entry: str, unknown_trips: int = 1) -> dict[str, int]:
+    """{top-level computation: how many times one run of the program runs it}: a loop body
+    (and condition) once per trip of its loop, XLA's known trip count (``unknown_trips`` where
+    XLA does not know it), times the runs of the computation holding the loop."""
+    out, todo = {}, [(entry, 1)]
+    while todo:
+        name, count = todo.pop()
+        if name not in comps:
+            continue
+        out[name] = out.get(name, 0) + count
+        for line in comps[name]:
+            trips = TRIP_COUNT.search(line)
+            loop = " while(" in line
+            for callee in CALLED.findall(line):
+                todo.append((callee, count * (int(trips.group(1)) if trips else unknown_trips if loop else 1)))
+    return out
+
+
+def kernels(text: str, weighted: bool = False):
+    """(line, op, bytes moved) of every top-level operation that moves memory; ``weighted``:
+    times the runs of its computation (loops' trip counts)."""
+    comps, entry = computations(text)
+    counts = runs(comps, entry) if weighted else dict.fromkeys(top_level(comps, entry), 1)
+    for name, count in counts.items():
+        sizes = {}
+        for line in comps[name]:
+            result, rhs = line.split(" = ", 1)
+            match = INSTRUCTION.match(rhs)
+            if not match:
+                continue
+            out_type, op, args = match.groups()
+            sizes[result] = type_bytes(out_type)
+            if op in FREE:
+                continue
+            operands = sum(sizes.get(a.strip().split()[-1], 0) for a in args.split(",") if a.strip())
+            moved = sizes[result] + operands
+            fused = re.search(r"calls=(%[\w.\-]+)", line) if op == "fusion" else None
+            root = _root_op(comps, fused.group(1)) if fused else ""
+            if root == "dynamic-update-slice":  # in place: reads and writes the update only
+                moved = 2 * max(operands - sizes[result], 0)
+            elif root == "dynamic-slice":  # reads the slice only
+                moved = 2 * sizes[result]
+            yield line, op, moved * count
+
+
+def kernel_bytes(text: str, weighted: bool = False) -> int:
+    return sum(moved for _, _, moved in kernels(text, weighted))
+
+
+def triton_kernels(text: str) -> Counter:
+    """{kernel name: calls} of the Triton custom calls (Pallas kernels) in the program."""
+    return Counter(TRITON.findall(text))
+
+
+def square_tensors(text: str, length: int) -> int:
+    """How many lines of the program mention an f32 value of type (..., length, length)."""
+    pattern = re.compile(rf"\bf32\[(?:[0-9]+,)*{length},{length}\]")
+    return sum(1 for line in text.splitlines() if pattern.search(line))

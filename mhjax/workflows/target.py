@@ -1,0 +1,26 @@
+"""Compiling a sweep for a GPU that is not here (``mhjax train --dry-run --target``,
+``mhjax.compile_for``): know that a sweep compiles and fits before paying for GPU time."""
+
+from __future__ import annotations
+
+from mhjax.experiments import make_experiment
+from mhjax.train import deviceless
+from mhjax.train import target as targets
+
+
+def compile_for(config, target: str, log=print, describe=None) -> deviceless.Report:
+    """Compile every executable of ``config``'s sweep for ``target`` (a bundled name: h200,
+    h100, a100, or a GpuTargetConfig text file) on this machine; ``log`` gets progress lines,
+    ``describe`` (if given) the sweep's plan for the target before the compiles start. Needs
+    the GPU compiler (jax[cuda13] at the installed jax version); without it, a ConfigError
+    naming the install command."""
+    chosen = targets.load(target)
+    targets.devices(chosen)  # a missing compiler: one line, before anything else
+    experiment = make_experiment(config)
+    if describe is not None:
+        describe("\n".join(experiment.describe(chosen.backend)))
+    return deviceless.compile_for(experiment, chosen, log=log)
+
+
+def report_lines(report: deviceless.Report) -> list[str]:
+    return deviceless.lines(report)

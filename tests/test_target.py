@@ -1,0 +1,133 @@
+"""`mhjax train --dry-run --target`: compiling a sweep for a GPU that is not here (train/target.py,
+train/deviceless.py, train/hlo.py). The compile test needs the GPU compiler (jax[cuda13]); CI
+installs it (.ci/run), a checkout without it skips that test and says how to install it."""
+
+import jax
+import pytest
+
+from mhjax import cli
+from mhjax.config import ConfigError
+from mhjax.train import deviceless, hlo
+from mhjax.train import target as targets
+from tests.conftest import config_source, set_field, tiny_sequence_config
+
+NEEDS_COMPILER = pytest.mark.skipif(
+    not targets.compiler_available(), reason=f"no GPU compiler here; {targets.install_hint()}"
+)
+
+# A hand-written optimised module: a 3-step loop whose body runs one fusion and one Triton call.
+HLO = """HloModule jit_chunk
+
+%body (p: (s32[], f32[4,8])) -> (s32[], f32[4,8]) {
+  %p = (s32[], f32[4,8]{1,0}) parameter(0)
+  %x = f32[4,8]{1,0} get-tuple-element(%p), index=1
+  %i = s32[] get-tuple-element(%p), index=0
+  %f = f32[4,8]{1,0} fusion(%x), kind=kLoop, calls=%fused
+  %k = (f32[4,8]{1,0}, f32[2,12,12]{2,1,0}) custom-call(%f), custom_call_target="__gpu$xla.gpu.triton", TRITON
+  ROOT %t = (s32[], f32[4,8]{1,0}) tuple(%i, %f)
+}
+
+ENTRY %main (a: f32[4,8]) -> f32[4,8] {
+  %a = f32[4,8]{1,0} parameter(0)
+  %c = f32[4,8]{1,0} copy(%a)
+  %w = (s32[], f32[4,8]{1,0}) while(%t0), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  ROOT %r = f32[4,8]{1,0} get-tuple-element(%w), index=1
+}
+""".replace("TRITON", 'backend_config={grid = 1, name = "mhjax_attention_fwd"}')
+
+
+def test_bundled_targets_load_with_their_device_and_memory():
+    assert {"h200", "h100", "a100"} <= set(targets.bundled())
+    h200 = targets.load("h200")
+    assert h200.device == "NVIDIA H200" and h200.memory_bytes == 150754820096 and h200.backend == "gpu"
+    assert targets.load("a100").memory_bytes < h200.memory_bytes
+
+
+def test_a_target_file_loads_and_a_bad_name_or_file_is_a_one_line_config_error(tmp_path):
+    own = tmp_path / "mine.textproto"
+    own.write_text(targets.load("h100").text.replace('"NVIDIA H100 80GB HBM3"', '"My GPU"'))
+    assert targets.load(str(own)).device == "My GPU"
+    with pytest.raises(ConfigError, match=r"--target: must be one of a100, h100, h200"):
+        targets.load("h300")
+    junk = tmp_path / "junk.txt"
+    junk.write_text("core_count: 3\n")
+    with pytest.raises(ConfigError, match="not a GpuTargetConfig"):
+        targets.load(str(junk))
+
+
+def test_hlo_reading_counts_bytes_kernels_and_square_maps():
+    assert hlo.type_bytes("(f32[4,8]{1,0}, u32[2])") == 4 * 32 + 8
+    # top level: copy (2 x 128 B) in the entry; fusion (2 x 128) and the Triton call
+    # (128 in, 128 + 2*12*12*4 out) in the loop body; nothing inside fusions.
+    body = 2 * 128 + 128 + 128 + 2 * 144 * 4
+    assert hlo.kernel_bytes(HLO) == 2 * 128 + body
+    assert dict(hlo.triton_kernels(HLO)) == {"mhjax_attention_fwd": 1}
+    assert hlo.square_tensors(HLO, 12) == 1 and hlo.square_tensors(HLO, 8) == 0
+    # per step of a 3-step chunk: the body once per trip, the entry once, over 3 steps
+    assert deviceless.step_bytes(HLO, 3) == pytest.approx((3 * body + 2 * 128) / 3)
+
+
+def test_a_missing_gpu_compiler_is_one_line_naming_the_install_command(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(targets, "compiler_available", lambda: False)
+    path = tmp_path / "tiny.py"
+    path.write_text(config_source(tiny_sequence_config()))
+    assert cli.main(["train", "--config", str(path), "--dry-run", "--target", "h200"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f'mhjax: error: --target: the GPU compiler is not installed; pip install "jax[cuda13]=={jax.__version__}"'
+    ]
+
+
+def test_target_needs_dry_run(tmp_path, capsys):
+    path = tmp_path / "tiny.py"
+    path.write_text(config_source(tiny_sequence_config()))
+    assert cli.main(["train", "--config", str(path), "--target", "h200"]) == 2
+    assert "--target: only with --dry-run" in capsys.readouterr().err
+
+
+@NEEDS_COMPILER
+def test_a_small_pallas_sweep_compiles_for_the_h200_with_the_kernel_and_no_attention_map(tmp_path, capsys):
+    """The Pallas kernel through Triton and ptxas for sm_90, on this CPU: every executable
+    compiles, the training program calls the kernel forward and backward for each head count,
+    and no f32 (..., T, T) value is left (the JAX path has them: the check can fail)."""
+    length = 12  # no other dimension of the model is 12
+    config = set_field(set_field(tiny_sequence_config(), "model.seq_len", length), "attention", "pallas")
+    set_field(config, "strategy", "one_program")
+    path = tmp_path / "tiny.py"
+    path.write_text(config_source(config))
+    assert cli.main(["train", "--config", str(path), "--dry-run", "--target", "h200"]) == 0
+    out = capsys.readouterr().out
+    chunk = next(line for line in out.splitlines() if line.strip().startswith("chunk all 3"))
+    # one_program with heads (1, 4): a kernel call per head-count group, forward and backward
+    assert "mhjax_attention_bwd x2, mhjax_attention_fwd x2" in chunk and "no (T, T) map" in chunk
+    assert "compile:" in out and "fits in 140.40 GiB" in out and "bytes per member-step" in out
+
+    from mhjax.experiments import make_experiment
+
+    jax_path = make_experiment(set_field(config, "attention", "jax"))
+    report = deviceless.compile_for(jax_path, targets.load("h200"), log=lambda m: None, only=("chunk",))
+    (chunk,) = report.executables
+    assert not chunk.kernels and chunk.square > 0
+
+
+def test_jax_plugin_errors_stay_off_the_console_and_go_to_mhjax_log(tmp_path, caplog):
+    """With jax[cuda13] on a machine without a GPU, JAX logs a cuPTI traceback at backend start:
+    held by io/plugin_log.py (installed by the CLI) and written to the workdir's mhjax.log."""
+    import logging
+
+    from mhjax.io import plugin_log
+    from mhjax.workflows.train import library_logs
+
+    plugin_log.hold()
+    logger = logging.getLogger(plugin_log.LOGGER)
+    try:
+        raise RuntimeError("Unable to load cuPTI. Is it installed?")
+    except RuntimeError:
+        logger.exception("Jax plugin configuration error: Exception when calling %s.initialize()", "xla_cuda13")
+    logger.warning("another record of that logger still shows")
+    shown = " ".join(caplog.messages)  # what reached the root logger's handlers (the console)
+    assert "plugin configuration" not in shown and "still shows" in shown
+    log = tmp_path / "mhjax.log"
+    with library_logs(str(log)):
+        pass
+    assert "Jax plugin configuration error" in log.read_text() and "Unable to load cuPTI" in log.read_text()
