@@ -200,13 +200,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     log = console.log
     if not workdir.has_checkpoints():  # a fresh run: its start checked before the workdir is written
         experiment.check_start()
-    resuming = (
-        workdir.check_or_write_metadata(
-            config.to_dict(), experiment.kind, experiment.metadata(), experiment.cannot_extend
-        )
-        if primary
-        else True
-    )
+    metadata = (config.to_dict(), experiment.kind, experiment.metadata(), experiment.cannot_extend)
+    resuming = workdir.check_or_write_metadata(*metadata) if primary else True
     sweep = Sweep(experiment)
     if jax.process_count() > 1:
         for p in sweep.programs:
