@@ -223,8 +223,11 @@ def test_run_writes_outputs_and_resume_does_not_retrain(tmp_path):
         ):
             assert key in member
         assert member["steps"] == config.train.steps
+        assert member["wall_time_s"] == member["program_wall_time_s"]  # the older name, kept for scripts
         assert os.listdir(os.path.join(workdir, "tb", member["name"]))  # event file
-    assert os.path.exists(os.path.join(workdir, "results.md"))
+    with open(os.path.join(workdir, "results.md")) as f:
+        header = f.read().splitlines()[2]
+    assert "program_wall_time_s" in header and "| wall_time_s |" not in header  # one name in tables
     messages = []
     second = run(make_experiment(config), workdir, progress=False, log=messages.append)
     assert second["resumed_from_step"] == config.train.steps

@@ -50,6 +50,7 @@ def test_event_files_hold_scalars_hparams_images_and_config(sweep_dir):
             "final/program_wall_time_s",
         ):
             assert tag in tags["scalars"], (name, tag)
+        assert "final/wall_time_s" not in tags["scalars"]  # results.json's older name is not a metric
         assert ea.Scalars("final/eval_accuracy")[-1].value == pytest.approx(results[name]["eval_accuracy"])
         assert ea.Scalars("final/eval_accuracy")[-1].step == 6
         # train/loss every step (chunks of 3): at step s the loss of update s; the last is results' train_loss

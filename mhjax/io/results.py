@@ -9,6 +9,9 @@ import os
 
 import numpy as np
 
+# results.json keys kept under an older name beside the new one, for scripts that read them;
+# tables and TensorBoard show only the new name.
+OLD_NAMES = {"wall_time_s": "program_wall_time_s"}
 CORE_COLUMNS = (
     "name",
     "task",
@@ -99,7 +102,9 @@ def markdown_table(members: list[dict], title: str, columns=None) -> str:
     if not members:
         return f"# {title}\n\n(no members)\n"
     columns = columns or [c for c in CORE_COLUMNS if c in members[0]] + [
-        c for c in members[0] if c not in CORE_COLUMNS and not isinstance(members[0][c], (list, dict))
+        c
+        for c in members[0]
+        if c not in CORE_COLUMNS and c not in OLD_NAMES and not isinstance(members[0][c], (list, dict))
     ]
     lines = [f"# {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for m in members:

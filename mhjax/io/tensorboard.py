@@ -24,8 +24,10 @@ import time
 import numpy as np
 from tensorboardX import SummaryWriter
 
+from mhjax.io.results import OLD_NAMES
+
 # Fields of a results.json record that are not metrics.
-_NOT_METRICS = {"name", "program", "status", "steps", "params", "diverged_at_step"}
+_NOT_METRICS = {"name", "program", "status", "steps", "params", "diverged_at_step", *OLD_NAMES}
 
 
 class MemberWriters:

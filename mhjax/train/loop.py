@@ -375,8 +375,8 @@ def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from)
                 steps=int(steps[j]),
                 train_loss=float(losses[j]),
                 **evaluation[i],
-                # the training time of the member's program, which all its members share (not a per-member share)
-                program_wall_time_s=seconds[member.name],
+                # the member's program's training time, which its members share; wall_time_s: its older name
+                **dict.fromkeys(("program_wall_time_s", "wall_time_s"), seconds[member.name]),
                 program=p.name,
             )
             record["status"] = "diverged" if diverged[j] else "ok"
