@@ -7,9 +7,13 @@ import jax.numpy as jnp
 import ml_collections
 import pytest
 
+from mhjax.config import ConfigError
+from mhjax.experiments.sequence import SequenceRecipe
 from mhjax.models import Transformer
+from mhjax.models.attention_choice import resolve_attention
 from mhjax.models.model_config import ModelConfig
 from mhjax.models.probe import model_sizes
+from mhjax.workflows.configs import load_config
 
 
 def test_sizes_cannot_be_passed_by_position_or_changed():
@@ -30,3 +34,18 @@ def test_from_config_builds_the_same_transformer_and_round_trips_the_sizes():
     sizes = model_sizes(params)
     assert sizes == model.sizes() == {"vocab_size": 16, "max_len": 8, "width": 32, "num_layers": 2, "mlp_dim": 48}
     assert ModelConfig.from_sizes(sizes) == dataclasses.replace(model, dropout=0.0)
+
+
+def test_scan_layers_is_on_for_accelerators_by_default_and_can_be_set_either_way():
+    """config.model.scan_layers: "auto" scans on GPUs and TPUs only (compile time), "off" keeps the
+    unrolled blocks everywhere, "on" scans everywhere; settable from the command line although the
+    bundled configs leave it out; anything else is one line naming the choices."""
+    for overrides, want in (({}, {"cpu": False, "gpu": True, "tpu": True}), ({"model.scan_layers": "off"}, {})):
+        config = load_config("quick", overrides)
+        for backend, scanned in {"cpu": False, "gpu": False, "tpu": False, **want}.items():
+            choice = resolve_attention("jax", backend, config.model.seq_len)
+            assert SequenceRecipe(config, 4, static_heads=True, attention=choice).model.scan_layers is scanned
+    config = load_config("quick", {"model.scan_layers": "on"})
+    assert SequenceRecipe(config, 4, static_heads=True).model.scan_layers is True
+    with pytest.raises(ConfigError, match=r"config.model.scan_layers: must be one of auto, on, off; got 'yes'"):
+        load_config("quick", {"model.scan_layers": "yes"})

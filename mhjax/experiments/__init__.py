@@ -29,4 +29,6 @@ def override_defaults(config) -> dict:
         from mhjax.experiments.mixture_config import DEFAULTS
 
         return dict(DEFAULTS)
-    return {}
+    from mhjax.experiments.sequence_config import DEFAULTS
+
+    return dict(DEFAULTS)

@@ -17,7 +17,7 @@ from mhjax.analysis.metrics import learned_head_weights
 from mhjax.data import sequences, tasks
 from mhjax.experiments import sequence_results, task_params
 from mhjax.experiments.base import Experiment
-from mhjax.experiments.sequence_config import requested_attention, validate
+from mhjax.experiments.sequence_config import requested_attention, scan_layers, validate
 from mhjax.models import cost, count_params, flops
 from mhjax.models.attention_choice import AUTO, JAX, AttentionChoice, resolve_attention
 from mhjax.models.model_config import ModelConfig
@@ -51,7 +51,7 @@ class SequenceRecipe(Recipe):
             layout=layout,
             attention=attention.implementation,
             interpret=attention.interpret,
-            scan_layers=attention.backend in ("gpu", "tpu"),  # compile time on accelerators (transformer.py)
+            scan_layers=scan_layers(config, attention.backend),
         )
         self.static_heads = static_heads
         self.vmap_inside_grad = layout is not None

@@ -12,12 +12,22 @@ from mhjax.experiments.base import STRATEGIES
 from mhjax.models.attention_choice import AUTO, IMPLEMENTATIONS
 
 # Optional fields: what a config without them runs with.
-DEFAULTS = {"attention": AUTO}
+DEFAULTS = {"attention": AUTO, "model.scan_layers": "auto"}
+SCAN_LAYERS = ("auto", "on", "off")
 
 
 def requested_attention(config) -> str:
     """config.attention, or its default."""
     return config.get("attention", DEFAULTS["attention"])
+
+
+def scan_layers(config, backend: str) -> bool:
+    """config.model.scan_layers: the layers as one scanned block (models/transformer.py). "auto" scans
+    on accelerators only, where it cuts the compile ~4x (benchmarks/RESULTS.md); False keeps the
+    unrolled blocks there too, should a GPU show the scanned step slower;
+    "on" scans everywhere."""
+    value = config.model.get("scan_layers", DEFAULTS["model.scan_layers"])
+    return backend in ("gpu", "tpu") if value == "auto" else value == "on"
 
 
 def validate(config) -> None:
@@ -35,6 +45,8 @@ def validate(config) -> None:
     cfg.require_choice(config, "strategy", STRATEGIES)
     if "attention" in config:  # optional: configs without it run DEFAULTS["attention"]
         cfg.require_choice(config, "attention", IMPLEMENTATIONS)
+    if "scan_layers" in config.model:
+        cfg.require_choice(config, "model.scan_layers", SCAN_LAYERS)
     cfg.require_nonneg_int(config, "seed")
     if config.seed >= 2**32:  # PRNGKey keeps only 32 bits here: 2**32 would silently equal seed 0
         raise cfg.ConfigError(f"config.seed: must be an integer in [0, 2**32), got {config.seed}")
@@ -76,7 +88,7 @@ FIELDS = {
     "devices": None,
     "sweep": None,
     "task_params": None,  # {task: {parameter: value or tuple}} (experiments/task_params.py)
-    "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout"},
+    "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout", "scan_layers"},
     "data": {"protocol", "num_train", "batch_size", "num_eval"},
     "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every"},
 }
