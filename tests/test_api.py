@@ -20,6 +20,28 @@ def notebook_code() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+def readme_examples(title: str) -> str:
+    """The first ```python block of README's section ``title`` (## or ###)."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    section = re.split(rf"#+ {re.escape(title)}\n", text, maxsplit=1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.mark.slow  # 35-50 s each on 2 CPU cores; tests/test_forward.py and test_mixture_plugins.py cover the same calls
+@pytest.mark.parametrize("title", ["Inside a trained member", "Your own mixture data, model and loss"])
+def test_the_readme_forward_and_mixture_examples_run_as_written(title, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    scope = {}
+    exec(compile(readme_examples(title), "README.md", "exec"), scope)
+    out = capsys.readouterr().out
+    if "tokens" in scope:
+        assert "(8, 4, 32, 32) (8, 32, 4, 16)" in out and scope["out"].accuracy_by_position.shape == (32,)
+    else:  # the NTK margin rebuilt from the run's own data equals the recorded one
+        for line in out.strip().splitlines():
+            name, status, _, recorded, rebuilt = line.split()
+            assert status == "ok" and float(rebuilt) == pytest.approx(float(recorded), rel=1e-3), line
+
+
 def test_the_readme_notebook_section_runs_as_written(tmp_path, monkeypatch, capsys):
     shutil.copytree(os.path.join(ROOT, "examples"), tmp_path / "examples", ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.chdir(tmp_path)
