@@ -14,11 +14,11 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-DTYPE_BYTES = {"f32": 4, "s32": 4, "u32": 4, "pred": 1, "f16": 2, "bf16": 2, "s8": 1, "u8": 1, "s64": 8, "u64": 8}
-SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([0-9,]*)\]")
-FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call", "conditional", "after-all"}
-CALLED = re.compile(r"(?:body|condition|to_apply|true_computation|false_computation)=(%[\w.\-]+)")
-INSTRUCTION = re.compile(r"(\([^=]*?\)|\S+)\s+([\w\-]+)\((.*?)\)")
+# The HLO text reader is the package's (the deviceless GPU compile counts bytes the same way).
+from mhjax.train.hlo import CALLED, FREE, INSTRUCTION
+from mhjax.train.hlo import computations as _computations
+from mhjax.train.hlo import type_bytes as _bytes
+
 # (part, substrings of "op_name op"), first match wins
 PARTS = (
     ("attention kernel (stand-in)", ("custom-call",)),
@@ -31,30 +31,6 @@ PARTS = (
     ("Adam, update, divergence check", ("closed_call/vmap()/", "_where", "opt_state", "adam")),
     ("data and keys", ("randint", "threefry", "train_batch", "random_bits", "_data_keys")),
 )
-
-
-def _bytes(type_text: str) -> int:
-    total = 0
-    for dtype, dims in SHAPE.findall(type_text):
-        count = 1
-        for d in filter(None, dims.split(",")):
-            count *= int(d)
-        total += count * DTYPE_BYTES[dtype]
-    return total
-
-
-def _computations(text: str) -> tuple[dict[str, list[str]], str]:
-    comps, current, entry = {}, None, None
-    for line in text.splitlines():
-        if line.endswith("{") and not line.startswith(" "):
-            name = line.split()[1] if line.startswith("ENTRY") else line.split()[0]
-            current = comps.setdefault(name, [])
-            entry = name if line.startswith("ENTRY") else entry
-        elif line.startswith("}"):
-            current = None
-        elif current is not None and " = " in line:
-            current.append(line.strip().removeprefix("ROOT "))
-    return comps, entry
 
 
 def bytes_by_part(hlo_text: str) -> dict[str, float]:
