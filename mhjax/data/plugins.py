@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Callable
 
-from mhjax.config import CONFIG_MODULE, ConfigError
+from mhjax.config import CONFIG_MODULE, ConfigError, chained, exec_config_file, user_error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,9 +99,9 @@ class Registry:
                 continue
             what = f"{self.noun} {name!r}"
             if source.get("config"):
-                _run_config_file(what, source["config"], where)
+                run_config_file(what, source["config"], where)
             elif source.get("module") and source["module"] != "__main__":
-                _import_module(what, source, where)
+                import_module(what, source, where)
             if name not in self._plugins:
                 origin = source.get("config") or source.get("module", "?")
                 hint = "; register it again first" if source.get("module") == "__main__" else ""
@@ -111,21 +111,21 @@ class Registry:
                 )
 
 
-def _run_config_file(what: str, path: str, where: str) -> None:
+def run_config_file(what: str, path: str, where: str, hint: str = "") -> None:
+    """Run a plug-in's recorded config file again (it registers its plug-ins); ``hint``: the way
+    out, appended when the file is gone."""
     if not os.path.isfile(path):
-        raise ConfigError(f"{what}: its config file {path} (recorded in {where}) is gone")
-    loader = importlib.machinery.SourceFileLoader(CONFIG_MODULE, path)
-    spec = importlib.util.spec_from_loader(CONFIG_MODULE, loader)
-    module = importlib.util.module_from_spec(spec)
+        raise ConfigError(f"{what}: its config file {path} (recorded in {where}) is gone{hint}")
     try:
-        spec.loader.exec_module(module)
+        exec_config_file(path)
     except ConfigError:
         raise
     except Exception as exc:
-        raise ConfigError(f"{what}: cannot load its config file {path}: {one_line(exc)}") from None
+        raise ConfigError(f"{what}: cannot load its config file {path}: {user_error(exc)}") from chained(exc)
 
 
-def _import_module(what: str, source: dict, where: str) -> None:
+def import_module(what: str, source: dict, where: str, hint: str = "") -> None:
+    """Import a plug-in's recorded module again, by name or else from its recorded file."""
     module_name, path = source["module"], source.get("file")
     try:
         importlib.import_module(module_name)
@@ -135,9 +135,9 @@ def _import_module(what: str, source: dict, where: str) -> None:
     except ConfigError:
         raise
     except Exception as exc:
-        raise ConfigError(f"{what}: importing {module_name} failed: {one_line(exc)}") from None
+        raise ConfigError(f"{what}: importing {module_name} failed: {user_error(exc)}") from chained(exc)
     if not path or not os.path.isfile(path):
-        raise ConfigError(f"{what}: its module {module_name} ({path or 'no file'}, recorded in {where}) is gone")
+        raise ConfigError(f"{what}: its module {module_name} ({path or 'no file'}, recorded in {where}) is gone{hint}")
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
@@ -147,4 +147,4 @@ def _import_module(what: str, source: dict, where: str) -> None:
         raise
     except Exception as exc:
         del sys.modules[module_name]
-        raise ConfigError(f"{what}: cannot load its module {path}: {one_line(exc)}") from None
+        raise ConfigError(f"{what}: cannot load its module {path}: {user_error(exc)}") from chained(exc)

@@ -26,18 +26,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
-import importlib.machinery
-import importlib.util
 import inspect
 import os
-import sys
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from mhjax.config import CONFIG_MODULE, ConfigError, chained, exec_config_file, user_error
+from mhjax.config import ConfigError
+from mhjax.data.plugins import import_module, run_config_file, source_of
 
 
 class Batch(NamedTuple):
@@ -105,19 +102,6 @@ PARAM_TYPES = (bool, int, float, str, type(None))  # a task parameter's value (a
 _REGISTRY: dict[str, Task] = {}
 
 
-def _source(fn) -> dict:
-    """Where ``fn`` was defined: a config file (loaded by path) or an importable module."""
-    module_name = getattr(fn, "__module__", None) or "__main__"
-    path = getattr(sys.modules.get(module_name), "__file__", None) or getattr(fn, "__globals__", {}).get("__file__")
-    function = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
-    if module_name == CONFIG_MODULE and path:
-        return {"config": os.path.abspath(path), "function": function}
-    source = {"module": module_name, "function": function}
-    if path:
-        source["file"] = os.path.abspath(path)
-    return source
-
-
 def register_task(name: str, sample: Callable, *, batch=None, targets=None, params: dict | None = None) -> Task:
     """Register ``sample`` (and its optional batched and targets forms) under ``name``;
     ``params``: {parameter: default}, passed to every form as keywords.
@@ -129,7 +113,7 @@ def register_task(name: str, sample: Callable, *, batch=None, targets=None, para
     if not callable(sample):
         raise ConfigError(f"task {name!r}: sample must be a function (key, length, vocab_size), got {sample!r}")
     params = _check_params(name, sample, params)
-    task = Task(name, sample, batch, targets, _source(sample), params)
+    task = Task(name, sample, batch, targets, source_of(sample), params)
     old = _REGISTRY.get(name)
     if old is not None and _identity(old) != _identity(task):
         raise ConfigError(f"task {name!r}: already registered by {old.label()}; {task.label()} needs another name")
@@ -247,51 +231,12 @@ def restore(recorded: dict, where: str, allow_changed: bool | None = None) -> No
         if name in _REGISTRY or not isinstance(source, dict):
             continue
         if source.get("config"):
-            _run_config_file(name, source["config"], where)
+            run_config_file(f"task {name!r}", source["config"], where, f"; {HOW_TO_REGISTER}")
         elif source.get("module") and source["module"] != "__main__":
-            _import_module(name, source, where)
+            import_module(f"task {name!r}", source, where, f"; {HOW_TO_REGISTER}")
         if name not in _REGISTRY:
             origin = source.get("config") or source.get("module", "?")
             raise ConfigError(
                 f"task {name!r}: {origin} (recorded in {where}) no longer registers it "
                 f"(function {source.get('function', '?')}); {HOW_TO_REGISTER}"
             )
-
-
-def _run_config_file(name: str, path: str, where: str) -> None:
-    if not os.path.isfile(path):
-        raise ConfigError(f"task {name!r}: its config file {path} (recorded in {where}) is gone; {HOW_TO_REGISTER}")
-    try:
-        exec_config_file(path)
-    except ConfigError:
-        raise
-    except Exception as exc:
-        raise ConfigError(f"task {name!r}: cannot load its config file {path}: {user_error(exc)}") from chained(exc)
-
-
-def _import_module(name: str, source: dict, where: str) -> None:
-    module_name, path = source["module"], source.get("file")
-    try:
-        importlib.import_module(module_name)
-        return
-    except ImportError:
-        pass
-    except ConfigError:
-        raise
-    except Exception as exc:
-        raise ConfigError(f"task {name!r}: importing {module_name} failed: {user_error(exc)}") from chained(exc)
-    if not path or not os.path.isfile(path):
-        raise ConfigError(
-            f"task {name!r}: its module {module_name} ({path or 'no file'}, recorded in {where}) is gone; "
-            f"{HOW_TO_REGISTER}"
-        )
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except ConfigError:
-        raise
-    except Exception as exc:
-        del sys.modules[module_name]
-        raise ConfigError(f"task {name!r}: cannot load its module {path}: {user_error(exc)}") from chained(exc)
