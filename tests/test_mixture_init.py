@@ -212,7 +212,7 @@ def test_lanczos_64_steps_match_the_dense_hessian():
     scale = np.abs(eigs).max()
     assert float(out["hessian_max"]) == pytest.approx(eigs[-1], abs=1e-3 * scale)
     assert float(out["hessian_min"]) == pytest.approx(eigs[0], abs=1e-3 * scale)
-    assert float(out["step_times_hessian_max"]) == pytest.approx(float(consts["step_size"]) * float(out["hessian_max"]))
+    assert float(out["step_times_hessian_max"]) == pytest.approx(float(consts.step_size) * float(out["hessian_max"]))
 
 
 @pytest.mark.parametrize(

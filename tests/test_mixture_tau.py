@@ -6,6 +6,7 @@ where every head is the same: head_spread 0); results.json records the init."""
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -48,7 +49,7 @@ def test_random_decoders_approach_zero_plus_step_as_tau_shrinks():
     draws = {}
     for member in experiment.members:
         if member["heads"] == 4:
-            consts = {k: jnp.asarray(v) for k, v in experiment.member_constants(member).items()}
+            consts = jax.tree_util.tree_map(jnp.asarray, experiment.member_constants(member))
             recipe.takes_step = False
             draws[member["init_tau"]] = np.asarray(recipe.init_params(consts)["U"])
     np.testing.assert_allclose(draws[0.1], 10 * draws[0.01], rtol=1e-5, atol=1e-8)

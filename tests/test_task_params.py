@@ -67,8 +67,8 @@ def test_a_swept_task_parameter_makes_members_that_share_their_keys():
     assert experiment.members[0].hparams == {"task": "copy", "heads": 2, "seed": 0, "learning_rate": 3e-3}
     one, two = (experiment.member_constants(m) for m in experiment.members[1:])
     for field in ("key", "data_key", "eval_key"):  # parameters stay out of every key: a paired comparison
-        np.testing.assert_array_equal(one[field], two[field])
-    assert (one["task_id"], two["task_id"]) == (1, 2)
+        np.testing.assert_array_equal(getattr(one, field), getattr(two, field))
+    assert (one.task_id, two.task_id) == (1, 2)
     # A member trained in the sweep equals the same member trained alone with its value fixed.
     alone = make_experiment(
         apply_overrides(tiny_sequence_config(task=("recall",), heads=(2,)), {"task_params.recall.pairs": "2"})

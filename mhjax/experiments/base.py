@@ -42,9 +42,10 @@ class Experiment:
         """The sweep's compiled programs under ``strategy`` on ``backend``."""
         raise NotImplementedError
 
-    def member_constants(self, member: Member) -> dict:
-        """One member's numeric settings (keys, head count, step size, data...): numpy leaves,
-        stacked over each program's members and passed to its recipe."""
+    def member_constants(self, member: Member):
+        """One member's numeric settings (keys, head count, step size, data...) as the
+        experiment's NamedTuple (experiments/constants.py): numpy leaves, stacked over each
+        program's members and passed to its recipe."""
         raise NotImplementedError
 
     def member_info(self, member: Member) -> dict:

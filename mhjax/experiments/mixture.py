@@ -69,6 +69,7 @@ from mhjax.data import mixture_data
 from mhjax.data.mixture_data import HostSampler
 from mhjax.experiments import mixture_access, mixture_checks, mixture_results
 from mhjax.experiments.base import Experiment, FigureRequest
+from mhjax.experiments.constants import MixtureConstants
 from mhjax.experiments.mixture_config import parts, setting, validate
 from mhjax.models import classifier, mixture_parts
 from mhjax.train.console import Column, SummaryTable
@@ -123,7 +124,7 @@ class MixtureRecipe(Recipe):
 
     # -- model pieces ---------------------------------------------------
     def phi(self, params, X, consts):
-        return classifier.classifier_apply(params, X, consts["head_mask"], consts["heads"], self.query, self.attention)
+        return classifier.classifier_apply(params, X, consts.head_mask, consts.heads, self.query, self.attention)
 
     def apply_single(self, consts):
         """(params, x (T, d)) -> scalar Phi of this member (its own head mask and H)."""
@@ -133,12 +134,12 @@ class MixtureRecipe(Recipe):
         """Mean loss over the member's own n examples (padding left out)."""
         return classifier.margin_loss(
             params,
-            consts["X"],
-            consts["y"],
-            consts["head_mask"],
-            consts["heads"],
+            consts.X,
+            consts.y,
+            consts.head_mask,
+            consts.heads,
             self.query,
-            consts["weights"],
+            consts.weights,
             loss=self.margin_loss,
             phi=self.attention,
         )
@@ -146,20 +147,20 @@ class MixtureRecipe(Recipe):
     # -- engine protocol --------------------------------------------------
     def init_params(self, consts):
         base = "zero" if self.scheme == "zero_plus_step" else self.scheme
-        key = jax.random.fold_in(consts["key"], 0)
+        key = jax.random.fold_in(consts.key, 0)
         params = classifier.init_params(
-            key, self.shape, self.max_heads, base, consts["tau"], query=self.query, head_mask=consts["head_mask"]
+            key, self.shape, self.max_heads, base, consts.tau, query=self.query, head_mask=consts.head_mask
         )
         if self.takes_step:
             params, _ = classifier.gd_step(
                 params,
-                consts["X"],
-                consts["y"],
-                consts["first_step"],
-                consts["head_mask"],
-                consts["heads"],
+                consts.X,
+                consts.y,
+                consts.first_step,
+                consts.head_mask,
+                consts.heads,
                 self.query,
-                consts["weights"],
+                consts.weights,
                 loss=self.margin_loss,
                 phi=self.attention,
             )
@@ -167,32 +168,32 @@ class MixtureRecipe(Recipe):
 
     def optimizer(self, consts):
         # The rule's step until the member's own K, then 0: members with different K share one program.
-        rate = lambda count: jnp.where(count < consts["own_steps"], self.step_rule(count, consts["step_size"]), 0.0)
+        rate = lambda count: jnp.where(count < consts.own_steps, self.step_rule(count, consts.step_size), 0.0)
         return optax.inject_hyperparams(optax.sgd)(learning_rate=rate)
 
     def loss(self, params, consts, step):
         return self.train_loss(params, consts), {}
 
     def evaluate(self, params, consts):
-        test_margins = consts["y_test"] * self.phi(params, consts["X_test"], consts)
-        margins = consts["y"] * self.phi(params, consts["X"], consts)
+        test_margins = consts.y_test * self.phi(params, consts.X_test, consts)
+        margins = consts.y * self.phi(params, consts.X, consts)
         loss_fn = functools.partial(self.train_loss, consts=consts)
         loss, grads = jax.value_and_grad(loss_fn)(params)
         grad_norm = jnp.linalg.norm(ravel_pytree(grads)[0])
         lam_min, lam_max = ntk.hessian_extreme_eigs(
-            loss_fn, params, num_iters=self.lanczos_iters, key=jax.random.fold_in(consts["key"], 1)
+            loss_fn, params, num_iters=self.lanczos_iters, key=jax.random.fold_in(consts.key, 1)
         )
-        heads = jnp.asarray(consts["heads"], jnp.float32)
+        heads = jnp.asarray(consts.heads, jnp.float32)
         theta0 = self.init_params(consts)
         out = {
             "distance_from_init": jnp.linalg.norm(ravel_pytree(params)[0] - ravel_pytree(theta0)[0]),
             "test_loss": jnp.mean(self.margin_loss(test_margins)),
             "test_accuracy": jnp.mean(test_margins > 0),
             "train_loss_eval": loss,
-            "train_accuracy": jnp.sum(consts["weights"] * (margins > 0)) / consts["num_train"],
+            "train_accuracy": jnp.sum(consts.weights * (margins > 0)) / consts.num_train,
             "hessian_min": lam_min,
             "hessian_max": lam_max,
-            "step_times_hessian_max": consts["step_size"] * lam_max,
+            "step_times_hessian_max": consts.step_size * lam_max,
         }
         if self.exponential_tail:  # ratios to L that the theory reads only under an exponential tail
             out["grad_norm_over_loss"] = grad_norm / loss
@@ -296,26 +297,26 @@ class MixtureExperiment(Experiment):
         return self._test_data[seed]
 
     # -- engine protocol ---------------------------------------------------
-    def member_constants(self, member: Member) -> dict:
+    def member_constants(self, member: Member) -> MixtureConstants:
         X, y = self.train_data(member["seed"])
         X_test, y_test = self.test_data(member["seed"])
         n, eta = member["num_train"], float(member["step_size"])
         first = setting(self.config, "init.first_step")
-        return {
-            "key": derive_key(self.config.seed, member["seed"], self._key_names[member.name]),
-            "tau": np.float32(member["init_tau"]),
-            "X": X,
-            "y": y,
-            "X_test": X_test,
-            "y_test": y_test,
-            "weights": (np.arange(self.max_train) < n).astype(np.float32),
-            "num_train": np.float32(n),
-            "heads": np.int32(member["heads"]),
-            "head_mask": (np.arange(self.max_heads) < member["heads"]).astype(np.float32),
-            "step_size": np.float32(eta),
-            "first_step": np.float32(eta if first is None else first),
-            "own_steps": np.int32(own_steps(self.config, n)),
-        }
+        return MixtureConstants(
+            key=derive_key(self.config.seed, member["seed"], self._key_names[member.name]),
+            tau=np.float32(member["init_tau"]),
+            X=X,
+            y=y,
+            X_test=X_test,
+            y_test=y_test,
+            weights=(np.arange(self.max_train) < n).astype(np.float32),
+            num_train=np.float32(n),
+            heads=np.int32(member["heads"]),
+            head_mask=(np.arange(self.max_heads) < member["heads"]).astype(np.float32),
+            step_size=np.float32(eta),
+            first_step=np.float32(eta if first is None else first),
+            own_steps=np.int32(own_steps(self.config, n)),
+        )
 
     def programs(self, strategy: str, backend: str):
         """One program for every member (head counts padded to H_max, training sets to n_max)."""

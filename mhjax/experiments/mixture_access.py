@@ -110,9 +110,9 @@ def ntk(experiment, name: str, padded_params, step: int) -> NTK:
     member = experiment.members[member_index(experiment, name)]
     n = int(member["num_train"])
     params = jax.tree_util.tree_map(jnp.asarray, padded_params)
-    fn = jax.jit(lambda p, c: ntk_lib.ntk_gram(recipe.apply_single(c), p, c["X"], chunk_size=min(64, recipe.max_train)))
+    fn = jax.jit(lambda p, c: ntk_lib.ntk_gram(recipe.apply_single(c), p, c.X, chunk_size=min(64, recipe.max_train)))
     gram = np.asarray(fn(params, consts))[:n, :n]
-    margin, gap, info = member_margin(gram, np.asarray(consts["y"])[:n], solver_settings(experiment.config))
+    margin, gap, info = member_margin(gram, np.asarray(consts.y)[:n], solver_settings(experiment.config))
     return NTK(int(step), gram, margin, gap, info["radius"])
 
 

@@ -31,8 +31,8 @@ def start_values(recipe, consts):
     """(Phi, loss, gradient, Gram) finite at theta_0 of one member: 4 booleans."""
     theta0 = recipe.init_params(consts)
     loss, grads = jax.value_and_grad(recipe.train_loss)(theta0, consts)
-    gram = ntk.ntk_gram(recipe.apply_single(consts), theta0, consts["X"], chunk_size=min(64, recipe.max_train))
-    phi = recipe.phi(theta0, consts["X"], consts)
+    gram = ntk.ntk_gram(recipe.apply_single(consts), theta0, consts.X, chunk_size=min(64, recipe.max_train))
+    phi = recipe.phi(theta0, consts.X, consts)
     return jnp.stack([_finite(phi), jnp.isfinite(loss), _finite(grads), _finite(gram)])
 
 
@@ -51,9 +51,9 @@ def check_theta0(experiment) -> None:
     member = experiment.members[program.members[j]]
     failed = [name for name, good in zip(CHECKS, ok[j]) if not good]
     what = f"theta_0 of member {member.name} gives a non-finite {' and '.join(failed)}"
-    tau = float(consts["tau"][j])
+    tau = float(consts.tau[j])
     if tau > 1:
-        capped = dict(consts, tau=np.minimum(consts["tau"], np.float32(1.0)))
+        capped = consts._replace(tau=np.minimum(consts.tau, np.float32(1.0)))
         if np.asarray(run(capped))[j].all():
             field = "sweep.init_tau" if "init_tau" in experiment.config.sweep else "init.tau"
             raise ConfigError(f"config.{field}: {what} at tau = {tau:g} (finite at tau = 1); use a smaller tau")

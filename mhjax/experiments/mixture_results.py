@@ -64,11 +64,11 @@ def _member_pieces(recipe, params_K, consts):
     """(NTK Gram at theta_0 over all max_train examples, ||theta_K - theta_0||, head spread at
     theta_K, L(theta_K), head spread at theta_0, L(theta_0)) of one member."""
     theta0 = recipe.init_params(consts)
-    gram = ntk.ntk_gram(recipe.apply_single(consts), theta0, consts["X"], chunk_size=min(64, recipe.max_train))
+    gram = ntk.ntk_gram(recipe.apply_single(consts), theta0, consts.X, chunk_size=min(64, recipe.max_train))
     distance = jnp.linalg.norm(ravel_pytree(params_K)[0] - ravel_pytree(theta0)[0])
-    spread_init = head_spread(theta0, consts["head_mask"])
+    spread_init = head_spread(theta0, consts.head_mask)
     final, initial = recipe.train_loss(params_K, consts), recipe.train_loss(theta0, consts)
-    return gram, distance, head_spread(params_K, consts["head_mask"]), final, spread_init, initial
+    return gram, distance, head_spread(params_K, consts.head_mask), final, spread_init, initial
 
 
 def _ratio(margin, radius) -> float | None:

@@ -17,6 +17,7 @@ from mhjax.analysis.metrics import learned_head_weights
 from mhjax.data import sequences, tasks
 from mhjax.experiments import sequence_results, task_params
 from mhjax.experiments.base import Experiment
+from mhjax.experiments.constants import SequenceConstants
 from mhjax.experiments.sequence_config import requested_attention, scan_layers, validate
 from mhjax.models import cost, count_params, flops
 from mhjax.models.attention_choice import AUTO, JAX, AttentionChoice, resolve_attention
@@ -61,18 +62,18 @@ class SequenceRecipe(Recipe):
         self.tasks = task_params.bound_tasks(config)  # a member's task_id indexes these
 
     def _heads(self, consts):
-        return None if self.static_heads else consts["heads"]
+        return None if self.static_heads else consts.heads
 
     def init_params(self, consts):
         dummy = jnp.zeros((1, self.length), jnp.int32)
-        return self.model.init(jax.random.fold_in(consts["key"], 0), dummy)["params"]
+        return self.model.init(jax.random.fold_in(consts.key, 0), dummy)["params"]
 
     def optimizer(self, consts):
         # Adam as the reference (beta 0.9/0.999, eps 1e-8); lr lives in the state so it can be vmapped.
-        return optax.inject_hyperparams(optax.adam)(learning_rate=consts["learning_rate"])
+        return optax.inject_hyperparams(optax.adam)(learning_rate=consts.learning_rate)
 
     def _data_keys(self, consts):
-        data = consts["data_key"]
+        data = consts.data_key
         return {
             "dataset": jax.random.fold_in(data, 0),
             "shuffle": jax.random.fold_in(data, 1),
@@ -82,7 +83,7 @@ class SequenceRecipe(Recipe):
     def loss(self, params, consts, step):
         tokens, targets, weights = sequences.train_batch(
             self._data_keys(consts),
-            consts["task_id"],
+            consts.task_id,
             step,
             protocol=self.protocol,
             num_train=self.num_train,
@@ -91,7 +92,7 @@ class SequenceRecipe(Recipe):
             vocab_size=self.vocab,
             tasks=self.tasks,
         )
-        dropout_key = jax.random.fold_in(jax.random.fold_in(consts["key"], 1), step)
+        dropout_key = jax.random.fold_in(jax.random.fold_in(consts.key, 1), step)
         logits = self.model.apply(
             {"params": params}, tokens, self._heads(consts), deterministic=False, rngs={"dropout": dropout_key}
         )
@@ -100,7 +101,7 @@ class SequenceRecipe(Recipe):
     def evaluate(self, params, consts):
         """Held-out loss and token accuracy in eval mode (no dropout), in batches."""
         batch = sequences.eval_batch(
-            consts["eval_key"], consts["task_id"], self.num_eval, self.length, self.vocab, self.tasks
+            consts.eval_key, consts.task_id, self.num_eval, self.length, self.vocab, self.tasks
         )
         usable = (self.num_eval // self.eval_batch) * self.eval_batch
         shape = (-1, self.eval_batch, self.length)
@@ -130,18 +131,16 @@ class SequenceExperiment(Experiment):
         # Members differing only in learning rate or a task parameter share their draws (paired comparison).
         self._key_names = key_names(config.sweep, self.members, shared=("learning_rate",), leading="task")
 
-    def member_constants(self, member: Member) -> dict:
-        root = self.config.seed
-        task = member["task"]
-        return {
-            "key": derive_key(root, member["seed"], self._key_names[member.name]),
-            # Data keys depend on (seed, task) only: head counts of a seed see the same data.
-            "data_key": derive_key(root, member["seed"], "data", task),
-            "eval_key": derive_key(root, member["seed"], "eval", task),
-            "task_id": np.int32(task_params.task_index(self.tasks, member)),
-            "heads": np.int32(member["heads"]),
-            "learning_rate": np.float32(member["learning_rate"]),
-        }
+    def member_constants(self, member: Member) -> SequenceConstants:
+        root, task = self.config.seed, member["task"]
+        return SequenceConstants(
+            key=derive_key(root, member["seed"], self._key_names[member.name]),
+            data_key=derive_key(root, member["seed"], "data", task),
+            eval_key=derive_key(root, member["seed"], "eval", task),
+            task_id=np.int32(task_params.task_index(self.tasks, member)),
+            heads=np.int32(member["heads"]),
+            learning_rate=np.float32(member["learning_rate"]),
+        )
 
     def programs(self, strategy: str, backend: str) -> list[Program]:
         """The compiled programs of the sweep under ``strategy``.

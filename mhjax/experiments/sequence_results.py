@@ -18,7 +18,7 @@ from mhjax.train.placement import to_host
 def held_out(experiment, member) -> Batch:
     """The held-out sequences the loop's evaluation averages over (numpy)."""
     m, d, consts = experiment.config.model, experiment.config.data, experiment.member_constants(member)
-    batch = experiment.tasks[int(consts["task_id"])].draw(consts["eval_key"], d.num_eval, m.seq_len, m.vocab_size)
+    batch = experiment.tasks[int(consts.task_id)].draw(consts.eval_key, d.num_eval, m.seq_len, m.vocab_size)
     usable = (d.num_eval // min(d.num_eval, d.batch_size)) * min(d.num_eval, d.batch_size)
     return Batch(*(np.asarray(a)[:usable] for a in batch))
 

@@ -108,7 +108,7 @@ def analyze_workdir(
     members = {}
     for member in experiment.members:
         state = member_states[member.name]
-        task_id = int(experiment.member_constants(member)["task_id"])
+        task_id = int(experiment.member_constants(member).task_id)
         task = experiment.tasks[task_id]  # the member's task with its parameters bound
         if task_id not in batches:
             batches[task_id] = task_sequences(task, sequences, num_sequences, seed, m.seq_len, m.vocab_size)
