@@ -7,7 +7,6 @@ same step directory, the host records (train/records.py).
 from __future__ import annotations
 
 import glob
-import logging
 import os
 import shutil
 import sys
@@ -157,26 +156,14 @@ def _loop_closed(exc) -> bool:
     return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
 
 
-_logged_closed_loop = threading.Event()
-
-
-def _log_closed_loop() -> None:
-    """One line in mhjax.log (the library's log) for the first of them; the rest are the same."""
-    if not _logged_closed_loop.is_set():
-        _logged_closed_loop.set()
-        logging.getLogger(__name__).warning(
-            "checkpoint I/O: tensorstore callbacks of a failed read or write found orbax's event loop "
-            "closed (harmless; later ones are dropped without a record)"
-        )
-
-
 def _quiet_abandoned_io() -> None:
     """After a failed read or write (a full disk: hundreds of tensorstore writes in flight),
     tensorstore still completes the operation's other requests and hands them to the asyncio loop
     orbax has already closed; each reports "Event loop is closed" from a callback thread (as an
     unraisable exception, or through sys.excepthook or threading.excepthook, depending on the
     thread): on a 12 MB tmpfs, over a thousand tracebacks on stderr around our one-line error.
-    They are harmless: drop exactly those (one record in the log) and pass everything else on.
+    They are harmless: drop exactly those and pass everything else on. (Not even to the log: they
+    can fire after the command has ended and restored the handlers of whoever called it.)
     Installed before a restore or save starts, since the callbacks may fire before the error
     surfaces."""
     if getattr(sys.unraisablehook, "_mhjax_quiet", False):
@@ -184,21 +171,15 @@ def _quiet_abandoned_io() -> None:
     unraisable, excepthook, thread_hook = sys.unraisablehook, sys.excepthook, threading.excepthook
 
     def quiet_unraisable(info):
-        if _loop_closed(info.exc_value):
-            _log_closed_loop()
-        else:
+        if not _loop_closed(info.exc_value):
             unraisable(info)
 
     def quiet_excepthook(kind, exc, tb):
-        if _loop_closed(exc):
-            _log_closed_loop()
-        else:
+        if not _loop_closed(exc):
             excepthook(kind, exc, tb)
 
     def quiet_thread_hook(args):
-        if _loop_closed(args.exc_value):
-            _log_closed_loop()
-        else:
+        if not _loop_closed(args.exc_value):
             thread_hook(args)
 
     quiet_unraisable._mhjax_quiet = True
