@@ -15,7 +15,7 @@ import re
 from collections import defaultdict
 
 # The HLO text reader is the package's (the deviceless GPU compile counts bytes the same way).
-from mhjax.train.hlo import CALLED, FREE, INSTRUCTION
+from mhjax.train.hlo import FREE, INSTRUCTION, top_level
 from mhjax.train.hlo import computations as _computations
 from mhjax.train.hlo import type_bytes as _bytes
 
@@ -36,15 +36,8 @@ PARTS = (
 def bytes_by_part(hlo_text: str) -> dict[str, float]:
     """{model part: bytes accessed} of an optimised HLO module (compiled.as_text())."""
     comps, entry = _computations(hlo_text)
-    top, todo = set(), [entry]
-    while todo:
-        name = todo.pop()
-        if name in top or name not in comps:
-            continue
-        top.add(name)
-        todo += [callee for line in comps[name] for callee in CALLED.findall(line)]
     out = defaultdict(float)
-    for name in top:
+    for name in top_level(comps, entry):
         sizes = {}
         for line in comps[name]:
             result, rhs = line.split(" = ", 1)
