@@ -83,8 +83,12 @@ def programs_of(experiment, strategy: str) -> list[Program]:
 
 
 def experiment_with(config, attention: str) -> SequenceExperiment:
+    """The sweep at ``attention``, its layers unrolled: XLA's cost analysis counts a loop's body
+    once, so a scanned step (config.model.scan_layers, on by default for accelerators) would
+    count one layer of num_layers. The step's arithmetic and traffic per layer are the same."""
     config = copy.deepcopy(config)
     config.attention = attention
+    config.model.scan_layers = "off"
     return SequenceExperiment(config)
 
 

@@ -46,6 +46,7 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default=str(ROOT / "configs" / "paper.py"))
     parser.add_argument("--attention", default="pallas", choices=("pallas", "jax"))
     parser.add_argument("--strategy", default="one_program")
+    parser.add_argument("--scan-layers", default="off", choices=("off", "on"), help="config.model.scan_layers")
     args = parser.parse_args(argv)
     from jax.experimental import topologies
     from jax.sharding import NamedSharding, PartitionSpec
@@ -55,6 +56,10 @@ def main(argv=None) -> int:
     sharding = NamedSharding(topologies.make_mesh(topology, (1,), ("x",)), PartitionSpec())
     config = copy.deepcopy(load_config(args.config))
     config.attention, config.strategy = args.attention, args.strategy
+    # the walk charges a top-level op once and a fusion reading part of an operand the whole
+    # operand: a scanned step's loop and stacked buffers would be miscounted (cost_model.py counts
+    # unrolled layers too); --scan-layers on measures the scanned program with that caveat
+    config.model.scan_layers = args.scan_layers
     experiment = SequenceExperiment(config)
     programs = experiment.programs(args.strategy, "gpu")  # resolved for a GPU: the kernel compiled, not interpreted
     on_device = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)  # noqa: E731

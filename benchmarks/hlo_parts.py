@@ -2,11 +2,12 @@
 
 XLA's cost analysis gives one total; this walks the optimised HLO text instead: every
 instruction of the entry computation and of the computations it calls as loop bodies or
-conditions (not the insides of fusions: a fusion moves its operands and its result once) is
+conditions, times their trip counts (not the insides of fusions: a fusion moves its operands and its result once) is
 charged its result's bytes plus its operands' bytes, as HloCostAnalysis charges an unfused
 or fused op, and attributed by the op_name JAX wrote into its metadata (the Flax module path:
-``block_0/ln1``, ``mlp_in``, ``readout``...). Approximate (a fusion that reads a slice of an
-operand is charged the whole operand); its total is printed beside XLA's for that reason.
+``block_0/ln1``, ``mlp_in``, ``readout``...). Approximate (train/hlo.py's rules: a fusion that
+reads a slice of an operand is charged the whole operand unless the slice is its root); its
+total is printed beside XLA's for that reason.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ import re
 from collections import defaultdict
 
 # The HLO text reader is the package's (the deviceless GPU compile counts bytes the same way).
-from mhjax.train.hlo import FREE, INSTRUCTION, top_level
-from mhjax.train.hlo import computations as _computations
-from mhjax.train.hlo import type_bytes as _bytes
+from mhjax.train.hlo import kernels
 
 # (part, substrings of "op_name op"), first match wins
 PARTS = (
@@ -34,23 +33,12 @@ PARTS = (
 
 
 def bytes_by_part(hlo_text: str) -> dict[str, float]:
-    """{model part: bytes accessed} of an optimised HLO module (compiled.as_text())."""
-    comps, entry = _computations(hlo_text)
+    """{model part: bytes accessed} of an optimised HLO module (compiled.as_text()): train/hlo.py's
+    walk (loop bodies times their trip counts), each op attributed by its metadata."""
     out = defaultdict(float)
-    for name in top_level(comps, entry):
-        sizes = {}
-        for line in comps[name]:
-            result, rhs = line.split(" = ", 1)
-            match = INSTRUCTION.match(rhs)
-            if not match:
-                continue
-            out_type, op, args = match.groups()
-            sizes[result] = _bytes(out_type)
-            if op in FREE:
-                continue
-            operands = sum(sizes.get(a.strip().split()[-1], 0) for a in args.split(",") if a.strip())
-            meta = re.search(r'op_name="([^"]*)"', line)
-            label = f"{meta.group(1) if meta else ''} {op}"
-            part = next((p for p, keys in PARTS if any(k in label for k in keys)), "other")
-            out[part] += sizes[result] + operands
+    for line, op, moved in kernels(hlo_text, weighted=True):
+        meta = re.search(r'op_name="([^"]*)"', line)
+        label = f"{meta.group(1) if meta else ''} {op}"
+        part = next((p for p, keys in PARTS if any(k in label for k in keys)), "other")
+        out[part] += moved
     return dict(out)
