@@ -12,14 +12,14 @@ Variants of the attention core that the library does not use are measured by swa
   bf16  scores (and the F x F mixing) in bf16, softmax in fp32, probabilities handed to the
         value product in bf16 with fp32 accumulation.
 The programs must run the JAX attention path (config.attention = "jax"): a kernel is an
-opaque custom call whose cost XLA cannot see. The exception is the Pallas kernel (variant
-``pallas``, programs built with config.attention = "pallas"): its interpret-mode program
-would be counted as loops, so for the compile the kernel (pallas_attention.members_attention,
-which plain heads also run) is replaced by a stand-in custom call with the same inputs and
-outputs (forward and backward; a layout's groups as one call, since they write in place),
-which XLA counts as -1 FLOP and -1 byte each (added back); the kernel's own HBM traffic and
-FLOPs are then added analytically (pallas_attention.kernel_cost, per layer and member at its
-head count).
+opaque custom call whose cost XLA cannot see. The exception is the Pallas kernels (variant
+``pallas``, programs built with config.attention = "pallas"): their interpret-mode programs
+would be counted as loops, so for the compile each kernel (pallas_attention.members_attention,
+which plain heads also run; pallas_block.norm_dense and mlp_block) is replaced by a stand-in
+custom call with the same inputs and outputs (forward and backward; a layout's groups as one
+call, since they write in place), which XLA counts as -1 FLOP and -1 byte each (added back);
+the kernels' own HBM traffic and FLOPs are then added analytically (kernel_cost: per layer
+and member, attention at its head count).
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from hlo_parts import bytes_by_part
 
-from mhjax.models import attention, pallas_attention
+from mhjax.models import attention, pallas_attention, pallas_block
 from mhjax.train import engine
 from mhjax.train.loop import stack_constants
 
@@ -116,40 +117,80 @@ def _kernel_stand_in_bwd(layout, residuals, dout):
 _kernel_stand_in.defvjp(_kernel_stand_in_fwd, _kernel_stand_in_bwd)
 
 
+def _like(*arrays):
+    return tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays)
+
+
+def _dense_out(x, scale, kernel, bias):
+    """pallas_block.norm_dense's output, (..., F)."""
+    return _opaque((jax.ShapeDtypeStruct((*x.shape[:-1], kernel.shape[1]), x.dtype),), x, scale, kernel, bias)[0]
+
+
+_dense_stand_in = jax.custom_vjp(_dense_out)
+_dense_stand_in.defvjp(lambda *args: (_dense_out(*args), args), lambda args, dout: _opaque(_like(*args), *args, dout))
+
+
+def _mlp_out(x, seed, *weights):
+    """pallas_block.mlp_block's output, x's shape."""
+    return _opaque(_like(x), x, seed, *weights)[0]
+
+
+def _mlp_stand_in_bwd(residuals, dout):
+    x, seed, weights = residuals
+    grads = _opaque(_like(x, *weights), x, seed, *weights, dout)
+    return grads[0], np.zeros(seed.shape, jax.dtypes.float0), *grads[1:]
+
+
+_mlp_stand_in = jax.custom_vjp(_mlp_out)
+_mlp_stand_in.defvjp(lambda x, seed, *w: (_mlp_out(x, seed, *w), (x, seed, w)), _mlp_stand_in_bwd)
+
+# The Pallas kernels (models/pallas_attention.py, models/pallas_block.py) and their stand-ins.
+KERNEL_STAND_INS = (
+    (pallas_attention, "members_attention", lambda qkv, seeds, layout, *_: _kernel_stand_in(qkv, seeds, layout)),
+    (pallas_block, "norm_dense", lambda x, scale, kernel, bias, *_: _dense_stand_in(x, scale, kernel, bias)),
+    (
+        pallas_block,
+        "mlp_block",
+        lambda x, scale, w_in, b_in, w_out, b_out, seed, *_: _mlp_stand_in(x, seed, scale, w_in, b_in, w_out, b_out),
+    ),
+)
+
+
 @contextlib.contextmanager
 def variant(name: str | None):
     """Run the block with attention variant ``name`` (None: the library's own)."""
     if name is None:
         yield
         return
-    module, field, replacement = (
-        (
-            pallas_attention,
-            "members_attention",
-            lambda qkv, seeds, layout, *_: _kernel_stand_in(qkv, seeds, layout),
-        )
-        if name == KERNEL_VARIANT
-        else (attention, "jax_attention", VARIANTS[name])
-    )
-    original = getattr(module, field)
-    setattr(module, field, replacement)
+    swaps = KERNEL_STAND_INS if name == KERNEL_VARIANT else ((attention, "jax_attention", VARIANTS[name]),)
+    originals = [(module, field, getattr(module, field)) for module, field, _ in swaps]
+    for module, field, replacement in swaps:
+        setattr(module, field, replacement)
     try:
         yield
     finally:
-        setattr(module, field, original)
+        for module, field, original in originals:
+            setattr(module, field, original)
 
 
 def kernel_cost(experiment, programs) -> tuple[float, float]:
-    """(FLOPs, bytes) of the Pallas kernel's calls in one step of ``programs``, summed over
-    members and layers: each member at the static head count its group runs."""
+    """(FLOPs, bytes) of the Pallas kernels' calls in one step of ``programs``, summed over
+    members and layers: the attention kernel of each member at the static head count its group
+    runs, and per layer the projection's norm_dense and the MLP block (pallas_block)."""
     m, batch = experiment.config.model, experiment.config.data.batch_size
+    rows = batch * m.seq_len
+    block = [
+        pallas_block.norm_dense_cost(rows, m.width, 3 * m.width),
+        pallas_block.mlp_block_cost(rows, m.width, m.mlp_dim),
+    ]
     flops = nbytes = 0.0
     for groups in experiment.program_groups(programs):
         for members, heads, mixed in groups:
             if mixed:
                 raise ValueError("the Pallas kernel runs static head counts only (not fused over several)")
-            f, b, _ = pallas_attention.kernel_cost(batch, m.seq_len, m.width, heads)
-            flops, nbytes = flops + members * m.num_layers * f, nbytes + members * m.num_layers * b
+            costs = [pallas_attention.kernel_cost(batch, m.seq_len, m.width, heads), *block]
+            flops += members * m.num_layers * sum(c.flops for c in costs)
+            nbytes += members * m.num_layers * sum(c.bytes for c in costs)
     return flops, nbytes
 
 

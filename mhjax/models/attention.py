@@ -100,6 +100,15 @@ class HashDropout(nn.Module):
         seed = jax.random.bits(self.make_rng("dropout") if key is None else key, (2,), jnp.uint32)
         return jnp.where(hash_keep(seed, x.shape, threshold), x * inv_keep, 0.0).astype(x.dtype)
 
+    def seed(self, deterministic: bool = True, key=None):
+        """(seed (2,) uint32, threshold, 1 / keep) of the dropout this module applies, for a
+        kernel that applies it itself (the same draw at the same module path; threshold 2^24:
+        none)."""
+        if deterministic or self.rate == 0.0:
+            return jnp.zeros((2,), jnp.uint32), 1 << 24, 1.0
+        key = self.make_rng("dropout") if key is None else key
+        return (jax.random.bits(key, (2,), jnp.uint32), *dropout_threshold(self.rate))
+
 
 def coarse_seeds(key, count: int):
     """(count, 2) uint32: the dropout seeds of coarse heads 0..count-1, from fold_in(key, c)."""
@@ -115,7 +124,7 @@ class CausalSelfAttention(nn.Module):
     interpret: bool = False  # the Pallas kernel in interpret mode (a CPU; resolve_attention decides)
 
     @nn.compact
-    def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None, dropout_key=None):
+    def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None, dropout_key=None, norm=None):
         """x: (B, T, D) -> (out (B, T, D), probs (B, F, T, T)); probs[b, f, i, j] is query i
         (receiver) attending to key j (sender); on fine heads, the fine heads of one coarse head
         carry identical rows. probs always come from the JAX path and are computed only if used
@@ -124,12 +133,20 @@ class CausalSelfAttention(nn.Module):
         ``head_mask`` (F,) scales each head's output at the input of the output projection (0
         removes a head, leaving the others untouched: head ablation); None (the default) adds
         nothing to the program. ``dropout_key``: the key make_rng("dropout") would give here,
-        derived by the caller (transformer.py's scanned layers)."""
+        derived by the caller (transformer.py's scanned layers). ``norm``: the pre-norm's scale
+        (D,) when x is the block's input, not yet normalised: the Pallas path's projection kernel
+        normalises it on chip (pallas_block.norm_dense)."""
         width = x.shape[-1]
         fine = self.num_heads
         # One (D, 3D) matmul for the three projections (parameters stay query/key/value).
         w, b = zip(*(DenseParams(width, width, name=name)() for name in ("query", "key", "value")))
-        qkv = x @ jnp.concatenate(w, axis=1) + jnp.concatenate(b)
+        w, b = jnp.concatenate(w, axis=1), jnp.concatenate(b)
+        if norm is None:
+            qkv = x @ w + b
+        else:
+            from mhjax.models import pallas_block
+
+            qkv = pallas_block.norm_dense(x, norm, w, b, self.interpret)
         q, k, v = jnp.split(qkv, 3, axis=-1)  # the Pallas kernel reads qkv itself (unused there: dead code)
         dropout = not deterministic and self.dropout_rate > 0.0
         if dropout:

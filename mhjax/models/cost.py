@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from mhjax.models.pallas_attention import kernel_cost
+from mhjax.models import pallas_block
+from mhjax.models.pallas_attention import KernelCost, kernel_cost
 
 
 class Device(NamedTuple):
@@ -100,12 +101,12 @@ SCORE_ROW = (23.0, 8.0)  # per (b, t, s) per layer, whatever F: the mask and ind
 MIXING = (4.0, 44.0)  # fused only, per score element per layer (FLOPs also x F: the F x F einsum)
 WIDTH, MLP, VOCAB = (127.0, 512.0), (6.4, 58.6), (8.4, 70.6)  # per (b, t) row and unit of D, MLP (per layer), V
 PARAM = (38.0, 99.0)  # per parameter: Adam, the divergence check, gradients
-# Under the Pallas kernel, per (b, t) row and unit of D per layer: WIDTH less what the kernel
-# reads and writes in place that the JAX path copies (its core's layout changes of q, k, v, the
-# output and their gradients; the q/k/v split and the dq/dk/dv concatenation). Fitted on XLA's
-# count of the paper sweep's one_program:pallas, 8 seeds, after issue 29 items 1 and 4: 0.773
-# GB per member-step against 0.975 by the terms above.
-KERNEL_WIDTH = (-26.5, -158.0)
+# Under the Pallas kernels (attention, the norm-and-projection and the MLP block; issue 29), per
+# (b, t) row and unit of D per layer, what XLA still counts around them: the output projection,
+# the residual adds and the gradient sums (WIDTH and MLP cover the unfused block). Fitted on
+# XLA's count of the paper sweep's one_program:pallas, 8 seeds, the kernels opaque
+# (benchmarks/hlo_cost.py): 0.194 GB and 1.00 GFLOP per member-step besides the kernels.
+KERNEL_WIDTH = (3.5, 68.0)
 
 
 class Shape(NamedTuple):
@@ -145,8 +146,14 @@ def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = Fal
     pallas_attention.kernel_cost, at static head counts only, so not with ``mixed``)."""
     b, t, d, layers, m, v = shape
     kernel = kernel and not mixed
-    attention_matmuls = 0 if kernel else 2 * t * d  # scores and values: inside the kernel's count
-    matmul = 3 * 2 * b * t * (layers * (4 * d * d + 2 * d * m + attention_matmuls) + d * v)  # forward + 2x backward
+    if kernel:  # XLA's matmuls: the output projection and the readout; the kernels count their own
+        matmul = 3 * 2 * b * t * (layers * d * d + d * v)  # forward + 2x backward
+        counts = [(KERNEL_WIDTH, layers * b * t * d), (VOCAB, b * t * v), (PARAM, shape.params())]
+        flops, nbytes = sum(c[0] * n for c, n in counts), sum(c[1] * n for c, n in counts)
+        k = kernels_cost(shape, fine)
+        kernel_flops, kernel_bytes, kernel_dots = layers * k.flops, layers * k.bytes, layers * k.dot_flops
+        return Cost(matmul + flops + kernel_flops, nbytes + kernel_bytes, matmul + kernel_dots, 0.0, kernel_bytes)
+    matmul = 3 * 2 * b * t * (layers * (4 * d * d + 2 * d * m + 2 * t * d) + d * v)  # forward + 2x backward
     scores, elements = layers * b * t * t, layers * b * fine * t * t
     counts = [
         (WIDTH, layers * b * t * d),
@@ -154,17 +161,25 @@ def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = Fal
         (VOCAB, b * t * v),
         (PARAM, shape.params()),
     ]
-    core = [(ATTENTION, elements), (SCORE_ROW, scores)] if not kernel else []
+    core = [(ATTENTION, elements), (SCORE_ROW, scores)]
     if mixed:
         core.append(((MIXING[0] * fine, MIXING[1]), elements))
     core_bytes = sum(c[1] * n for c, n in core)
     flops, nbytes = sum(c[0] * n for c, n in counts + core), sum(c[1] * n for c, n in counts) + core_bytes
-    if not kernel:
-        return Cost(matmul + flops, nbytes, matmul, core_bytes)
-    flops, nbytes = flops + KERNEL_WIDTH[0] * layers * b * t * d, nbytes + KERNEL_WIDTH[1] * layers * b * t * d
-    k = kernel_cost(b, t, d, fine)
-    kernel_flops, kernel_bytes, kernel_dots = layers * k.flops, layers * k.bytes, layers * k.dot_flops
-    return Cost(matmul + flops + kernel_flops, nbytes + kernel_bytes, matmul + kernel_dots, 0.0, kernel_bytes)
+    return Cost(matmul + flops, nbytes, matmul, core_bytes)
+
+
+def kernels_cost(shape: Shape, heads: int) -> KernelCost:
+    """One layer's Pallas kernels, forward and backward, for a member at ``heads``: attention
+    (pallas_attention.kernel_cost), the norm and q/k/v projection and the MLP block
+    (pallas_block)."""
+    b, t, d, _, m, _ = shape
+    parts = (
+        kernel_cost(b, t, d, heads),
+        pallas_block.norm_dense_cost(b * t, d, 3 * d),
+        pallas_block.mlp_block_cost(b * t, d, m),
+    )
+    return KernelCost(*(sum(column) for column in zip(*parts)))
 
 
 def device_bytes(cost: Cost, device: Device) -> float:
@@ -234,8 +249,12 @@ def sweep_cost(shape: Shape, programs, device: Device, devices: int = 1, kernel:
 
 def activation_bytes(shape: Shape, fine: int, kernel: bool = False) -> float:
     """Activations one member keeps for its backward pass: per layer the residual stream,
-    norms, q/k/v and MLP rows and the (F, T, T) scores, probabilities and dropout mask
-    (with the kernel: its output and (F, T) row statistics); plus the logits (fp32)."""
+    norms, q/k/v and MLP rows and the (F, T, T) scores, probabilities and dropout mask (with
+    the kernels, which recompute norms and the MLP: the block's input, q/k/v, the attention
+    output and (F, T) row statistics, the MLP's input); plus the logits (fp32)."""
     b, t, d, layers, m, v = shape
-    per_layer = b * t * (8 * d + 2 * m) + (b * t * d + b * fine * t if kernel else 3 * b * fine * t * t)
+    if kernel:  # the block's input, q/k/v, the attention output and its row statistics, the MLP's input
+        per_layer = b * t * 6 * d + b * fine * t
+    else:
+        per_layer = b * t * (8 * d + 2 * m) + 3 * b * fine * t * t
     return 4.0 * (layers * per_layer + 2 * b * t * v)

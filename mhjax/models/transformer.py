@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mhjax.models.attention import CausalSelfAttention, HashDropout, Layout, dense
+from mhjax.models.attention import CausalSelfAttention, DenseParams, HashDropout, Layout, dense
 
 RMS_EPS = float(np.finfo(np.float32).eps)
 MLP_DROPOUT = "HashDropout_0"  # the name Flax gave it unnamed: dropout keys (and checkpoints) stay as they were
@@ -47,6 +47,8 @@ class Block(nn.Module):
         """``keys``: (attention's, the MLP dropout's) dropout keys, derived by the caller
         (Transformer's scanned layers); None: make_rng, as usual."""
         attn_key, mlp_key = (None, None) if keys is None else keys
+        if self.attention == "pallas":
+            return self._kernels(x, heads, deterministic, head_mask, attn_key, mlp_key)
         h = RMSNorm(name="ln1")(x)
         attn_out, probs = CausalSelfAttention(
             self.width, self.num_heads, self.dropout_rate, self.layout, self.attention, self.interpret, name="attn"
@@ -57,6 +59,34 @@ class Block(nn.Module):
         h = dense(self.width, self.mlp_dim, "mlp_out")(h)
         h = HashDropout(self.dropout_rate, name=MLP_DROPOUT)(h, deterministic, mlp_key)
         return x + h, probs
+
+    def _kernels(self, x, heads, deterministic, head_mask, attn_key, mlp_key):
+        """The same block where attention runs the Pallas kernel: each RMSNorm inside the kernel
+        that consumes it (recomputed in the backward, no normalised copy stored) and the MLP half
+        (norm, mlp_in, relu, mlp_out, dropout, residual) as one kernel (models/pallas_block.py).
+        Same parameters, names and dropout draws as the unfused block."""
+        from mhjax.models import pallas_block
+
+        attn_out, probs = CausalSelfAttention(
+            self.width, self.num_heads, self.dropout_rate, self.layout, self.attention, self.interpret, name="attn"
+        )(x, heads, deterministic, head_mask, attn_key, norm=NormScale(self.width, name="ln1")())
+        x = x + attn_out
+        w_in, b_in = DenseParams(self.mlp_dim, self.width, name="mlp_in")()
+        w_out, b_out = DenseParams(self.width, self.mlp_dim, name="mlp_out")()
+        seed, threshold, inv_keep = HashDropout(self.dropout_rate, name=MLP_DROPOUT).seed(deterministic, mlp_key)
+        scale = NormScale(self.width, name="ln2")()
+        out = pallas_block.mlp_block(x, scale, w_in, b_in, w_out, b_out, seed, threshold, inv_keep, self.interpret)
+        return out, probs
+
+
+class NormScale(nn.Module):
+    """RMSNorm's parameter alone (same name, shape and init), for a kernel that normalises."""
+
+    width: int
+
+    @nn.compact
+    def __call__(self):
+        return self.param("scale", nn.initializers.ones, (self.width,))
 
 
 class Transformer(nn.Module):
