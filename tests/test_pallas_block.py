@@ -96,9 +96,9 @@ def _x(key, batch, length, width):
 
 
 # (batch, length, width, features): N = 64, 200 (4 programs), 21 (odd: masked rows), the tiny configs'
-# width 16 with F 48 (masked columns), and 600 rows (5 programs of 2 loop steps each).
+# width 16 with F 48 (masked columns), and 600 rows (5 programs of 4 to 8 loop steps each).
 DENSE_FAST = [(2, 32, 64, 192), (2, 100, 64, 192), (3, 7, 64, 192), (4, 8, 16, 48), (6, 100, 64, 192)]
-DENSE_SLOW = [(50, 100, 64, 192), (3, 7, 24, 40)]  # the paper's N = 5000 (5 programs of 16 steps); width 24
+DENSE_SLOW = [(50, 100, 64, 192), (3, 7, 24, 40)]  # the paper's N = 5000 (5 programs of 1024 rows); width 24
 
 
 @pytest.mark.parametrize(
@@ -182,9 +182,8 @@ def test_the_norm_epsilon_is_the_models():
 
 
 def test_chunks_and_costs_at_the_paper_shape():
-    """N = 5000 rows: 5 programs of 1024 rows (16 loop steps of 64); F = 192 computed as 256."""
-    assert pallas_block.chunk_rows(5000) == (1024, 64) and pallas_block.chunk_rows(21) == (64, 64)
-    assert pallas_block.chunk_rows(600) == (128, 64)
+    """N = 5000 rows: 5 programs of 1024 rows; F = 192 computed as 256."""
+    assert [pallas_block.chunk_rows(n) for n in (5000, 600, 200, 21)] == [1024, 128, 64, 64]
     rows, programs, computed = 5000, 5, 5120
     mlp = pallas_block.mlp_block_cost(rows, 64, 128)
     weights = 2 * 64 + 2 * 64 * 128 + 128

@@ -40,9 +40,13 @@ from mhjax.models.dropout_hash import hash_mix
 from mhjax.models.pallas_attention import MIN_DOT, KernelCost
 
 RMS_EPS = float(np.finfo(np.float32).eps)  # transformer.RMSNorm's epsilon (float32 machine epsilon)
-SUB_ROWS = 64  # rows per loop step: (64, 128) fp32 tiles of h and dh stay in registers
-MAX_CHUNK = 1024  # rows per program at most: more programs write more weight-gradient partials
+MIN_CHUNK, MAX_CHUNK = 64, 1024  # rows per program: more programs write more weight-gradient partials
 PROGRAMS = 8  # programs per member to aim for (at most; at least PROGRAMS / 2 where N allows)
+# Rows per loop step of each kernel: at the paper's shape (D 64, M 128, F 192 as 256) the largest
+# whose registers fit without spilling (ptxas -v on the deviceless sm_90a compile; the backward
+# kernels hold the weights and their gradients' accumulators, norm_dense's 64 x 256 each).
+STEP_ROWS = {"norm_dense_fwd": 32, "norm_dense_bwd": 16, "mlp_block_fwd": 32, "mlp_block_bwd": 32}
+WARPS, STAGES = 8, 3  # pipelined: the loop's row loads are prefetched (cp.async); 3: no spill either
 MAX_DIM = 256  # padded width, hidden width and features: whole weight blocks in one program
 NO_DROPOUT = 1 << 24  # a threshold at or above it keeps everything (dropout_hash.dropout_threshold)
 
@@ -51,10 +55,9 @@ def _pad(n: int) -> int:
     return max(MIN_DOT, pl.next_power_of_2(n))
 
 
-def chunk_rows(rows: int) -> tuple[int, int]:
-    """(chunk, sub): rows per program and per loop step, powers of two, for ``rows`` rows."""
-    chunk = max(SUB_ROWS, min(MAX_CHUNK, pl.next_power_of_2(pl.cdiv(rows, PROGRAMS))))
-    return chunk, SUB_ROWS
+def chunk_rows(rows: int) -> int:
+    """Rows per program (a power of two) for ``rows`` rows."""
+    return max(MIN_CHUNK, min(MAX_CHUNK, pl.next_power_of_2(pl.cdiv(rows, PROGRAMS))))
 
 
 class Dims(NamedTuple):
@@ -195,10 +198,13 @@ def _mlp_bwd_kernel(
         plgpu.store(ref, value, mask=mask)
 
 
-def _call(kernel, name, dims: Dims, rowwise, weights, outs, partials, interpret, warps, seed=None, **static):
-    """pallas_call of ``kernel`` over the chunks of N rows. Refs in order: ``seed`` (2,) if any,
-    ``rowwise`` (N, W) arrays, ``weights`` (whole blocks), then outputs: (N, W) for each W in
-    ``outs`` and a (programs, *shape) partial for each shape in ``partials``."""
+def _call(kernel, name, hidden: int, rowwise, weights, outs, partials, interpret, seed=None, **static):
+    """pallas_call of ``kernel`` (mhjax_``name``) over the chunks of N rows, of x (``rowwise[0]``,
+    (N, D)) and a hidden width ``hidden``. Refs in order: ``seed`` (2,) if any, ``rowwise`` (N, W)
+    arrays, ``weights`` (whole blocks), then outputs: (N, W) for each W in ``outs`` and a
+    (programs, *shape) partial for each shape in ``partials``."""
+    rows, width = rowwise[0].shape
+    dims = Dims(rows, chunk_rows(rows), STEP_ROWS[name], width, hidden)
     programs = pl.cdiv(dims.rows, dims.chunk)
     padded = lambda shape: tuple(_pad(n) for n in shape)  # noqa: E731
     whole = lambda shape: pl.BlockSpec(padded(shape), lambda i: (0,) * len(shape))  # noqa: E731
@@ -217,21 +223,16 @@ def _call(kernel, name, dims: Dims, rowwise, weights, outs, partials, interpret,
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=out_shape,
-        compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=WARPS, num_stages=STAGES),
         interpret=interpret,
-        name=name,
+        name=f"mhjax_{name}",
     )(*args)
-
-
-def _dims(x, hidden: int) -> Dims:
-    return Dims(x.shape[0], *chunk_rows(x.shape[0]), x.shape[1], hidden)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _norm_dense(x, scale, kernel, bias, interpret):
-    dims = _dims(x, kernel.shape[1])
     args = ([x], [scale, kernel, bias], [kernel.shape[1]], [])
-    return _call(_norm_dense_fwd_kernel, "mhjax_norm_dense_fwd", dims, *args, interpret, 4)[0]
+    return _call(_norm_dense_fwd_kernel, "norm_dense_fwd", kernel.shape[1], *args, interpret)[0]
 
 
 def _norm_dense_fwd(x, scale, kernel, bias, interpret):
@@ -241,12 +242,10 @@ def _norm_dense_fwd(x, scale, kernel, bias, interpret):
 def _norm_dense_bwd(interpret, residuals, dy):
     x, scale, kernel = residuals
     width, features = kernel.shape
-    dims = _dims(x, features)
     partials = [(width,), (width, features), (features,)]
     dx, *parts = _call(
-        _norm_dense_bwd_kernel, "mhjax_norm_dense_bwd", dims, [x, dy], [scale, kernel], [width], partials,
-        interpret, 8,
-    )  # fmt: skip
+        _norm_dense_bwd_kernel, "norm_dense_bwd", features, [x, dy], [scale, kernel], [width], partials, interpret
+    )
     return (dx, *(p.sum(axis=0) for p in parts))
 
 
@@ -255,9 +254,8 @@ _norm_dense.defvjp(_norm_dense_fwd, _norm_dense_bwd)
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
 def _mlp(x, scale, w_in, b_in, w_out, b_out, seed, threshold, inv_keep, interpret):
-    dims, drop = _dims(x, w_in.shape[1]), (threshold, inv_keep)
     args = ([x], [scale, w_in, b_in, w_out, b_out], [x.shape[1]], [])
-    return _call(_mlp_fwd_kernel, "mhjax_mlp_block_fwd", dims, *args, interpret, 4, seed, drop=drop)[0]
+    return _call(_mlp_fwd_kernel, "mlp_block_fwd", w_in.shape[1], *args, interpret, seed, drop=(threshold, inv_keep))[0]
 
 
 def _mlp_fwd(x, scale, w_in, b_in, w_out, b_out, seed, threshold, inv_keep, interpret):
@@ -268,11 +266,10 @@ def _mlp_fwd(x, scale, w_in, b_in, w_out, b_out, seed, threshold, inv_keep, inte
 def _mlp_bwd(threshold, inv_keep, interpret, residuals, dout):
     x, scale, w_in, b_in, w_out, seed = residuals
     width, hidden = w_in.shape
-    dims = _dims(x, hidden)
     partials = [(width,), (width, hidden), (hidden,), (hidden, width), (width,)]
     dx, *parts = _call(
-        _mlp_bwd_kernel, "mhjax_mlp_block_bwd", dims, [x, dout], [scale, w_in, b_in, w_out], [width], partials,
-        interpret, 8, seed, drop=(threshold, inv_keep),
+        _mlp_bwd_kernel, "mlp_block_bwd", hidden, [x, dout], [scale, w_in, b_in, w_out], [width], partials,
+        interpret, seed, drop=(threshold, inv_keep),
     )  # fmt: skip
     return (dx, *(p.sum(axis=0) for p in parts), np.zeros(seed.shape, jax.dtypes.float0))
 
@@ -328,7 +325,7 @@ def mlp_block(x, scale, w_in, b_in, w_out, b_out, seed, threshold: int, inv_keep
 
 def _traffic(rows: int, width: int) -> tuple[int, int]:
     """(programs, rows computed: whole chunks)."""
-    chunk, _ = chunk_rows(rows)
+    chunk = chunk_rows(rows)
     programs = pl.cdiv(rows, chunk)
     return programs, programs * chunk
 
