@@ -152,7 +152,9 @@ def test_mlp_block_keeps_hash_dropouts_elements():
 
 def test_vmapped_over_members_equals_each_member_alone():
     """jax.vmap over 3 members (each its own x, weights and seed) of both kernels, values and
-    gradients, equals each member's call alone: the added grid axis leaves rows and partials per member."""
+    gradients (taken inside the vmap, and of the summed member losses from outside it, as
+    engine.members_step does), equals each member's call alone: the added grid axis leaves
+    rows, dropout rows and partials per member."""
     members, width, hidden, features = 3, 64, 128, 192
     keys = jax.random.split(jax.random.PRNGKey(8), members)
     threshold, inv_keep = dropout_threshold(RATE)
@@ -170,11 +172,13 @@ def test_vmapped_over_members_equals_each_member_alone():
         loss = lambda *a, run=run: jnp.sum(jnp.sin(run(*a)))  # noqa: E731
         grad = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(diff))))
         values, grads = jax.jit(jax.vmap(grad))(*args)
+        summed = jax.jit(jax.grad(lambda *a, loss=loss: jnp.sum(jax.vmap(loss)(*a)), argnums=tuple(range(diff))))
         for m in range(members):
             value, grad_alone = grad(*(a[m] for a in args))
             np.testing.assert_allclose(values[m], value, rtol=VALUE_RTOL)
-            for got, want in zip(grads, grad_alone):
+            for got, outside, want in zip(grads, summed(*args), grad_alone):
                 np.testing.assert_allclose(got[m], want, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+                np.testing.assert_allclose(outside[m], want, rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
 
 def test_the_norm_epsilon_is_the_models():

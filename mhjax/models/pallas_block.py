@@ -6,12 +6,13 @@
   whole MLP half with its residual add.
 
 The leading axes are flattened to N rows (a free reshape). Each program owns a chunk of
-``chunk`` rows and loops over sub-blocks of ``sub`` rows; the weights are whole blocks read
-once per program. Neither kernel stores the normalised x or the MLP's hidden activation: the
-backward recomputes rms, the normalised x, h = xn @ w_in + b_in, relu and the dropout's keep
-decisions from x, and accumulates the weight gradients over its chunk in the loop carry,
-writing ONE partial per program ((programs, ...) arrays, summed by the wrapper in JAX), so HBM
-traffic is the activations plus a few weight-sized partials. Dropout is mhjax's counter-based
+``chunk_rows(N)`` rows (4 to 8 programs per member where N allows) and loops over sub-blocks
+of ``STEP_ROWS`` rows; the weights are whole blocks read once per program. Neither kernel
+stores the normalised x or the MLP's hidden activation: the backward recomputes rms, the
+normalised x, h = xn @ w_in + b_in, relu and the dropout's keep decisions from x, and
+accumulates the weight gradients over its chunk in the loop carry, writing ONE partial per
+program ((programs, ...) arrays, summed by the wrapper in JAX), so HBM traffic is the
+activations plus a few weight-sized partials. Dropout is mhjax's counter-based
 hash (dropout_hash.hash_mix) of (row within the member, column): HashDropout's keep decisions
 exactly, recomputed in the backward.
 
@@ -79,7 +80,8 @@ def _load(ref, *valid):
 
 
 def _rows_loop(dims: Dims, body, init):
-    """fori_loop over this program's sub-blocks: body(ref view, row mask (sub,), first row (int32), carry)."""
+    """fori_loop over this program's sub-blocks: body(view of a (rows, W) ref at the sub-block,
+    its rows' mask (sub,), their indices in the member (sub,) int32, carry)."""
     first = pl.program_id(0) * dims.chunk  # the chunk's first row in this member
 
     def step(s, carry):
