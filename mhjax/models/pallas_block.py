@@ -325,7 +325,7 @@ def mlp_block(x, scale, w_in, b_in, w_out, b_out, seed, threshold: int, inv_keep
     return out.reshape(x.shape)
 
 
-def _traffic(rows: int, width: int) -> tuple[int, int]:
+def _programs(rows: int) -> tuple[int, int]:
     """(programs, rows computed: whole chunks)."""
     chunk = chunk_rows(rows)
     programs = pl.cdiv(rows, chunk)
@@ -340,7 +340,7 @@ def norm_dense_cost(rows: int, width: int, features: int) -> KernelCost:
     reduce) is not counted. FLOPs at the padded sizes the programs compute (whole chunks): 3
     matmuls (1 forward, 2 backward) plus ~16 elementwise operations per element of x and 2 per
     output element (norm, its gradient, the bias and the column sums)."""
-    programs, computed = _traffic(rows, width)
+    programs, computed = _programs(rows)
     d, f = _pad(width), _pad(features)
     weights = width + width * features + features
     nbytes = 4.0 * (rows * (width + features) + rows * (2 * width + features))
@@ -355,13 +355,13 @@ def mlp_block_cost(rows: int, width: int, mlp_dim: int) -> KernelCost:
     writes dx and one partial per program of each weight gradient; each program reads the
     weights (forward all five, backward all but b_out). The dropout seed (8 bytes) and the
     wrapper's sum of the partials are not counted. FLOPs at the padded sizes the programs
-    compute (whole chunks): 6 matmuls (2 forward, 4 backward) plus ~53 elementwise operations
-    per element of x (norm, dropout hash twice, residual, norm gradient) and ~6 per hidden
-    element (bias, relu, its gradient, the column sums)."""
-    programs, computed = _traffic(rows, width)
+    compute (whole chunks): 7 matmuls (2 forward; 5 backward, h recomputed) plus ~53
+    elementwise operations per element of x (norm, dropout hash twice, residual, norm
+    gradient) and ~6 per hidden element (bias, relu, its gradient, the column sums)."""
+    programs, computed = _programs(rows)
     d, m = _pad(width), _pad(mlp_dim)
     weights = 2 * width + 2 * width * mlp_dim + mlp_dim
     nbytes = 4.0 * (2 * rows * width + 3 * rows * width)
     nbytes += 4.0 * programs * (weights + (weights - width) + weights)
-    dots = 6 * 2 * computed * d * m
+    dots = 7 * 2 * computed * d * m
     return KernelCost(float(dots + computed * (53 * d + 6 * m)), nbytes, float(dots))
