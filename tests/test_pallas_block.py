@@ -28,7 +28,7 @@ VALUE_RTOL, GRAD_RTOL = (2e-3, 2e-3) if ON_GPU else (1e-5, 1e-4)
 GRAD_ATOL = 1e-4 if ON_GPU else 1e-5
 VALUE_ATOL = 1e-4 if ON_GPU else 1e-6  # outputs that cancel to near zero
 # The weight gradients sum over all N rows (5000 at the paper's shape: ~200 in size, the sum in
-# another order): entries that cancel to near zero get an atol relative to the array's largest
+# another order): entries that cancel to near zero get an atol relative to the array's largest entry.
 GRAD_SCALED_ATOL = 1e-5 if ON_GPU else 1e-6
 RATE = 0.3
 EPS = float(np.finfo(np.float32).eps)
@@ -54,8 +54,8 @@ def seed_of(key):
 
 
 def weights(key, width, shapes):
-    """x ~ N(0, 1) at the model's scale and ``shapes`` of weights U(+-1/sqrt(fan_in)) (the model's
-    init), the norm's scale around 1; names as the arguments."""
+    """{argument name: weight}: the norm's scale around 1 and ``shapes`` {name: (shape, fan_in)}
+    drawn U(+-1/sqrt(fan_in)), the model's init."""
     keys = iter(jax.random.split(key, 16))
     out = {"scale": 1.0 + 0.2 * jax.random.normal(next(keys), (width,))}
     for name, (shape, fan_in) in shapes.items():
