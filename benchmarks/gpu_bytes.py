@@ -37,7 +37,7 @@ from mhjax.experiments.sequence import SequenceExperiment  # noqa: E402
 from mhjax.train import engine  # noqa: E402
 from mhjax.train.loop import stack_constants  # noqa: E402
 
-KERNEL_PART = "attention kernel (stand-in)"  # hlo_parts.py's name for custom calls
+KERNEL_PART = "Pallas kernels (as walked)"  # hlo_parts.py's name for the Triton calls
 
 
 def main(argv=None) -> int:

@@ -179,9 +179,13 @@ def kernel_cost(experiment, programs) -> tuple[float, float]:
     runs, and per layer the projection's norm_dense and the MLP block (pallas_block)."""
     m, batch = experiment.config.model, experiment.config.data.batch_size
     rows = batch * m.seq_len
-    block = [
-        pallas_block.norm_dense_cost(rows, m.width, 3 * m.width),
-        pallas_block.mlp_block_cost(rows, m.width, m.mlp_dim),
+    block = [  # where they fit (models/transformer.Block)
+        *(
+            [pallas_block.norm_dense_cost(rows, m.width, 3 * m.width)]
+            if pallas_block.fits(m.width, 3 * m.width)
+            else []
+        ),
+        *([pallas_block.mlp_block_cost(rows, m.width, m.mlp_dim)] if pallas_block.fits(m.width, m.mlp_dim) else []),
     ]
     flops = nbytes = 0.0
     for groups in experiment.program_groups(programs):

@@ -20,7 +20,9 @@ from mhjax.train.hlo import kernels
 
 # (part, substrings of "op_name op"), first match wins
 PARTS = (
-    ("attention kernel (stand-in)", ("custom-call",)),
+    # the Pallas kernels as compiled (Triton calls) or their stand-ins (hlo_cost.py: host callbacks)
+    ("Pallas kernels (as walked)", ("xla.gpu.triton", "callback")),
+    ("matmuls (library calls)", ("custom-call",)),
     ("embeddings", ("token_emb", "pos_emb", "Transformer))/add ", "Transformer)))/add ")),
     ("norms", ("/ln1/", "/ln2/")),
     ("attention projections", ("/attn/",)),
@@ -38,7 +40,8 @@ def bytes_by_part(hlo_text: str) -> dict[str, float]:
     out = defaultdict(float)
     for line, op, moved in kernels(hlo_text, weighted=True):
         meta = re.search(r'op_name="([^"]*)"', line)
-        label = f"{meta.group(1) if meta else ''} {op}"
+        target = re.search(r'custom_call_target="([^"]*)"', line) if op == "custom-call" else None
+        label = f"{meta.group(1) if meta else ''} {op} {target.group(1) if target else ''}"
         part = next((p for p, keys in PARTS if any(k in label for k in keys)), "other")
         out[part] += moved
     return dict(out)

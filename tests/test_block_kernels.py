@@ -13,7 +13,7 @@ from mhjax.models.transformer import Transformer
 
 ON_GPU = jax.default_backend() == "gpu"
 VALUE_RTOL, GRAD_RTOL, GRAD_ATOL = (2e-3, 2e-3, 1e-4) if ON_GPU else (1e-5, 1e-4, 1e-5)
-MLP = 48  # a size no other axis has: an array with it outside a kernel is the MLP's hidden layer
+MLP = 40  # a size no other axis has (3D = 48, vocab 32): an array with it outside a kernel is the MLP's hidden layer
 TOKENS = jax.random.randint(jax.random.PRNGKey(0), (2, 12), 0, 32)
 
 
@@ -61,13 +61,18 @@ def _pallas_calls(jaxpr, names):
     return names
 
 
+def _is_hidden(shape) -> bool:
+    """(B, T, MLP) or (B * T, MLP) rows: not the (D, MLP) weights or their gradients."""
+    return shape[-1:] == (MLP,) and np.prod(shape[:-1]) % TOKENS.size == 0
+
+
 def _hidden_arrays(jaxpr):
-    """Arrays of the program (kernels' insides excluded) whose last axis is the MLP's."""
+    """Arrays of the program (kernels' insides excluded) that hold the MLP's hidden rows."""
     found = 0
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "pallas_call":
             continue
-        found += sum(1 for v in eqn.outvars if getattr(v.aval, "shape", ())[-1:] == (MLP,))
+        found += sum(1 for v in eqn.outvars if _is_hidden(getattr(v.aval, "shape", ())))
         for value in eqn.params.values():
             for sub in value if isinstance(value, (list, tuple)) else [value]:
                 inner = getattr(sub, "jaxpr", sub)

@@ -140,14 +140,17 @@ def test_the_kernels_padded_dots_are_memory_bound_at_tf32_not_at_fp32():
     sixteen = cost.member_cost(shape, 16, kernel=True)
     k = cost.kernel_cost(50, 100, 64, 16)
     assert k.dot_flops == 50 * 16 * 7 * 2 * 128 * 128 * 16  # T 100 -> 128, head dim 4 -> 16
-    assert sixteen.dot_flops - cost.member_cost(shape, 16).dot_flops == pytest.approx(
-        4 * k.dot_flops - 4 * 3 * 2 * 50 * 100 * 2 * 100 * 64  # the JAX path's attention matmuls leave with it
-    )
+    # XLA's matmuls are the output projection and the readout; the kernels' dots (attention, the
+    # q/k/v projection and the MLP, padded, the MLP's hidden layer recomputed) replace the rest
+    rows = 50 * 100
+    xla = 3 * 2 * rows * (4 * 64 * 64 + 64 * 256)
+    assert sixteen.dot_flops == pytest.approx(xla + 4 * cost.kernels_cost(shape, 16).dot_flops)
+    assert cost.kernels_cost(shape, 16).dot_flops > k.dot_flops + 3 * 2 * rows * (3 * 64 * 64 + 2 * 64 * 128)
     fp32 = h200._replace(dot_flops=None)
     compute, memory = cost.times(sixteen, fp32)
     assert compute > memory
     compute, memory = cost.times(sixteen, h200)
-    assert compute < memory / 2
+    assert compute < memory
     groups = [[(2, 1, False), (2, 4, False), (2, 8, False), (2, 16, False)]]
     bound = cost.sweep_cost(shape, groups, h200, kernel=True)["bound_by_heads"]
     assert {h: b["bound"] for h, b in bound.items()} == {1: "memory", 4: "memory", 8: "memory", 16: "memory"}

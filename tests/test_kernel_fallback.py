@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mhjax.experiments import make_experiment
-from mhjax.models import pallas_attention
+from mhjax.models import pallas_attention, pallas_block
 from mhjax.train import ahead
 from mhjax.train.loop import Sweep
 from tests.conftest import set_field, tiny_sequence_config
@@ -27,11 +27,16 @@ def _losses(sweep):
     return {p.name: np.asarray(sweep.run_chunk(p, states[p.name], 3)[1]["loss"]) for p in sweep.programs}
 
 
-def test_auto_falls_back_to_jax_with_one_line_and_trains_what_jax_trains(monkeypatch):
+# where the failure is injected: the attention kernel, or the block's norm/MLP kernels
+BROKEN = [(pallas_attention, "check_lowering"), (pallas_block, "_check")]
+
+
+@pytest.mark.parametrize("module,field", BROKEN, ids=["attention", "block"])
+def test_auto_falls_back_to_jax_with_one_line_and_trains_what_jax_trains(monkeypatch, module, field):
     experiment = make_experiment(_config("auto"))
     assert experiment.attention("gpu").implementation == "pallas"
     sweep = Sweep(experiment, backend="gpu")
-    monkeypatch.setattr(pallas_attention, "check_lowering", _broken)
+    monkeypatch.setattr(module, field, _broken)
     lines = []
     ahead.compile_sweep(sweep, [3], init=True, log=lines.append)
     assert lines == [

@@ -279,6 +279,11 @@ def _mlp_bwd(threshold, inv_keep, interpret, residuals, dout):
 _mlp.defvjp(_mlp_fwd, _mlp_bwd)
 
 
+def fits(*dims: int) -> bool:
+    """Whether rows of these widths (D and M, or D and F) fit the kernels' whole weight blocks."""
+    return all(_pad(n) <= MAX_DIM for n in dims)
+
+
 def _check(fn: str, x, **arrays):
     """ValueError naming the argument: float32 arrays of the given shapes (ints or names of free sizes)."""
     if x.dtype != jnp.float32:

@@ -45,38 +45,47 @@ class Block(nn.Module):
     @nn.compact
     def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None, keys=None):
         """``keys``: (attention's, the MLP dropout's) dropout keys, derived by the caller
-        (Transformer's scanned layers); None: make_rng, as usual."""
+        (Transformer's scanned layers); None: make_rng, as usual.
+
+        Where attention runs the Pallas kernel, so do the block's row-wise parts (issue 29,
+        models/pallas_block.py), where their weights fit a program: the pre-norm inside the
+        q/k/v projection's kernel (recomputed in the backward, no normalised copy stored) and the
+        MLP half (norm, mlp_in, relu, mlp_out, dropout, residual) as one kernel. Same parameters,
+        names, dropout draws and function as the unfused block."""
         attn_key, mlp_key = (None, None) if keys is None else keys
-        if self.attention == "pallas":
-            return self._kernels(x, heads, deterministic, head_mask, attn_key, mlp_key)
-        h = RMSNorm(name="ln1")(x)
-        attn_out, probs = CausalSelfAttention(
+        fuse_norm, fuse_mlp = self._kernels()
+        attention = CausalSelfAttention(
             self.width, self.num_heads, self.dropout_rate, self.layout, self.attention, self.interpret, name="attn"
-        )(h, heads, deterministic, head_mask, attn_key)
+        )
+        if fuse_norm:
+            attn_out, probs = attention(
+                x, heads, deterministic, head_mask, attn_key, norm=NormScale(self.width, name="ln1")()
+            )
+        else:
+            attn_out, probs = attention(RMSNorm(name="ln1")(x), heads, deterministic, head_mask, attn_key)
         x = x + attn_out
+        dropout = HashDropout(self.dropout_rate, name=MLP_DROPOUT)
+        if fuse_mlp:
+            from mhjax.models import pallas_block
+
+            w_in, b_in = DenseParams(self.mlp_dim, self.width, name="mlp_in")()
+            w_out, b_out = DenseParams(self.width, self.mlp_dim, name="mlp_out")()
+            seed, threshold, inv_keep = dropout.seed(deterministic, mlp_key)
+            scale = NormScale(self.width, name="ln2")()
+            out = pallas_block.mlp_block(x, scale, w_in, b_in, w_out, b_out, seed, threshold, inv_keep, self.interpret)
+            return out, probs
         h = RMSNorm(name="ln2")(x)
         h = nn.relu(dense(self.mlp_dim, self.width, "mlp_in")(h))
         h = dense(self.width, self.mlp_dim, "mlp_out")(h)
-        h = HashDropout(self.dropout_rate, name=MLP_DROPOUT)(h, deterministic, mlp_key)
-        return x + h, probs
+        return x + dropout(h, deterministic, mlp_key), probs
 
-    def _kernels(self, x, heads, deterministic, head_mask, attn_key, mlp_key):
-        """The same block where attention runs the Pallas kernel: each RMSNorm inside the kernel
-        that consumes it (recomputed in the backward, no normalised copy stored) and the MLP half
-        (norm, mlp_in, relu, mlp_out, dropout, residual) as one kernel (models/pallas_block.py).
-        Same parameters, names and dropout draws as the unfused block."""
+    def _kernels(self) -> tuple[bool, bool]:
+        """(the pre-norm inside the projection kernel, the MLP half as one kernel)."""
+        if self.attention != "pallas":
+            return False, False
         from mhjax.models import pallas_block
 
-        attn_out, probs = CausalSelfAttention(
-            self.width, self.num_heads, self.dropout_rate, self.layout, self.attention, self.interpret, name="attn"
-        )(x, heads, deterministic, head_mask, attn_key, norm=NormScale(self.width, name="ln1")())
-        x = x + attn_out
-        w_in, b_in = DenseParams(self.mlp_dim, self.width, name="mlp_in")()
-        w_out, b_out = DenseParams(self.width, self.mlp_dim, name="mlp_out")()
-        seed, threshold, inv_keep = HashDropout(self.dropout_rate, name=MLP_DROPOUT).seed(deterministic, mlp_key)
-        scale = NormScale(self.width, name="ln2")()
-        out = pallas_block.mlp_block(x, scale, w_in, b_in, w_out, b_out, seed, threshold, inv_keep, self.interpret)
-        return out, probs
+        return pallas_block.fits(self.width, 3 * self.width), pallas_block.fits(self.width, self.mlp_dim)
 
 
 class NormScale(nn.Module):
