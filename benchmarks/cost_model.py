@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 import hlo_cost  # noqa: E402
+from hlo_parts import KERNELS  # noqa: E402
 
 from mhjax.experiments.sequence import SequenceExperiment  # noqa: E402
 from mhjax.models import cost  # noqa: E402
@@ -174,18 +175,21 @@ def main(argv=None) -> int:
     experiment = experiment_with(config, "jax")
     device = device_from(args)
     print(
-        f"{len(experiment.members)} members; roofline on {device.name}: {device.peak_flops / 1e12:g} TFLOP/s, "
-        f"{device.hbm_bytes_per_s / 1e9:g} GB/s (steps/s: this roofline of XLA:CPU's count, uncalibrated)",
+        f"{len(experiment.members)} members on {device.name}. steps/s: member-steps/s predicted from XLA's count as "
+        f"the compiled GPU program's, dots at {device.dot_rate() / 1e12:g} TFLOP/s, the rest at "
+        f"{device.peak_flops / 1e12:g}, {device.bandwidth() / 1e9:,.0f} GB/s (models/cost.py's calibration); "
+        f"roofline/s: XLA:CPU's count at the fp32 peak and {device.hbm_bytes_per_s / 1e9:g} GB/s, uncalibrated",
         flush=True,
     )
     header = (
         f"{'strategy':<18} {'GFLOP':>7} {'GB':>6} {'/analytic':>9} {'model GFLOP':>11} {'model GB':>8} "
-        f"{'temp GB':>8} {'compile s':>9} {'steps/s':>8}"
+        f"{'temp GB':>8} {'compile s':>9} {'roofline/s':>10} {'steps/s':>8}"
     )
     print(header, flush=True)
     results = {}
     for spec in args.strategies.split(","):
         r = results[spec] = run_strategy(config, spec, device)
+        predicted = f"{r['calibrated']['member_steps_per_s']:.0f}" if r["calibrated"] else "-"
         model = [
             f"{x:.2f}" if x is not None else "-"
             for x in (r["cost_model_gflop_per_member_step"], r["cost_model_gb_per_member_step"])
@@ -194,7 +198,7 @@ def main(argv=None) -> int:
             f"{spec:<18} {r['gflop_per_member_step']:>7.2f} {r['gb_per_member_step']:>6.2f} "
             f"{r['hlo_over_analytic_flops']:>9.2f} "
             f"{model[0]:>11} {model[1]:>8} {r['peak_temp_bytes'] / 1e9:>8.2f} "
-            f"{r['compile_s']:>9.1f} {r['roofline_member_steps_per_s']:>8.0f}",
+            f"{r['compile_s']:>9.1f} {r['roofline_member_steps_per_s']:>10.0f} {predicted:>8}",
             flush=True,
         )
         if r["calibrated"] is not None:
@@ -214,7 +218,7 @@ def main(argv=None) -> int:
                 f"{'':<18} models/cost.py per head count, bound (compute/memory per member-step): {heads}", flush=True
             )
         if r["kernel_gb_per_member_step"] is not None:
-            parts = ", ".join(f"{k} {v:.3f}" for k, v in r["gb_by_part_per_member_step"].items())
+            parts = ", ".join(f"{k} {v:.3f}" for k, v in r["gb_by_part_per_member_step"].items() if k != KERNELS)
             print(f"{'':<18} GB: kernel {r['kernel_gb_per_member_step']:.3f}; the rest by part (approx.): {parts}")
         if r["accuracy"]:
             print(

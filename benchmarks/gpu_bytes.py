@@ -31,13 +31,11 @@ sys.path.insert(0, str(ROOT))
 
 from cost_model import load_config  # noqa: E402
 from hlo_cost import kernel_cost  # noqa: E402
-from hlo_parts import bytes_by_part  # noqa: E402
+from hlo_parts import KERNELS, bytes_by_part  # noqa: E402
 
 from mhjax.experiments.sequence import SequenceExperiment  # noqa: E402
 from mhjax.train import engine  # noqa: E402
 from mhjax.train.loop import stack_constants  # noqa: E402
-
-KERNEL_PART = "Pallas kernels (as walked)"  # hlo_parts.py's name for the Triton calls
 
 
 def main(argv=None) -> int:
@@ -72,9 +70,9 @@ def main(argv=None) -> int:
         for part, nbytes in bytes_by_part(compiled.compile().as_text()).items():
             parts[part] = parts.get(part, 0.0) + nbytes
         members += len(program.members)
-    walked = parts.pop(KERNEL_PART, 0.0)
+    walked = parts.pop(KERNELS, 0.0)
     if args.attention == "pallas":
-        parts["attention kernel (analytic)"] = kernel_cost(experiment, programs)[1]
+        parts["Pallas kernels (analytic)"] = kernel_cost(experiment, programs)[1]
     total = sum(parts.values())
     print(
         f"{args.strategy}, attention={args.attention}, {members} members, "

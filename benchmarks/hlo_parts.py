@@ -18,10 +18,12 @@ from collections import defaultdict
 # The HLO text reader is the package's (the deviceless GPU compile counts bytes the same way).
 from mhjax.train.hlo import kernels
 
-# (part, substrings of "op_name op"), first match wins
+KERNELS = "Pallas kernels (as walked)"  # their own bytes are counted analytically (hlo_cost.kernel_cost)
+
+# (part, substrings of "op_name op custom_call_target"), first match wins
 PARTS = (
     # the Pallas kernels as compiled (Triton calls) or their stand-ins (hlo_cost.py: host callbacks)
-    ("Pallas kernels (as walked)", ("xla.gpu.triton", "callback")),
+    (KERNELS, ("xla.gpu.triton", "callback")),
     ("matmuls (library calls)", ("custom-call",)),
     ("embeddings", ("token_emb", "pos_emb", "Transformer))/add ", "Transformer)))/add ")),
     ("norms", ("/ln1/", "/ln2/")),

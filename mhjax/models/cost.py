@@ -56,11 +56,13 @@ class Device(NamedTuple):
 # top-level kernel of the compiled program reading its operands and writing its results once,
 # the Pallas calls at kernel_cost's bytes) against benchmarks/cost_model.py (XLA:CPU), paper
 # config, one_program, per member-step, jax 0.10.2, 2026-12-05:
-#   attention=pallas: 0.687 GB on the GPU, 0.773 GB by XLA:CPU, the kernel's 0.063 GB in both;
+#   attention=pallas: 0.316 GB on the GPU, 0.336 GB by XLA:CPU, the kernels' 0.141 GB in both
+#                     (attention, norm_dense and mlp_block; with the attention kernel alone, before
+#                     the block kernels: 0.687 and 0.773 GB, the kernel's 0.063, a ratio of 0.88);
 #   JAX path:         1.483 GB on the GPU, 2.453 GB by XLA:CPU, of which the rest of the step
 #                     (WIDTH, MLP, VOCAB, PARAM below) 0.913 GB.
-GPU_REST = (0.687 - 0.063) / (0.773 - 0.063)  # 0.88: the step around the attention core
-GPU_JAX_CORE = (1.483 - GPU_REST * 0.913) / (2.453 - 0.913)  # 0.44: the JAX core with one_program's copies
+GPU_REST = (0.316 - 0.141) / (0.336 - 0.141)  # 0.90: the step around the Pallas kernels
+GPU_JAX_CORE = (1.483 - GPU_REST * 0.913) / (2.453 - 0.913)  # 0.43: the JAX core with one_program's copies
 # The one device measurement (benchmarks/RESULTS.md, "Cost model"): the JAX path, one_program,
 # the paper sweep, 2,104 member-steps/s on an H200, so 1.483 GB x 2,104/s = 3.12 TB/s moved, 65 %
 # of the 4.8 TB/s peak (the step is many small kernels). The issue's own walk of the same
