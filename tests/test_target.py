@@ -67,6 +67,43 @@ def test_hlo_reading_counts_bytes_kernels_and_square_maps():
     assert deviceless.step_bytes(HLO, 3) == pytest.approx((3 * body + 2 * 128) / 3)
 
 
+# A scan's backward reading layer i of a (4, 8, 16) stack of saved residuals: a fusion whose root
+# copies the dynamic-slice, and one that reads the stack only through a dynamic-slice.
+STACKED = """HloModule jit_chunk
+
+%fused_slice (p0: f32[4,8,16], p1: s32[]) -> f32[1,8,16] {
+  %p0 = f32[4,8,16]{2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %ds = f32[1,8,16]{2,1,0} dynamic-slice(%p0, %p1, %z, %z), dynamic_slice_sizes={1,8,16}
+  ROOT %c = f32[1,8,16]{2,1,0} copy(%ds)
+}
+
+%fused_use (q0: f32[4,8,16], q1: s32[], q2: f32[1,8,16]) -> f32[1,8,16] {
+  %q0 = f32[4,8,16]{2,1,0} parameter(0)
+  %q1 = s32[] parameter(1)
+  %q2 = f32[1,8,16]{2,1,0} parameter(2)
+  %z = s32[] constant(0)
+  %ds = f32[1,8,16]{2,1,0} dynamic-slice(%q0, %q1, %z, %z), dynamic_slice_sizes={1,8,16}
+  ROOT %m = f32[1,8,16]{2,1,0} multiply(%ds, %q2)
+}
+
+ENTRY %main (a: f32[4,8,16], i: s32[], g: f32[1,8,16]) -> f32[1,8,16] {
+  %a = f32[4,8,16]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %g = f32[1,8,16]{2,1,0} parameter(2)
+  %s = f32[1,8,16]{2,1,0} fusion(%a, %i), kind=kCustom, calls=%fused_slice
+  ROOT %u = f32[1,8,16]{2,1,0} fusion(%a, %i, %g), kind=kLoop, calls=%fused_use
+}
+"""
+
+
+def test_a_stack_read_through_a_dynamic_slice_is_charged_the_slice():
+    layer = 8 * 16 * 4
+    # copy of the slice: read one layer, write one; the other fusion: one layer, the index, g, out
+    assert hlo.kernel_bytes(STACKED) == (2 * layer + 4) + (layer + 4 + layer + layer)
+
+
 def test_a_missing_gpu_compiler_is_one_line_naming_the_install_command(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(targets, "compiler_available", lambda: False)
     path = tmp_path / "tiny.py"

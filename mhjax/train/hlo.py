@@ -4,9 +4,9 @@
   computation and of the computations it calls as loop bodies or conditions (not the insides
   of fusions: a fusion moves its operands and its result once) is charged its result's bytes
   plus its operands' bytes, as XLA's HloCostAnalysis charges an op; a fusion whose root is a
-  dynamic-update-slice (in place) or a dynamic-slice, the slice's bytes only (a scan's
-  stacked buffers). Approximate (another fusion that reads a slice of an operand is charged
-  the whole operand). On a GPU target, where ``cost_analysis()`` is None, this is the only
+  dynamic-update-slice (in place) or a dynamic-slice, the slice's bytes only, and an operand a
+  fusion reads only through dynamic-slices, those slices' bytes (a scan's stacked buffers).
+  Approximate (a fusion that reads a static slice of an operand is charged the whole operand). On a GPU target, where ``cost_analysis()`` is None, this is the only
   count there is.
 - ``triton_kernels``: the Pallas/Triton kernels in the program, by name.
 - ``square_tensors``: f32 tensors whose last two dimensions are (T, T), i.e. attention maps
@@ -93,6 +93,27 @@ def runs(comps: dict[str, list[str]], entry: str, unknown_trips: int = 1) -> dic
     return out
 
 
+def _sliced_parameters(lines: list[str]) -> dict[int, int]:
+    """{parameter index: bytes read} of a fused computation's parameters that it reads only
+    through dynamic-slices (a scan's stacked buffers: the slice is read, not the stack)."""
+    params, sizes, uses = {}, {}, {}
+    for line in lines:
+        result, rhs = line.split(" = ", 1)
+        match = INSTRUCTION.match(rhs)
+        if not match:
+            continue
+        out_type, op, args = match.groups()
+        sizes[result] = type_bytes(out_type)
+        if op == "parameter":
+            params[result] = int(args)
+            continue
+        for position, arg in enumerate(filter(None, (a.strip() for a in args.split(",")))):
+            name = arg.split()[-1]
+            if name in params:  # the sliced operand is a dynamic-slice's first; its indices are read whole
+                uses.setdefault(name, []).append((op == "dynamic-slice" and position == 0, sizes[result]))
+    return {params[name]: sum(size for _, size in used) for name, used in uses.items() if all(s for s, _ in used)}
+
+
 def kernels(text: str, weighted: bool = False):
     """(line, op, bytes moved) of every top-level operation that moves memory; ``weighted``:
     times the runs of its computation (loops' trip counts)."""
@@ -109,9 +130,11 @@ def kernels(text: str, weighted: bool = False):
             sizes[result] = type_bytes(out_type)
             if op in FREE:
                 continue
-            operands = sum(sizes.get(a.strip().split()[-1], 0) for a in args.split(",") if a.strip())
-            moved = sizes[result] + operands
+            names = [a.strip().split()[-1] for a in args.split(",") if a.strip()]
             fused = re.search(r"calls=(%[\w.\-]+)", line) if op == "fusion" else None
+            sliced = _sliced_parameters(comps.get(fused.group(1), [])) if fused else {}
+            operands = sum(sliced.get(i, sizes.get(name, 0)) for i, name in enumerate(names))
+            moved = sizes[result] + operands
             root = _root_op(comps, fused.group(1)) if fused else ""
             if root == "dynamic-update-slice":  # in place: reads and writes the update only
                 moved = 2 * max(operands - sizes[result], 0)
