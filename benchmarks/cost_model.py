@@ -106,6 +106,8 @@ def run_strategy(config, spec: str, device: cost.Device) -> dict:
     # The analytic model knows the library's own attention paths (JAX, the Pallas kernel), not the variants.
     groups = experiment.program_groups(programs)
     model = None if variant and not kernel else cost.sweep_cost(cost.Shape.of(config), groups, device, kernel=kernel)
+    # the counts are of unrolled layers (experiment_with); a GPU run under the kernels scans them by default
+    scanned = cost.sweep_cost(cost.Shape.of(config), groups, device, kernel=True, scanned=True) if kernel else None
     scale = lambda key, unit: None if model is None else model[key] / unit  # noqa: E731
     # XLA's count priced as cost.py prices its own: the kernel's bytes exact, the rest converted
     # to the compiled GPU program's count (Device.compiled_bytes; on the JAX path, all that the
@@ -136,6 +138,9 @@ def run_strategy(config, spec: str, device: cost.Device) -> dict:
         "cost_model_member_steps_per_s": scale("member_steps_per_s", 1),
         "cost_model_compiled_gb_per_member_step": scale("compiled_bytes_per_member_step", 1e9),
         "cost_model_bound_by_heads": None if model is None else {str(h): b for h, b in model["bound_by_heads"].items()},
+        "cost_model_scanned": None
+        if scanned is None
+        else {k: scanned[k] for k in ("compiled_bytes_per_member_step", "member_steps_per_s")},
         "calibrated": calibrated,
         "kernel_gb_per_member_step": measured["kernel_bytes_per_member_step"] / 1e9 if kernel else None,
         "kernel_gflop_per_member_step": measured["kernel_flops_per_member_step"] / 1e9 if kernel else None,
@@ -217,6 +222,14 @@ def main(argv=None) -> int:
             print(
                 f"{'':<18} models/cost.py per head count, bound (compute/memory per member-step): {heads}", flush=True
             )
+            if r["cost_model_scanned"]:
+                s = r["cost_model_scanned"]
+                print(
+                    f"{'':<18} scanned layers (config.model.scan_layers=auto on a GPU under the kernels; these "
+                    f"counts are of unrolled ones): models/cost.py {s['compiled_bytes_per_member_step'] / 1e9:.2f} GB "
+                    f"compiled, {s['member_steps_per_s']:,.0f}/s",
+                    flush=True,
+                )
         if r["kernel_gb_per_member_step"] is not None:
             parts = ", ".join(f"{k} {v:.3f}" for k, v in r["gb_by_part_per_member_step"].items() if k != KERNELS)
             print(f"{'':<18} GB: kernel {r['kernel_gb_per_member_step']:.3f}; the rest by part (approx.): {parts}")

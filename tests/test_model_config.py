@@ -37,13 +37,16 @@ def test_from_config_builds_the_same_transformer_and_round_trips_the_sizes():
 
 
 def test_scan_layers_is_on_for_accelerators_by_default_and_can_be_set_either_way():
-    """config.model.scan_layers: "auto" scans on GPUs and TPUs only (compile time), "off" keeps the
+    """config.model.scan_layers: "auto" scans on TPUs and on GPUs under the Pallas kernels only
+    (compile time; the JAX path's scanned step on a GPU moves 2x the bytes), "off" keeps the
     unrolled blocks everywhere, "on" scans everywhere; settable from the command line although the
     bundled configs leave it out; anything else is one line naming the choices."""
-    for overrides, want in (({}, {"cpu": False, "gpu": True, "tpu": True}), ({"model.scan_layers": "off"}, {})):
+    auto = {("cpu", "jax"): False, ("gpu", "pallas"): True, ("gpu", "jax"): False, ("tpu", "jax"): True}
+    for overrides, want in (({}, auto), ({"model.scan_layers": "off"}, {})):
         config = load_config("quick", overrides)
-        for backend, scanned in {"cpu": False, "gpu": False, "tpu": False, **want}.items():
-            choice = resolve_attention("jax", backend, config.model.seq_len)
+        for (backend, attention), scanned in {**dict.fromkeys(auto, False), **want}.items():
+            choice = resolve_attention(attention, backend, config.model.seq_len)
+            assert choice.implementation == attention
             assert SequenceRecipe(config, 4, static_heads=True, attention=choice).model.scan_layers is scanned
     config = load_config("quick", {"model.scan_layers": "on"})
     assert SequenceRecipe(config, 4, static_heads=True).model.scan_layers is True

@@ -52,7 +52,7 @@ class SequenceRecipe(Recipe):
             layout=layout,
             attention=attention.implementation,
             interpret=attention.interpret,
-            scan_layers=scan_layers(config, attention.backend),
+            scan_layers=scan_layers(config, attention.backend, attention.implementation),
         )
         self.static_heads = static_heads
         self.vmap_inside_grad = layout is not None
@@ -273,11 +273,12 @@ class SequenceExperiment(Experiment):
         """models/cost.sweep_cost of ``strategy`` on ``backend``'s device preset (an H200
         for backends without one) over ``devices`` of them (default: this machine's)."""
         device = cost.DEVICES[cost.BACKEND_DEVICE.get(backend, "h200")]
-        groups = self.program_groups(self.programs(strategy, backend))
-        kernel = self._kernel_priced(backend)
+        programs, devices = self.programs(strategy, backend), devices or self._devices()
+        scanned = any(recipe.model.scan_layers for p in programs for _, recipe in recipe_groups(p))
+        kernel, groups = self._kernel_priced(backend), self.program_groups(programs)
         return {
             "device": device,
-            **cost.sweep_cost(cost.Shape.of(self.config), groups, device, devices or self._devices(), kernel=kernel),
+            **cost.sweep_cost(cost.Shape.of(self.config), groups, device, devices, kernel, scanned),
         }
 
     def estimated_bytes_per_member_step(self, backend: str, devices: int) -> float:

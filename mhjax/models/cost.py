@@ -120,6 +120,13 @@ KERNEL_PARAM = (-9.3, -32.6)
 ATTENTION_KERNEL_WIDTH = (-26.5, -158.0)
 
 
+# Scanned layers under the kernels (config.model.scan_layers, on by default there): each layer's
+# saved activations copied into stacks in the forward and out in the backward, the stacks zeroed;
+# in the compiled GPU program's bytes per (b, t) row and unit of D per layer (gpu_bytes.py, paper
+# sweep, 8 members, one_program: 0.497 GB per member-step scanned against 0.316 unrolled).
+SCAN_KERNEL_WIDTH = (0.497 - 0.316) * 1e9 / (4 * 50 * 100 * 64)  # 141 bytes
+
+
 class Shape(NamedTuple):
     batch: int
     length: int
@@ -142,13 +149,15 @@ class Shape(NamedTuple):
 class Cost(NamedTuple):
     """Per member-step. ``bytes`` is XLA:CPU's count; of it ``core_bytes`` are the JAX
     attention core's and ``kernel_bytes`` the Pallas kernel's (exact, counted analytically);
-    of ``flops``, ``dot_flops`` are matmuls."""
+    of ``flops``, ``dot_flops`` are matmuls. ``scan_bytes``: beside ``bytes``, what scanned
+    layers add on a GPU (XLA:CPU counts a loop body once and cannot see it)."""
 
     flops: float
     bytes: float
     dot_flops: float = 0.0
     core_bytes: float = 0.0
     kernel_bytes: float = 0.0
+    scan_bytes: float = 0.0  # the scanned layers' stack copies, in the compiled GPU program's bytes
 
 
 def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = False) -> Cost:
@@ -223,7 +232,8 @@ def kernels_cost(shape: Shape, heads: int) -> KernelCost:
 def device_bytes(cost: Cost, device: Device) -> float:
     """``cost``'s bytes as the device's compiled program moves them (Device.compiled_bytes)."""
     rest, core = device.compiled_bytes
-    return (cost.bytes - cost.core_bytes - cost.kernel_bytes) * rest + cost.core_bytes * core + cost.kernel_bytes
+    rest_bytes = cost.bytes - cost.core_bytes - cost.kernel_bytes
+    return rest_bytes * rest + cost.core_bytes * core + cost.kernel_bytes + cost.scan_bytes
 
 
 def times(cost: Cost, device: Device) -> tuple[float, float]:
@@ -237,7 +247,9 @@ def step_seconds(cost: Cost, device: Device) -> float:
     return max(times(cost, device))
 
 
-def sweep_cost(shape: Shape, programs, device: Device, devices: int = 1, kernel: bool = False) -> dict:
+def sweep_cost(
+    shape: Shape, programs, device: Device, devices: int = 1, kernel: bool = False, scanned: bool = False
+) -> dict:
     """Predicted figures of a sweep whose programs run one after another.
 
     ``programs``: per program, its groups as (members, fine heads, mixed). A program's
@@ -247,7 +259,8 @@ def sweep_cost(shape: Shape, programs, device: Device, devices: int = 1, kernel:
     program's, averaged over members), member-steps/s of the whole sweep, the memory per
     device (states of every member, activations of the largest program; fp32) and, per fine
     head count, the step's compute and memory seconds and which bounds it. ``kernel``: static
-    head counts run the Pallas kernel.
+    head counts run the Pallas kernel. ``scanned``: the layers run as one scanned block
+    (SCAN_KERNEL_WIDTH, priced under the kernels only: the JAX path is not scanned on a GPU).
     """
     members = sum(n for groups in programs for n, _, _ in groups)
     flops = nbytes = compiled = dots = rest = seconds = 0.0
@@ -260,6 +273,10 @@ def sweep_cost(shape: Shape, programs, device: Device, devices: int = 1, kernel:
         program_activations = 0.0
         for n, fine, mixed in groups:
             cost = member_cost(shape, fine, mixed, kernel)
+            if scanned and kernel and not mixed:  # priced for the kernels' scan only (measured there)
+                cost = cost._replace(
+                    scan_bytes=SCAN_KERNEL_WIDTH * shape.num_layers * shape.batch * shape.length * shape.width
+                )
             flops, nbytes = flops + n * cost.flops, nbytes + n * cost.bytes
             compiled, dots = compiled + n * device_bytes(cost, device), dots + n * cost.dot_flops
             rest += n * (cost.bytes - cost.core_bytes - cost.kernel_bytes)

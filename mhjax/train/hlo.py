@@ -6,8 +6,8 @@
   plus its operands' bytes, as XLA's HloCostAnalysis charges an op; a fusion whose root is a
   dynamic-update-slice (in place) or a dynamic-slice, the slice's bytes only, and an operand a
   fusion reads only through dynamic-slices, those slices' bytes (a scan's stacked buffers).
-  Approximate (a fusion that reads a static slice of an operand is charged the whole operand). On a GPU target, where ``cost_analysis()`` is None, this is the only
-  count there is.
+  Approximate (a fusion that reads a static slice of an operand is charged the whole
+  operand). On a GPU target, where ``cost_analysis()`` is None, this is the only count there is.
 - ``triton_kernels``: the Pallas/Triton kernels in the program, by name.
 - ``square_tensors``: f32 tensors whose last two dimensions are (T, T), i.e. attention maps
   that reached memory (the fused kernel keeps them on chip).
