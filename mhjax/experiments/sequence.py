@@ -281,8 +281,10 @@ class SequenceExperiment(Experiment):
             **cost.sweep_cost(cost.Shape.of(self.config), groups, device, devices, kernel, scanned),
         }
 
-    def estimated_bytes_per_member_step(self, backend: str, devices: int) -> float:
-        return self.predict(self.resolved_strategy(backend, devices), backend, devices)["bytes_per_member_step"]
+    def estimated_bytes_per_member_step(self, backend: str, devices: int) -> float:  # the compiled program's
+        return self.predict(self.resolved_strategy(backend, devices), backend, devices)[
+            "compiled_bytes_per_member_step"
+        ]
 
     def estimate_lines(self, backend: str) -> list[str]:
         """The dry run's cost lines: an estimate for this machine where models/cost.py has a

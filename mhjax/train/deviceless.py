@@ -34,7 +34,8 @@ class Executable(NamedTuple):
     alias: int  # outputs that reuse (donated) argument buffers
     kernels: dict  # {Triton kernel name: calls}
     square: int  # lines with an f32 (..., T, T) value
-    bytes_per_member_step: float | None  # training chunks only
+    bytes_per_member_step: float | None  # training chunks only, besides the Pallas kernels
+    kernel_bytes_per_member_step: float | None  # the Pallas kernels' calls, each charged its whole operands
 
     @property
     def total(self) -> int:
@@ -49,11 +50,11 @@ class Report(NamedTuple):
     length: int | None  # model.seq_len, where the experiment has one: the (T, T) maps looked for
 
 
-def step_bytes(text: str, length: int) -> float:
+def step_bytes(text: str, length: int, triton: bool | None = None) -> float:
     """Bytes one step of a ``length``-step chunk moves: loop bodies counted once per trip
     (XLA's known trip counts, nested loops such as the layers' scan included), the entry
-    computation once, over ``length`` steps."""
-    return hlo.kernel_bytes(text, weighted=True) / length
+    computation once, over ``length`` steps (``triton``: hlo.kernel_bytes's)."""
+    return hlo.kernel_bytes(text, weighted=True, triton=triton) / length
 
 
 @contextlib.contextmanager
@@ -100,9 +101,10 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
 def _describe(key, executable, seconds: float, members: dict, length) -> Executable:
     memory = executable.memory_analysis()
     text = executable.as_text()
-    per_step = None
+    per_step = kernel_step = None
     if key[0] == "chunk":
-        per_step = step_bytes(text, key[2]) / members[key[1]]
+        per_step = step_bytes(text, key[2], triton=False) / members[key[1]]
+        kernel_step = step_bytes(text, key[2], triton=True) / members[key[1]]
     return Executable(
         key,
         seconds,
@@ -113,6 +115,7 @@ def _describe(key, executable, seconds: float, members: dict, length) -> Executa
         dict(hlo.triton_kernels(text)),
         hlo.square_tensors(text, length) if length else 0,
         per_step,
+        kernel_step,
     )
 
 
@@ -155,9 +158,12 @@ def lines(report: Report) -> list[str]:
     )
     for e in report.executables:
         if e.bytes_per_member_step is not None:
-            estimate = f"; models/cost.py: {report.estimate_bytes / 1e9:.2f} GB" if report.estimate_bytes else ""
+            estimate = f"; models/cost.py: {report.estimate_bytes / 1e9:.2f} GB in all" if report.estimate_bytes else ""
+            kernels = ""
+            if e.kernel_bytes_per_member_step:  # a group's call reads its members' blocks only: an upper bound
+                kernels = f" besides the Pallas kernels' calls ({e.kernel_bytes_per_member_step / 1e9:.2f} GB at most)"
             out.append(
                 f"bytes per member-step ({' '.join(str(k) for k in e.key)}, the compiled program's top-level "
-                f"kernels): {e.bytes_per_member_step / 1e9:.2f} GB{estimate}"
+                f"kernels): {e.bytes_per_member_step / 1e9:.2f} GB{kernels}{estimate}"
             )
     return out

@@ -143,8 +143,12 @@ def kernels(text: str, weighted: bool = False):
             yield line, op, moved * count
 
 
-def kernel_bytes(text: str, weighted: bool = False) -> int:
-    return sum(moved for _, _, moved in kernels(text, weighted))
+def kernel_bytes(text: str, weighted: bool = False, triton: bool | None = None) -> int:
+    """Bytes the top-level kernels move (``triton``: True, only the Triton calls, the Pallas
+    kernels, each charged its whole operands; False, all but them; None, all)."""
+    return sum(
+        moved for line, _, moved in kernels(text, weighted) if triton is None or bool(TRITON.search(line)) == triton
+    )
 
 
 def triton_kernels(text: str) -> Counter:
