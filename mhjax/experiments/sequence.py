@@ -282,9 +282,8 @@ class SequenceExperiment(Experiment):
         }
 
     def estimated_bytes_per_member_step(self, backend: str, devices: int) -> float:  # the compiled program's
-        return self.predict(self.resolved_strategy(backend, devices), backend, devices)[
-            "compiled_bytes_per_member_step"
-        ]
+        p = self.predict(self.resolved_strategy(backend, devices), backend, devices)
+        return p["compiled_bytes_per_member_step"]
 
     def estimate_lines(self, backend: str) -> list[str]:
         """The dry run's cost lines: an estimate for this machine where models/cost.py has a
