@@ -7,7 +7,7 @@
 # mhjax runs from this checkout (PYTHONPATH), never installed.
 #
 # Stages (caps from the H200 run of 2026-12, see benchmarks/RESULTS.md "Accelerator plan"):
-#   a. kernel_tests  75 s  the Pallas kernel's equality tests, all of them (slow ones too), real
+#   a. kernel_tests  75 s  the Pallas kernels' equality tests, all of them (slow ones too), real
 #                          lowering (interpret mode is for CPUs only), on 4 pytest workers
 #   -  dry_run       30 s  `mhjax train --dry-run` of the 64-member sweep (the predicted rate)
 #   b. throughput   170 s  one_program with attention jax and pallas, both PyTorch peers (one
@@ -118,13 +118,14 @@ EOF
 
 # ---- a. the kernel's equality tests on the device, real lowering (not interpret mode)
 kernel_ok=0
-test_file=$(ls tests/test_pallas*.py tests/test_*pallas*.py 2>/dev/null | head -n 1)
+# the kernels' tests: attention, the block kernels alone and in the model
+test_file=$(ls tests/test_pallas*.py tests/test_block_kernels.py 2>/dev/null | tr '\n' ' ')
 if [ -n "$test_file" ]; then
   # The kernel interprets only on a CPU backend: on the device these tests run the Triton lowering.
   workers=()  # compiles are CPU-bound: spread the cases over a few processes when xdist is there
   "$py" -c 'import xdist' 2>/dev/null && workers=(-n "${TEST_WORKERS:-4}" --dist load)
   stage kernel_tests "$cap_tests" TERM "" "$py" -m pytest -q -o addopts="" \
-    -p no:cacheprovider "${workers[@]}" "$test_file" --junitxml "$work/kernel_tests.xml"
+    -p no:cacheprovider "${workers[@]}" $test_file --junitxml "$work/kernel_tests.xml"
   rc=$?
   "$py" - "$work/kernel_tests.xml" "$rc" "$test_file" > "$out/kernel_tests.json" <<'EOF'
 import json, sys, xml.etree.ElementTree as ET
