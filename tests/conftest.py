@@ -12,6 +12,12 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(ROOT, ".pytest_cache", "xla"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# The suite is compile-bound (tiny models, few steps): LLVM at -O0 halves XLA's CPU compile time
+# and changes no number the tests check (HLO passes, fusion and the arithmetic are the same).
+# Subprocess tests that set their own XLA_FLAGS add FAST_COMPILE to them.
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FAST_COMPILE).strip()
 # The tests are CPU tests. Where jax[cuda13] is installed (to compile for a GPU target) but no
 # GPU is, JAX would otherwise log a cuPTI traceback at every backend start.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

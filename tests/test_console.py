@@ -26,7 +26,7 @@ from mhjax.train import ahead, engine
 from mhjax.train.console import Column, Console, SummaryTable, next_commands, summary_lines, terminal_width
 from mhjax.train.loop import run
 from mhjax.workflows.train import describe
-from tests.conftest import config_source, tiny_sequence_config, tiny_train
+from tests.conftest import FAST_COMPILE, config_source, tiny_sequence_config, tiny_train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -113,6 +113,7 @@ def _env(**extra):
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     for name in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
         env.pop(name, None)
+    env["XLA_FLAGS"] = FAST_COMPILE  # no forced device count
     env.update(extra)
     return env
 

@@ -160,6 +160,9 @@ def _train_process(config, workdir):
     return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
+# Three training processes of a wider model (a minute on 2 cores): slow. The fast tests above
+# fail the checkpoint and results writes with ENOSPC in process and check the same messages.
+@pytest.mark.slow
 def test_a_real_full_disk_is_one_line_on_the_terminal_and_resumes_once_space_is_back(tmp_path):
     config = write_config(tmp_path / "wide.py", WIDE)
     reference = _train_process(config, tmp_path / "reference")

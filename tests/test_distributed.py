@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import config_source, tiny_sequence_config, tiny_train
+from tests.conftest import FAST_COMPILE, config_source, tiny_sequence_config, tiny_train
 from tests.test_sweep import assert_trees_close
 
 
@@ -23,7 +23,7 @@ TINY_CONFIG = config_source(tiny_train(fused(tiny_sequence_config(task=("copy", 
 
 def _env(devices: int) -> dict:
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} {FAST_COMPILE}"
     env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] = "gloo"
     env["JAX_PLATFORMS"] = "cpu"
     return env

@@ -206,7 +206,7 @@ def test_lanczos_64_steps_match_the_dense_hessian():
     params = jax.tree_util.tree_map(lambda p: p + 0.3 * jax.random.normal(jax.random.PRNGKey(5), p.shape), params)
     flat, unravel = ravel_pytree(params)
     assert flat.size == 2 * (36 + 12)  # 96 parameters: 64 Lanczos steps span most of the space
-    dense = np.asarray(jax.hessian(lambda z: recipe.train_loss(unravel(z), consts))(flat), np.float64)
+    dense = np.asarray(jax.jit(jax.hessian(lambda z: recipe.train_loss(unravel(z), consts)))(flat), np.float64)
     eigs = np.linalg.eigvalsh((dense + dense.T) / 2)
     out = jax.jit(recipe.evaluate)(params, consts)
     scale = np.abs(eigs).max()

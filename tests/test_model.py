@@ -132,7 +132,8 @@ def test_grouped_heads_equal_plain_heads(heads, deterministic):
         np.testing.assert_allclose(la, lb[:, ::group], atol=1e-6)
 
 
-@pytest.mark.parametrize("deterministic", [True, False])
+# without dropout (slow): the fast case with dropout runs the same layout code, dropout added
+@pytest.mark.parametrize("deterministic", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_member_layout_equals_plain_heads_per_member(deterministic):
     """One model vmapped over members of 1, 2, 4 and 8 heads with their layout (attention run
     group by group at static head counts), gradients taken of the summed losses as the engine
@@ -154,9 +155,13 @@ def test_member_layout_equals_plain_heads_per_member(deterministic):
         return jnp.sum(losses), losses
 
     (_, losses), grads = jax.jit(jax.value_and_grad(total, has_aux=True))(params)
+    alone = {}  # one compiled plain model per head count (jit, not op by op: seconds less)
     for i, h in enumerate(heads):
         own = jax.tree_util.tree_map(lambda x, i=i: x[i], params)
-        a, ga = jax.value_and_grad(loss)(own, Transformer(16, 8, 16, 2, 32, h, 0.1), None, drops[i])
+        if h not in alone:
+            plain = Transformer(16, 8, 16, 2, 32, h, 0.1)
+            alone[h] = jax.jit(jax.value_and_grad(lambda p, d, plain=plain: loss(p, plain, None, d)))
+        a, ga = alone[h](own, drops[i])
         np.testing.assert_allclose(losses[i], a, rtol=1e-5, atol=1e-6)
         for x, y in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ga)):
             np.testing.assert_allclose(x[i], y, rtol=1e-4, atol=1e-6)
@@ -169,7 +174,11 @@ def test_member_layout_must_cover_the_vmapped_axis():
         jax.vmap(lambda k: model.init(k, tokens))(jax.random.split(jax.random.PRNGKey(0), 2))
 
 
-@pytest.mark.parametrize("num_heads, heads, layout", [(4, None, None), (8, 2, None), (4, None, ((2, 1), (1, 4)))])
+# plain heads (slow): the same scan as the traced head count's case, which stays fast
+@pytest.mark.parametrize(
+    "num_heads, heads, layout",
+    [pytest.param(4, None, None, marks=pytest.mark.slow), (8, 2, None), (4, None, ((2, 1), (1, 4)))],
+)
 def test_scanned_layers_equal_the_unrolled_blocks(num_heads, heads, layout):
     """scan_layers (accelerators: one layer compiled instead of L) computes what the unrolled
     blocks compute: the same parameter tree, the same dropout draws (each layer's keys are the
@@ -193,7 +202,7 @@ def test_scanned_layers_equal_the_unrolled_blocks(num_heads, heads, layout):
         return jax.value_and_grad(lambda s: jnp.sum(jax.vmap(lambda p: loss(model, p, deterministic))(s)))(stacked)
 
     for deterministic in (True, False):
-        (a, ga), (b, gb) = value(unrolled, deterministic), value(scanned, deterministic)
+        (a, ga), (b, gb) = (jax.jit(value, static_argnums=(0, 1))(m, deterministic) for m in (unrolled, scanned))
         np.testing.assert_allclose(b, a, rtol=1e-6)
         for x, y in zip(jax.tree_util.tree_leaves(ga), jax.tree_util.tree_leaves(gb)):
             np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)

@@ -223,7 +223,7 @@ def test_targets_at_unweighted_positions_change_nothing():
         sweep = Sweep(experiment, "cpu")
         (program,) = [p for p in sweep.programs if p.name == "h1"]
         states, consts = sweep.init_states(), sweep.consts["h1"]
-        loss = jax.vmap(jax.value_and_grad(lambda p, c, recipe=program.recipe: recipe.loss(p, c, 0)[0]))
+        loss = jax.jit(jax.vmap(jax.value_and_grad(lambda p, c, recipe=program.recipe: recipe.loss(p, c, 0)[0])))
         value, grads = loss(states["h1"].params, consts)
         results.append((float(value[0]), jax.tree_util.tree_leaves(grads), sweep.evaluate(states)))
     assert results[0][0] == results[1][0] and results[0][2] == results[1][2]
@@ -249,7 +249,7 @@ def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_sourc
     shutil.copytree(EXAMPLE, examples, ignore=shutil.ignore_patterns("__pycache__"))
     workdir = str(tmp_path / "w")
     config = str(examples / "my_task_config.py")
-    overrides = ["--config.train.steps=4", "--config.train.chunk_steps=2", "--config.sweep.heads=(1, 2)"]
+    overrides = ["--config.train.steps=4", "--config.train.chunk_steps=2", "--config.sweep.heads=(2,)"]
     assert cli.main(["train", "--config", config, "--workdir", workdir, "--no-progress", *overrides]) == 0
     recorded = json.load(open(os.path.join(workdir, "mhjax.json")))["tasks"]
     source = {"module": "my_task", "function": "first_token", "file": str(examples / "my_task.py")}
@@ -264,9 +264,7 @@ def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_sourc
     )
     done = _python(code, tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "['first_token-h1-s0', 'first_token-h2-s0'] ['first_token-h1-s0', 'first_token-h2-s0'] first_token" in (
-        done.stdout
-    )
+    assert "['first_token-h2-s0'] ['first_token-h2-s0'] first_token" in done.stdout
     # a task that samples whole sequences is not described as random tokens
     assert "on 4 sequences of length 16 drawn by each task's sampler (--seed 0)" in done.stdout
     # The source changed since training: analyze refuses in one line unless --allow-changed-task.
@@ -299,7 +297,7 @@ def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_sourc
     )
     done = _python(code, tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "2 ['analysis/accuracy'] ['block_0', 'pos_emb', 'readout', 'token_emb']" in done.stdout
+    assert "1 ['analysis/accuracy'] ['block_0', 'pos_emb', 'readout', 'token_emb']" in done.stdout
 
 
 def test_a_task_defined_in_main_reads_without_code_and_analyze_says_how(tmp_path):
