@@ -85,7 +85,7 @@ def programs_of(experiment, strategy: str) -> list[Program]:
 
 def experiment_with(config, attention: str) -> SequenceExperiment:
     """The sweep at ``attention``, its layers unrolled: XLA's cost analysis counts a loop's body
-    once, so a scanned step (config.model.scan_layers, on by default for accelerators) would
+    once, so a scanned step (config.model.scan_layers=on, or auto on a TPU) would
     count one layer of num_layers. The step's arithmetic and traffic per layer are the same."""
     config = copy.deepcopy(config)
     config.attention = attention
@@ -106,7 +106,7 @@ def run_strategy(config, spec: str, device: cost.Device) -> dict:
     # The analytic model knows the library's own attention paths (JAX, the Pallas kernel), not the variants.
     groups = experiment.program_groups(programs)
     model = None if variant and not kernel else cost.sweep_cost(cost.Shape.of(config), groups, device, kernel=kernel)
-    # the counts are of unrolled layers (experiment_with); a GPU run under the kernels scans them by default
+    # the counts are of unrolled layers (experiment_with), as a GPU runs them; scan_layers=on adds the stacks
     scanned = cost.sweep_cost(cost.Shape.of(config), groups, device, kernel=True, scanned=True) if kernel else None
     scale = lambda key, unit: None if model is None else model[key] / unit  # noqa: E731
     # XLA's count priced as cost.py prices its own: the kernel's bytes exact, the rest converted
@@ -225,7 +225,7 @@ def main(argv=None) -> int:
             if r["cost_model_scanned"]:
                 s = r["cost_model_scanned"]
                 print(
-                    f"{'':<18} scanned layers (config.model.scan_layers=auto on a GPU under the kernels; these "
+                    f"{'':<18} with config.model.scan_layers=on (scanned layers; these "
                     f"counts are of unrolled ones): models/cost.py {s['compiled_bytes_per_member_step'] / 1e9:.2f} GB "
                     f"compiled, {s['member_steps_per_s']:,.0f}/s",
                     flush=True,

@@ -120,7 +120,7 @@ KERNEL_PARAM = (-9.3, -32.6)
 ATTENTION_KERNEL_WIDTH = (-26.5, -158.0)
 
 
-# Scanned layers under the kernels (config.model.scan_layers, on by default there): each layer's
+# Scanned layers under the kernels (config.model.scan_layers=on; auto does not scan on a GPU): each layer's
 # saved activations copied into stacks in the forward and out in the backward, the stacks zeroed;
 # in the compiled GPU program's bytes per (b, t) row and unit of D per layer (gpu_bytes.py, paper
 # sweep, 8 members, one_program: 0.497 GB per member-step scanned against 0.316 unrolled).
