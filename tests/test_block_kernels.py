@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mhjax.models.transformer import Transformer
+from tests.jaxprs import equations
 
 ON_GPU = jax.default_backend() == "gpu"
 VALUE_RTOL, GRAD_RTOL, GRAD_ATOL = (2e-3, 2e-3, 1e-4) if ON_GPU else (1e-5, 1e-4, 1e-5)
@@ -48,37 +49,9 @@ def test_the_kernel_block_is_the_jax_block(scan_layers):
         np.testing.assert_allclose(a, b, rtol=GRAD_RTOL, atol=GRAD_ATOL)
 
 
-def _pallas_calls(jaxpr, names):
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "pallas_call":
-            names.append(str(eqn.params.get("name_and_src_info", eqn.params.get("name", ""))).split()[0])
-            continue
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (list, tuple)) else [value]:
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    _pallas_calls(inner, names)
-    return names
-
-
 def _is_hidden(shape) -> bool:
     """(B, T, MLP) or (B * T, MLP) rows: not the (D, MLP) weights or their gradients."""
     return shape[-1:] == (MLP,) and np.prod(shape[:-1]) % TOKENS.size == 0
-
-
-def _hidden_arrays(jaxpr):
-    """Arrays of the program (kernels' insides excluded) that hold the MLP's hidden rows."""
-    found = 0
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "pallas_call":
-            continue
-        found += sum(1 for v in eqn.outvars if _is_hidden(getattr(v.aval, "shape", ())))
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (list, tuple)) else [value]:
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    found += _hidden_arrays(inner)
-    return found
 
 
 @pytest.mark.parametrize("attention", ["pallas", "jax"])
@@ -89,6 +62,10 @@ def test_a_training_step_runs_three_kernels_per_layer_and_no_hidden_activation(a
     model = _model(attention, layers=1)
     params = model.init(jax.random.PRNGKey(1), TOKENS)
     jaxpr = jax.make_jaxpr(lambda p: jax.grad(lambda p: jnp.sum(model.apply(p, TOKENS)))(p))(params).jaxpr
-    names = _pallas_calls(jaxpr, [])
+    eqns = list(equations(jaxpr))
+    names = [str(e.params["name"]).split()[0] for e in eqns if e.primitive.name == "pallas_call"]
     assert len(names) == (6 if attention == "pallas" else 0), names
-    assert (_hidden_arrays(jaxpr) == 0) == (attention == "pallas")
+    hidden = [
+        v.aval.shape for e in eqns if e.primitive.name != "pallas_call" for v in e.outvars if _is_hidden(v.aval.shape)
+    ]
+    assert (hidden == []) == (attention == "pallas"), hidden

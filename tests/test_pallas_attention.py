@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from mhjax.models import attention, pallas_attention
+from tests.jaxprs import equations
 
 WIDTH, BATCH, RATE = 64, 2, 0.3
 ON_GPU = jax.default_backend() == "gpu"  # the real Triton lowering: TF32 matmuls (see above)
@@ -132,17 +133,10 @@ def test_members_attention_reads_and_writes_each_group_at_its_offset():
 def _primitives(jaxpr, counts):
     """Primitive names of ``jaxpr`` and its sub-jaxprs, except inside kernels; a concatenation
     of activations (4 or more dimensions: members, batch, time, features) as 'concatenate4'."""
-    for eqn in jaxpr.eqns:
+    for eqn in equations(jaxpr):
         name = eqn.primitive.name
         name += "4" if name == "concatenate" and eqn.outvars[0].aval.ndim >= 4 else ""
         counts[name] = counts.get(name, 0) + 1
-        if eqn.primitive.name == "pallas_call":
-            continue
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (list, tuple)) else [value]:
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    _primitives(inner, counts)
     return counts
 
 

@@ -50,11 +50,11 @@ class Report(NamedTuple):
     length: int | None  # model.seq_len, where the experiment has one: the (T, T) maps looked for
 
 
-def step_bytes(text: str, length: int, triton: bool | None = None) -> float:
+def step_bytes(text: str, length: int) -> float:
     """Bytes one step of a ``length``-step chunk moves: loop bodies counted once per trip
     (XLA's known trip counts, nested loops such as the layers' scan included), the entry
-    computation once, over ``length`` steps (``triton``: hlo.kernel_bytes's)."""
-    return hlo.kernel_bytes(text, weighted=True, triton=triton) / length
+    computation once, over ``length`` steps."""
+    return hlo.kernel_bytes(text, weighted=True) / length
 
 
 @contextlib.contextmanager
@@ -103,8 +103,8 @@ def _describe(key, executable, seconds: float, members: dict, length) -> Executa
     text = executable.as_text()
     per_step = kernel_step = None
     if key[0] == "chunk":
-        per_step = step_bytes(text, key[2], triton=False) / members[key[1]]
-        kernel_step = step_bytes(text, key[2], triton=True) / members[key[1]]
+        # one step's, per member: besides the Pallas calls, and the calls (loop bodies per trip)
+        per_step, kernel_step = (b / key[2] / members[key[1]] for b in hlo.split_bytes(text, weighted=True))
     return Executable(
         key,
         seconds,

@@ -4,8 +4,8 @@
   computation and of the computations it calls as loop bodies or conditions (not the insides
   of fusions: a fusion moves its operands and its result once) is charged its result's bytes
   plus its operands' bytes, as XLA's HloCostAnalysis charges an op; a fusion whose root is a
-  dynamic-update-slice (in place) or a dynamic-slice, the slice's bytes only, and an operand a
-  fusion reads only through dynamic-slices, those slices' bytes (a scan's stacked buffers).
+  dynamic-update-slice (in place), the update's bytes only, and an operand a fusion reads only
+  through dynamic-slices, those slices' bytes (a scan's stacked buffers).
   Approximate (a fusion that reads a static slice of an operand is charged the whole
   operand). On a GPU target, where ``cost_analysis()`` is None, this is the only count there is.
 - ``triton_kernels``: the Pallas/Triton kernels in the program, by name.
@@ -93,24 +93,27 @@ def runs(comps: dict[str, list[str]], entry: str, unknown_trips: int = 1) -> dic
     return out
 
 
-def _sliced_parameters(lines: list[str]) -> dict[int, int]:
-    """{parameter index: bytes read} of a fused computation's parameters that it reads only
-    through dynamic-slices (a scan's stacked buffers: the slice is read, not the stack)."""
-    params, sizes, uses = {}, {}, {}
+def _instructions(lines: list[str]):
+    """(line, result name, its bytes, op, operand names) of a computation's instructions."""
     for line in lines:
         result, rhs = line.split(" = ", 1)
         match = INSTRUCTION.match(rhs)
-        if not match:
-            continue
-        out_type, op, args = match.groups()
-        sizes[result] = type_bytes(out_type)
+        if match:
+            out_type, op, args = match.groups()
+            yield line, result, type_bytes(out_type), op, [a.strip().split()[-1] for a in args.split(",") if a.strip()]
+
+
+def _sliced_parameters(lines: list[str]) -> dict[int, int]:
+    """{parameter index: bytes read} of a fused computation's parameters that it reads only
+    through dynamic-slices (a scan's stacked buffers: the slice is read, not the stack)."""
+    params, uses = {}, {}
+    for line, result, size, op, names in _instructions(lines):
         if op == "parameter":
-            params[result] = int(args)
+            params[result] = int(line.split("parameter(", 1)[1].split(")", 1)[0])
             continue
-        for position, arg in enumerate(filter(None, (a.strip() for a in args.split(",")))):
-            name = arg.split()[-1]
+        for position, name in enumerate(names):
             if name in params:  # the sliced operand is a dynamic-slice's first; its indices are read whole
-                uses.setdefault(name, []).append((op == "dynamic-slice" and position == 0, sizes[result]))
+                uses.setdefault(name, []).append((op == "dynamic-slice" and position == 0, size))
     return {params[name]: sum(size for _, size in used) for name, used in uses.items() if all(s for s, _ in used)}
 
 
@@ -121,34 +124,33 @@ def kernels(text: str, weighted: bool = False):
     counts = runs(comps, entry) if weighted else dict.fromkeys(top_level(comps, entry), 1)
     for name, count in counts.items():
         sizes = {}
-        for line in comps[name]:
-            result, rhs = line.split(" = ", 1)
-            match = INSTRUCTION.match(rhs)
-            if not match:
-                continue
-            out_type, op, args = match.groups()
-            sizes[result] = type_bytes(out_type)
+        for line, result, size, op, names in _instructions(comps[name]):
+            sizes[result] = size
             if op in FREE:
                 continue
-            names = [a.strip().split()[-1] for a in args.split(",") if a.strip()]
             fused = re.search(r"calls=(%[\w.\-]+)", line) if op == "fusion" else None
             sliced = _sliced_parameters(comps.get(fused.group(1), [])) if fused else {}
             operands = sum(sliced.get(i, sizes.get(name, 0)) for i, name in enumerate(names))
-            moved = sizes[result] + operands
-            root = _root_op(comps, fused.group(1)) if fused else ""
-            if root == "dynamic-update-slice":  # in place: reads and writes the update only
-                moved = 2 * max(operands - sizes[result], 0)
-            elif root == "dynamic-slice":  # reads the slice only
-                moved = 2 * sizes[result]
+            moved = size + operands
+            if fused and _root_op(comps, fused.group(1)) == "dynamic-update-slice":  # in place: the update only
+                moved = 2 * max(operands - size, 0)
             yield line, op, moved * count
 
 
-def kernel_bytes(text: str, weighted: bool = False, triton: bool | None = None) -> int:
-    """Bytes the top-level kernels move (``triton``: True, only the Triton calls, the Pallas
-    kernels, each charged its whole operands; False, all but them; None, all)."""
-    return sum(
-        moved for line, _, moved in kernels(text, weighted) if triton is None or bool(TRITON.search(line)) == triton
-    )
+def split_bytes(text: str, weighted: bool = False) -> tuple[int, int]:
+    """(bytes the top-level kernels move besides the Triton calls, the Triton calls' bytes: the
+    Pallas kernels, each charged its whole operands)."""
+    rest = triton = 0
+    for line, _, moved in kernels(text, weighted):
+        if TRITON.search(line):
+            triton += moved
+        else:
+            rest += moved
+    return rest, triton
+
+
+def kernel_bytes(text: str, weighted: bool = False) -> int:
+    return sum(split_bytes(text, weighted))
 
 
 def triton_kernels(text: str) -> Counter:
