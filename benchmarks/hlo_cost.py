@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from hlo_parts import bytes_by_part
 
-from mhjax.models import attention, pallas_attention, pallas_block
+from mhjax.models import attention, cost, pallas_attention, pallas_block
 from mhjax.train import engine
 from mhjax.train.loop import stack_constants
 
@@ -177,24 +177,17 @@ def kernel_cost(experiment, programs) -> tuple[float, float]:
     """(FLOPs, bytes) of the Pallas kernels' calls in one step of ``programs``, summed over
     members and layers: the attention kernel of each member at the static head count its group
     runs, and per layer the projection's norm_dense and the MLP block (pallas_block)."""
-    m, batch = experiment.config.model, experiment.config.data.batch_size
-    rows = batch * m.seq_len
-    block = [  # where they fit (models/transformer.Block)
-        *(
-            [pallas_block.norm_dense_cost(rows, m.width, 3 * m.width)]
-            if pallas_block.fits(m.width, 3 * m.width)
-            else []
-        ),
-        *([pallas_block.mlp_block_cost(rows, m.width, m.mlp_dim)] if pallas_block.fits(m.width, m.mlp_dim) else []),
-    ]
+    shape = cost.Shape.of(experiment.config)
     flops = nbytes = 0.0
     for groups in experiment.program_groups(programs):
         for members, heads, mixed in groups:
             if mixed:
                 raise ValueError("the Pallas kernel runs static head counts only (not fused over several)")
-            costs = [pallas_attention.kernel_cost(batch, m.seq_len, m.width, heads), *block]
-            flops += members * m.num_layers * sum(c.flops for c in costs)
-            nbytes += members * m.num_layers * sum(c.bytes for c in costs)
+            layer = cost.kernels_cost(shape, heads)  # attention and the block's kernels where they run
+            flops, nbytes = (
+                flops + members * shape.num_layers * layer.flops,
+                nbytes + members * shape.num_layers * layer.bytes,
+            )
     return flops, nbytes
 
 

@@ -52,7 +52,7 @@ class SequenceRecipe(Recipe):
             layout=layout,
             attention=attention.implementation,
             interpret=attention.interpret,
-            scan_layers=scan_layers(config, attention.backend, attention.implementation),
+            scan_layers=scan_layers(config, attention.backend),
         )
         self.static_heads = static_heads
         self.vmap_inside_grad = layout is not None

@@ -21,14 +21,13 @@ def requested_attention(config) -> str:
     return config.get("attention", DEFAULTS["attention"])
 
 
-def scan_layers(config, backend: str, attention: str) -> bool:
+def scan_layers(config, backend: str) -> bool:
     """config.model.scan_layers: the layers as one scanned block (models/transformer.py). "auto" scans
     on a TPU only. On a GPU the scanned step copies each layer's saved activations into and out of
     stacks (benchmarks/RESULTS.md, the paper sweep compiled for an H200: 0.50 GB per member-step
     against 0.32 unrolled under the Pallas kernels, 3.19 against 1.48 on the JAX path), while under
     the kernels it saves ~2 s of a ~20 s compile: it pays only for runs of a few ten thousand
-    member-steps. "off" keeps the unrolled blocks everywhere, "on" scans everywhere.
-    ``attention``: the implementation that runs (kept for the choice's record)."""
+    member-steps. "off" keeps the unrolled blocks everywhere, "on" scans everywhere."""
     value = config.model.get("scan_layers", DEFAULTS["model.scan_layers"])
     if value != "auto":
         return value == "on"

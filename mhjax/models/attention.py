@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
 from mhjax.models.attention_choice import core_for
-from mhjax.models.dropout_hash import dropout_threshold, hash_keep
+from mhjax.models.dropout_hash import NO_DROPOUT, dropout_threshold, hash_keep
 
 Layout = tuple[tuple[int, int], ...]  # (members, heads) per group, in member-axis order
 
@@ -94,10 +94,9 @@ class HashDropout(nn.Module):
     @nn.compact
     def __call__(self, x, deterministic: bool = True, key=None):
         """``key``: the dropout key, where the caller derived it (transformer.py's scanned layers)."""
-        if deterministic or self.rate == 0.0:
+        seed, threshold, inv_keep = self.seed(deterministic, key)
+        if threshold >= NO_DROPOUT:
             return x
-        threshold, inv_keep = dropout_threshold(self.rate)
-        seed = jax.random.bits(self.make_rng("dropout") if key is None else key, (2,), jnp.uint32)
         return jnp.where(hash_keep(seed, x.shape, threshold), x * inv_keep, 0.0).astype(x.dtype)
 
     def seed(self, deterministic: bool = True, key=None):
@@ -105,7 +104,7 @@ class HashDropout(nn.Module):
         kernel that applies it itself (the same draw at the same module path; threshold 2^24:
         none)."""
         if deterministic or self.rate == 0.0:
-            return jnp.zeros((2,), jnp.uint32), 1 << 24, 1.0
+            return jnp.zeros((2,), jnp.uint32), NO_DROPOUT, 1.0
         key = self.make_rng("dropout") if key is None else key
         return (jax.random.bits(key, (2,), jnp.uint32), *dropout_threshold(self.rate))
 

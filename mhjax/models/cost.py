@@ -166,7 +166,7 @@ def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = Fal
     pallas_attention.kernel_cost, at static head counts only, so not with ``mixed``)."""
     b, t, d, layers, m, v = shape
     kernel = kernel and not mixed
-    if kernel and not pallas_block.fits(d, 3 * d, m):
+    if kernel and not all(pallas_block.block_parts(d, m)):
         return _attention_kernel_cost(shape, fine)
     if kernel:  # XLA's matmuls: the output projection and the readout; the kernels count their own
         matmul = 3 * 2 * b * t * (layers * d * d + d * v)  # forward + 2x backward
@@ -216,16 +216,16 @@ def _attention_kernel_cost(shape: Shape, heads: int) -> Cost:
 
 def kernels_cost(shape: Shape, heads: int) -> KernelCost:
     """One layer's Pallas kernels, forward and backward, for a member at ``heads``: attention
-    (pallas_attention.kernel_cost), the norm and q/k/v projection and the MLP block
-    (pallas_block). member_cost uses it where both block kernels fit (pallas_block.fits: width
-    up to 85, MLP up to 256), else the attention kernel's terms alone (a model where only one
-    of the two fits is priced that way too: an approximation)."""
+    (pallas_attention.kernel_cost) and the block's parts that run as kernels
+    (pallas_block.block_parts: the norm and q/k/v projection, the MLP block). member_cost uses it
+    where both block kernels run (width up to 85, MLP up to 256), else the attention kernel's
+    terms alone (a model where only one of the two runs is priced that way too: an
+    approximation)."""
     b, t, d, _, m, _ = shape
-    parts = (
-        kernel_cost(b, t, d, heads),
-        pallas_block.norm_dense_cost(b * t, d, 3 * d),
-        pallas_block.mlp_block_cost(b * t, d, m),
-    )
+    norm, mlp = pallas_block.block_parts(d, m)
+    parts = [kernel_cost(b, t, d, heads)]
+    parts += [pallas_block.norm_dense_cost(b * t, d, 3 * d)] if norm else []
+    parts += [pallas_block.mlp_block_cost(b * t, d, m)] if mlp else []
     return KernelCost(*(sum(column) for column in zip(*parts)))
 
 

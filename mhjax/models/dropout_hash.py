@@ -9,6 +9,8 @@ import math
 
 import jax.numpy as jnp
 
+NO_DROPOUT = 1 << 24  # a threshold at or above it keeps everything (24-bit uniform integers)
+
 
 def dropout_threshold(rate: float) -> tuple[int, float]:
     """(threshold, 1 / keep_prob): keep iff a 24-bit uniform integer < threshold."""

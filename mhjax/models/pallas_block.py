@@ -37,7 +37,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from mhjax.models.dropout_hash import hash_mix
+from mhjax.models.dropout_hash import NO_DROPOUT, hash_mix
 from mhjax.models.pallas_attention import MIN_DOT, KernelCost
 
 RMS_EPS = float(np.finfo(np.float32).eps)  # transformer.RMSNorm's epsilon (float32 machine epsilon)
@@ -49,7 +49,6 @@ PROGRAMS = 8  # programs per member to aim for (at most; at least PROGRAMS / 2 w
 STEP_ROWS = {"norm_dense_fwd": 32, "norm_dense_bwd": 16, "mlp_block_fwd": 32, "mlp_block_bwd": 32}
 WARPS, STAGES = 8, 3  # pipelined: the loop's row loads are prefetched (cp.async); 3: no spill either
 MAX_DIM = 256  # padded width, hidden width and features: whole weight blocks in one program
-NO_DROPOUT = 1 << 24  # a threshold at or above it keeps everything (dropout_hash.dropout_threshold)
 
 
 def _pad(n: int) -> int:
@@ -282,6 +281,12 @@ _mlp.defvjp(_mlp_fwd, _mlp_bwd)
 def fits(*dims: int) -> bool:
     """Whether rows of these widths (D and M, or D and F) fit the kernels' whole weight blocks."""
     return all(_pad(n) <= MAX_DIM for n in dims)
+
+
+def block_parts(width: int, mlp_dim: int) -> tuple[bool, bool]:
+    """Which of a Transformer block's parts run as kernels: (the pre-norm and q/k/v projection
+    as norm_dense, the MLP half as mlp_block), where their weights fit one program."""
+    return fits(width, 3 * width), fits(width, mlp_dim)
 
 
 def _check(fn: str, x, **arrays):

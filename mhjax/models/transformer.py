@@ -85,7 +85,7 @@ class Block(nn.Module):
             return False, False
         from mhjax.models import pallas_block
 
-        return pallas_block.fits(self.width, 3 * self.width), pallas_block.fits(self.width, self.mlp_dim)
+        return pallas_block.block_parts(self.width, self.mlp_dim)
 
 
 class NormScale(nn.Module):
