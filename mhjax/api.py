@@ -17,6 +17,7 @@ import ml_collections
 from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
 from mhjax.io.lock import WorkdirLock
+from mhjax.train.status import check_fail
 from mhjax.workflows import members
 from mhjax.workflows import target as _target
 from mhjax.workflows.analyze import analyze_workdir
@@ -67,13 +68,17 @@ def load_config(path_or_name, overrides: dict | None = None) -> ml_collections.C
 
 
 @python_errors
-def sweep(config, workdir, progress: bool = True) -> Run:
+def sweep(config, workdir, progress: bool = True, fail_on_divergence: bool = False) -> Run:
     """Train (or resume) every member of ``config`` (a ConfigDict, a path or a bundled name) in
-    ``workdir``, as ``mhjax train --config ... --workdir workdir``; returns its Run."""
+    ``workdir``, as ``mhjax train --config ... --workdir workdir``; returns its Run.
+    ``fail_on_divergence``: raise ``mhjax.DivergedError`` when a member diverged, once
+    everything is written (``mhjax train --fail-on-divergence``)."""
     if not isinstance(config, ml_collections.ConfigDict):
         config = load_config(config)
     workdir = os.fspath(workdir)
-    train(make_experiment(config), workdir, progress=progress, log=lambda message: print(message, file=sys.stderr))
+    log = lambda message: print(message, file=sys.stderr)
+    payload = train(make_experiment(config), workdir, progress=progress, log=log)
+    check_fail(payload["members"], fail_on_divergence, "fail_on_divergence=True")
     return load(workdir)
 
 

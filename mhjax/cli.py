@@ -74,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
         "text file) on this machine and print compile times, memory and kernels; needs jax[cuda13]",
     )
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument(
+        "--fail-on-divergence",
+        action="store_true",
+        help="exit with status 3 when a member diverged (after writing everything)",
+    )
     dist = train.add_argument_group("several hosts (jax.distributed; one process per host)")
     dist.add_argument(
         "--distributed",

@@ -251,8 +251,11 @@ def test_summary_table_means_over_seeds_without_diverged_members():
     assert lines[0].split() == ["task", "heads", "members", "loss", "acc"]
     assert [line.split() for line in lines[1:]] == [
         ["copy", "1", "2", "2.0000", "37.50%"],
-        ["copy", "4", "2", "2.0000", "75.00%"],
+        ["copy", "4", "1", "(+1", "diverged)", "2.0000", "75.00%"],
     ]
+    # a row whose members all diverged shows no mean from them
+    only_bad = summary_lines(table, records[3:])
+    assert only_bad[1].split() == ["copy", "4", "0", "(+1", "diverged)", "-", "-"]
     assert summary_lines(None, records) == []
 
 

@@ -4,6 +4,7 @@ at theta_0 rebuilt from the run's own data equals results.json's, and test_loss 
 loss of run.model on run.data(seed)'s test set. Plus the checks that stop a run that cannot train."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -244,6 +245,65 @@ def test_divergence_factor_marks_a_member_whose_loss_grew(tmp_path):
     payload = run(make_experiment(config), str(tmp_path / "b"), progress=False, log=lambda m: None)
     assert all(m["status"] == "ok" for m in payload["members"] if np.isfinite(m["train_loss"]))
     assert member_margin(np.full((2, 2), np.inf), np.ones(2), {}) == (None, None, {"radius": None})
+
+
+def test_a_huge_step_that_blows_up_and_underflows_is_never_ok(tmp_path, capsys):
+    """Issue 36's command, tiny: at step size 1e6 the loss rises past 1e3 x L(theta_0) and may then
+    underflow to 0.0; the path check marks every member diverged at the step it first exceeded,
+    the summary draws no verdict from them, and --fail-on-divergence exits 3 once all is written."""
+    from mhjax.cli import main
+
+    workdir = tmp_path / "w"
+    overrides = {
+        "sweep.step_size": "1e6",
+        "sweep.heads": "1,4",
+        "sweep.seed": "0",
+        "sweep.num_train": "8,16",
+        "data.dim": "6",
+        "data.seq_len": "4",
+        "data.num_test": "64",
+        "analysis.lanczos_iters": "4",
+        "train.steps": "20",
+        "train.chunk_steps": "10",
+        "train.checkpoint_every": "20",
+        "train.eval_every": "0",
+    }
+    argv = ["train", "--config", os.path.join(ROOT, "configs", "mixture.py"), "--workdir", str(workdir)]
+    argv += [f"--config.{k}={v}" for k, v in overrides.items()] + ["--no-progress", "--fail-on-divergence"]
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    members = json.load(open(workdir / "results.json"))["members"]
+    assert members and all(m["status"] == "diverged" for m in members)
+    for m in members:
+        assert (
+            m["loss_exceeded_at_step"] == m["diverged_at_step"] >= 1 and m["max_train_loss"] > 1e3 * m["initial_loss"]
+        )
+        assert m["name"] in err.split("members diverged")[-1]  # named at the end
+    summary = open(workdir / "mixture_summary.md").read()
+    assert f"{len(members)} of {len(members)} members diverged" in summary
+    assert "(at least the 1/S_K rate)" not in summary and "| 16 | 1e+06 |" not in summary  # no row, no verdict
+    assert "--fail-on-divergence: 4 member(s) diverged" in err
+    assert "**Diverged: 4 of 4 members**" in open(workdir / "results.md").read()
+
+
+def test_slopes_are_read_against_the_sum_of_step_sizes():
+    """S_k = sum_{j<k} eta_j: for inverse_sqrt a loss L = 1/S_k has slope -1 against S_k and about
+    -0.5 against k; for the constant rule both clocks give the same slope."""
+    from mhjax.experiments.mixture_results import loss_slope
+    from mhjax.models import mixture_parts
+
+    rule = mixture_parts.get("step_rule", "inverse_sqrt").fn
+    ks = np.arange(0, 2001, 7)
+    sums = mixture_parts.step_sums(rule, 0.5, ks)
+    by_hand = np.array([sum(0.5 / math.sqrt(1 + j) for j in range(k)) for k in ks])
+    np.testing.assert_allclose(sums, by_hand, rtol=1e-6)
+    loss = 1.0 / np.maximum(sums, 1e-30)
+    assert loss_slope(ks, loss, 2000, sums) == pytest.approx(-1.0, abs=1e-9)
+    assert -0.55 < loss_slope(ks, loss, 2000) < -0.45  # the wrong clock: about half the rate
+    constant = mixture_parts.step_sums(mixture_parts.get("step_rule", "constant").fn, 0.3, ks)
+    np.testing.assert_allclose(constant, 0.3 * ks, rtol=1e-12)
+    decay = 3.0 / np.maximum(ks, 1) ** 1.3
+    assert loss_slope(ks, decay, 2000, constant) == pytest.approx(loss_slope(ks, decay, 2000), abs=1e-9)
 
 
 def test_step_rule_drives_the_optimizer_and_its_sum_replaces_eta_k():

@@ -89,11 +89,16 @@ def test_results_have_the_mixture_fields_and_figures(swept):
         summary = f.read().split("## Training rate")[0]  # the main table; the rate table follows
     assert summary.count("\n| 8 | 1 | ") == 2 and summary.count("\n| 16 | 1 | ") == 2  # a row per (n, H)
     steps, losses = Workdir(workdir).curves("h2-n8-s0")["train/loss"]
-    # train/loss at step s is the loss of update s, L(theta_{s-1}): the recorded exact curve's L(theta_k) at k = s-1
-    assert list(steps) == list(range(1, STEPS + 1)) and np.all(np.isfinite(losses)) and losses[-1] < losses[0]
+    # train/loss at step s is the loss of theta_s, L(theta_s): the recorded exact curve's L(theta_k) at k = s
+    assert list(steps) == list(range(STEPS)) and np.all(np.isfinite(losses)) and losses[-1] < losses[0]
     curve = by_name(payload)["h2-n8-s0"]["loss_curve"]
     recorded = {k: v for k, v in zip(curve["steps"], curve["values"]) if k < STEPS}
     assert recorded and np.allclose([losses[k] for k in recorded], list(recorded.values()), rtol=1e-5)
+    # train_loss is L(theta_K), as the evaluation's train_loss_eval and the curve's last point
+    member = by_name(payload)["h2-n8-s0"]
+    assert member["train_loss"] == pytest.approx(member["train_loss_eval"], rel=1e-5)
+    assert member["train_loss"] == curve["values"][-1] and curve["steps"][-1] == STEPS
+    assert member["initial_train_loss"] == pytest.approx(curve["values"][0], rel=1e-6)
 
 
 def test_test_loss_vs_n_has_a_row_per_step_size_and_is_left_out_for_one_n(swept, tmp_path):

@@ -193,11 +193,21 @@ def test_diverging_member_is_frozen_and_reported(tmp_path):
     by_lr = {m["learning_rate"]: m for m in payload["members"]}
     bad, good = by_lr[1e30], by_lr[3e-3]
     assert bad["status"] == "diverged" and 0 <= bad["diverged_at_step"] < config.train.steps
-    reports = [m for m in messages if "diverged" in m]  # once, naming the member and the step
+    reports = [m for m in messages if m.startswith("member ")]  # once, naming the member and the step
     assert (
         len(reports) == 1 and bad["name"] in reports[0] and f"diverged at step {bad['diverged_at_step']}" in reports[0]
     )
+    assert bad["nonfinite_at_step"] == bad["diverged_at_step"] and bad["loss_exceeded_at_step"] is None
+    assert "non-finite" in bad["diverged_reason"]
+    # named again at the end, with the reason
+    closing = messages[messages.index(next(m for m in messages if "members diverged" in m)) :]
+    assert (
+        closing[0].startswith("1 of 2 members diverged")
+        and bad["name"] in closing[1]
+        and good["name"] not in closing[1]
+    )
     assert good["status"] == "ok" and np.isfinite(good["train_loss"])
+    assert good["initial_train_loss"] >= good["train_loss"] and good["max_train_loss"] >= good["initial_train_loss"]
     # Frozen: the diverged member's checkpointed params are finite (the bad update was rejected).
     sweep = Sweep(make_experiment(config), backend="cpu")
     from mhjax.io.workdir import Workdir

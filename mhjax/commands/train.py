@@ -15,6 +15,7 @@ from mhjax.train.console import next_commands, summary_lines
 from mhjax.train.interrupt import EXIT_STATUS
 from mhjax.train.loop import Interrupted
 from mhjax.train.placement import maybe_initialize_distributed
+from mhjax.train.status import DivergedError, check_fail
 from mhjax.workflows.configs import load_config
 from mhjax.workflows.target import compile_for, report_lines
 from mhjax.workflows.train import default_workdir, describe, train
@@ -68,4 +69,9 @@ def command(args, overrides) -> int:
     print("\nnext:")
     commands = next_commands(str(workdir), workdir.tensorboard_dir, experiment.analyzable)
     print("\n".join(f"  {line}" for line in commands))
+    try:
+        check_fail(payload["members"], args.fail_on_divergence, "--fail-on-divergence")
+    except DivergedError as exc:
+        print(f"mhjax: {exc}", file=sys.stderr)
+        return DivergedError.EXIT_STATUS
     return 0

@@ -95,6 +95,11 @@ class Experiment:
         member's results.json entry), e.g. cut to its own head count."""
         return params
 
+    def divergence_factor(self) -> float:
+        """A member whose training loss ever exceeds this times its step-0 loss is "diverged"
+        (train/status.py; its recipes' ``divergence_factor``); 0: only a non-finite loss is."""
+        return 0.0
+
     def metadata(self) -> dict:
         """Extra fields of W/mhjax.json (e.g. where plug-in tasks came from)."""
         return {}

@@ -119,6 +119,7 @@ class MixtureRecipe(Recipe):
         first = setting(config, "init.first_step")
         self.takes_step = self.scheme == "zero_plus_step" or (first is not None and first > 0)
         self.lanczos_iters = int(setting(config, "analysis.lanczos_iters"))
+        self.divergence_factor = float(setting(config, "train.divergence_factor"))
         self.max_heads, self.max_train = int(max_heads), int(max_train)
         self.shape = types.SimpleNamespace(dim=int(config.data.dim), seq_len=int(config.data.seq_len))
 
@@ -174,7 +175,10 @@ class MixtureRecipe(Recipe):
     def loss(self, params, consts, step):
         return self.train_loss(params, consts), {}
 
-    def evaluate(self, params, consts):
+    def evaluate(self, params, consts, step):
+        """The member at theta_step: test and train loss and accuracy, the Hessian's extreme
+        eigenvalues, eta_step lambda_max (the step rule's rate at this step), the distance from
+        theta_0 and, under an exponential tail, the ratios to L."""
         test_margins = consts.y_test * self.phi(params, consts.X_test, consts)
         margins = consts.y * self.phi(params, consts.X, consts)
         loss_fn = functools.partial(self.train_loss, consts=consts)
@@ -193,7 +197,7 @@ class MixtureRecipe(Recipe):
             "train_accuracy": jnp.sum(consts.weights * (margins > 0)) / consts.num_train,
             "hessian_min": lam_min,
             "hessian_max": lam_max,
-            "step_times_hessian_max": consts.step_size * lam_max,
+            "step_times_hessian_max": self.step_rule(step, consts.step_size) * lam_max,
         }
         if self.exponential_tail:  # ratios to L that the theory reads only under an exponential tail
             out["grad_norm_over_loss"] = grad_norm / loss
@@ -322,6 +326,9 @@ class MixtureExperiment(Experiment):
         """One program for every member (head counts padded to H_max, training sets to n_max)."""
         recipe = MixtureRecipe(self.config, self.max_heads, self.max_train)
         return [Program("all", list(range(len(self.members))), recipe)]
+
+    def divergence_factor(self) -> float:
+        return float(setting(self.config, "train.divergence_factor"))
 
     def member_info(self, member: Member) -> dict:
         d, t, h = self.config.data.dim, self.config.data.seq_len, member["heads"]

@@ -132,7 +132,7 @@ def analyze(experiment, states: dict[int, dict[str, Any]]) -> list[dict]:
     for step in sorted(states):
         for name, params in states[step].items():
             kernel = ntk(experiment, name, params, step)
-            values = evaluate(jax.tree_util.tree_map(jnp.asarray, params), _consts(experiment, name))
+            values = evaluate(jax.tree_util.tree_map(jnp.asarray, params), _consts(experiment, name), jnp.int32(step))
             rows.append(
                 {
                     "member": name,

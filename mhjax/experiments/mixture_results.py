@@ -8,7 +8,11 @@
   theta_K divided by their mean norm (0 for H = 1; 0 exactly when every head is the same);
   head_spread_init: the same at theta_0.
 * loss_curve {steps, values}: the recorded L(theta_k) with k = K appended; loss_slope: the
-  least-squares slope of log L against log k over k in [K/10, K] (the last decade).
+  least-squares slope of log L(theta_k) against log S_k, S_k = sum_{j<k} eta_j (the clock of
+  GD's rate: the same slope as against log k for the constant step rule, where S_k = eta k), over
+  the last decade of steps, k in [K/10, K].
+* train_loss: L(theta_K), the full-batch loss after the last step (it was L(theta_{K-1}), the
+  last step's input, before; = train_loss_eval).
 * K is the member's own K (``own_steps``: train.steps, or steps_per_example * n).
 * margin_loss_product = ntk_margin^2 * S_K * L(theta_K) with S_K = sum_{k<K} eta_k (= eta K
   for the constant step rule; field ``step_sum``): the theory's training rate L ~ 1/(gamma^2 S_K)
@@ -16,7 +20,10 @@
   loss), as are grad_norm_over_loss and min_hessian_eig_over_loss_sqrtH.
 * A margin that cannot be computed (a non-finite Gram) is null, never 0.
 * status "diverged" (``diverged_reason``) when L(theta_K) > train.divergence_factor * L(theta_0)
-  (0 = off); ``initial_loss`` = L(theta_0).
+  (0 = off), besides the trainer's check of every L(theta_k) on the way (train/status.py);
+  ``initial_loss`` = L(theta_0).
+* Everything above is at theta_K unless it says theta_0; the evaluation's fields (test_loss,
+  hessian_*, step_times_hessian_max = eta_K lambda_max, ...) are at theta_K too.
 """
 
 from __future__ import annotations
@@ -51,13 +58,15 @@ def head_spread(params, head_mask):
     return jnp.where(count > 1, mean_dist / jnp.maximum(mean_norm, 1e-30), 0.0)
 
 
-def loss_slope(steps, values, total: int) -> float:
-    """Least-squares slope of log(loss) against log(k) over k in [total/10, total], k >= 1."""
+def loss_slope(steps, values, total: int, clock=None) -> float:
+    """Least-squares slope of log(loss) against log(clock) over k in [total/10, total], k >= 1;
+    ``clock``: the value of each step's clock (S_k = sum_{j<k} eta_j), default k itself."""
     steps, values = np.asarray(steps, float), np.asarray(values, float)
-    keep = (steps >= total / 10) & (steps >= 1) & np.isfinite(values) & (values > 0)
+    clock = steps if clock is None else np.asarray(clock, float)
+    keep = (steps >= total / 10) & (steps >= 1) & np.isfinite(values) & (values > 0) & (clock > 0)
     if keep.sum() < 2:
         return float("nan")
-    return float(np.polyfit(np.log(steps[keep]), np.log(values[keep]), 1)[0])
+    return float(np.polyfit(np.log(clock[keep]), np.log(values[keep]), 1)[0])
 
 
 def _member_pieces(recipe, params_K, consts):
@@ -124,6 +133,7 @@ def extra_results(experiment, trained, loss_curves: dict[int, dict]) -> dict:
                 "head_spread_init": float(spreads_init[j]),
                 "step_sum": steps_sum,
                 "initial_loss": float(initial[j]),
+                "train_loss": float(final[j]),
                 "margin_loss_product": None,
             }
             if recipe.exponential_tail and margin is not None:
@@ -143,6 +153,8 @@ def extra_results(experiment, trained, loss_curves: dict[int, dict]) -> dict:
                 values = [v if math.isfinite(v) else None for v in [v for _, v in kept] + [float(final[j])]]
                 record["loss_curve"] = {"steps": steps, "values": values}
                 finite = [(k, v) for k, v in zip(steps, values) if v is not None]
-                record["loss_slope"] = loss_slope([k for k, _ in finite], [v for _, v in finite], total)
+                ks = [k for k, _ in finite]
+                clock = mixture_parts.step_sums(recipe.step_rule, eta, ks)
+                record["loss_slope"] = loss_slope(ks, [v for _, v in finite], total, clock)
             out[i] = record
     return out

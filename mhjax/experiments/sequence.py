@@ -18,7 +18,7 @@ from mhjax.data import sequences, tasks
 from mhjax.experiments import sequence_results, task_params
 from mhjax.experiments.base import Experiment
 from mhjax.experiments.constants import SequenceConstants
-from mhjax.experiments.sequence_config import requested_attention, scan_layers, validate
+from mhjax.experiments.sequence_config import divergence_factor, requested_attention, scan_layers, validate
 from mhjax.models import cost, count_params, flops
 from mhjax.models.attention_choice import AUTO, JAX, AttentionChoice, resolve_attention
 from mhjax.models.model_config import ModelConfig
@@ -56,6 +56,7 @@ class SequenceRecipe(Recipe):
         )
         self.static_heads = static_heads
         self.vmap_inside_grad = layout is not None
+        self.divergence_factor = divergence_factor(config)
         self.protocol, self.num_train, self.batch_size = d.protocol, d.num_train, d.batch_size
         self.num_eval, self.eval_batch = d.num_eval, min(d.num_eval, d.batch_size)
         self.length, self.vocab = m.seq_len, m.vocab_size
@@ -98,8 +99,8 @@ class SequenceRecipe(Recipe):
         )
         return weighted_mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets), weights), {}
 
-    def evaluate(self, params, consts):
-        """Held-out loss and token accuracy in eval mode (no dropout), in batches."""
+    def evaluate(self, params, consts, step):
+        """Held-out loss and token accuracy of theta_step in eval mode (no dropout), in batches."""
         batch = sequences.eval_batch(
             consts.eval_key, consts.task_id, self.num_eval, self.length, self.vocab, self.tasks
         )
@@ -130,6 +131,9 @@ class SequenceExperiment(Experiment):
         self.tasks = task_params.bound_tasks(config)
         # Members differing only in learning rate or a task parameter share their draws (paired comparison).
         self._key_names = key_names(config.sweep, self.members, shared=("learning_rate",), leading="task")
+
+    def divergence_factor(self) -> float:
+        return divergence_factor(self.config)
 
     def member_constants(self, member: Member) -> SequenceConstants:
         root, task = self.config.seed, member["task"]

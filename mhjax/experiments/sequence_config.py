@@ -12,7 +12,7 @@ from mhjax.experiments.base import STRATEGIES
 from mhjax.models.attention_choice import AUTO, IMPLEMENTATIONS
 
 # Optional fields: what a config without them runs with.
-DEFAULTS = {"attention": AUTO, "model.scan_layers": "auto"}
+DEFAULTS = {"attention": AUTO, "model.scan_layers": "auto", "train.divergence_factor": 10.0}
 SCAN_LAYERS = ("auto", "on", "off")
 
 
@@ -34,6 +34,13 @@ def scan_layers(config, backend: str) -> bool:
     return backend == "tpu"
 
 
+def divergence_factor(config) -> float:
+    """config.train.divergence_factor, or its default: a member whose training loss (one minibatch,
+    with dropout) ever exceeds this times its step-0 loss is "diverged" (train/status.py). Chosen
+    above the largest max/step-0 ratio of the bundled configs (README, "Status")."""
+    return float(config.train.get("divergence_factor", DEFAULTS["train.divergence_factor"]))
+
+
 def validate(config) -> None:
     """Raise ConfigError naming the first bad field."""
     for field in ("model.width", "model.num_layers", "model.mlp_dim", "model.vocab_size", "model.seq_len"):
@@ -44,6 +51,9 @@ def validate(config) -> None:
         cfg.require_positive(config, field, int)
     for field in ("train.eval_every", "train.checkpoint_every"):
         cfg.require_nonneg_int(config, field)
+    factor = config.train.get("divergence_factor", DEFAULTS["train.divergence_factor"])
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (math.isfinite(factor) and factor >= 0):
+        raise cfg.ConfigError(f"config.train.divergence_factor: must be a finite number >= 0 (0 = off); got {factor!r}")
     if config.train.steps > 2**31 - 1:  # the per-member step counter is int32
         raise cfg.ConfigError(f"config.train.steps: must be at most {2**31 - 1}, got {config.train.steps}")
     cfg.require_choice(config, "strategy", STRATEGIES)

@@ -93,16 +93,22 @@ class SweepCheckpointer:
         except Exception as exc:
             raise ConfigError(f"checkpoint {where}: unreadable ({_one_line(exc)})") from None
 
+    def stored_tree(self, step: int):
+        """Checkpoint ``step``'s tree of shapes and dtypes (orbax's JSON metadata; nothing is read
+        or unpickled); a one-line ConfigError when it cannot be read."""
+        where = os.path.join(self.directory, str(step))
+        _quiet_abandoned_io()
+        try:
+            stored = ocp.StandardCheckpointHandler().metadata(epath.Path(where) / "default")
+        except Exception as exc:
+            raise ConfigError(f"checkpoint {where}: unreadable, corrupt or truncated ({_one_line(exc)})") from None
+        return getattr(stored, "tree", stored)
+
     def restore(self, step: int, abstract_tree):
         """Restore into the structure/shapes of abstract_tree; a mismatch is a one-line ConfigError."""
         target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, abstract_tree)
         where = os.path.join(self.directory, str(step))
-        _quiet_abandoned_io()
-        try:  # the stored tree's paths, shapes and dtypes (JSON metadata; nothing is unpickled)
-            stored = ocp.StandardCheckpointHandler().metadata(epath.Path(where) / "default")
-            stored = getattr(stored, "tree", stored)
-        except Exception as exc:
-            raise ConfigError(f"checkpoint {where}: unreadable, corrupt or truncated ({_one_line(exc)})") from None
+        stored = self.stored_tree(step)
         mismatch = describe_mismatch(stored, target)
         if mismatch:
             raise ConfigError(f"checkpoint {where}: does not match this sweep: {mismatch}")

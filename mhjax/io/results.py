@@ -98,7 +98,17 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def diverged_lines(members: list[dict]) -> list[str]:
+    """Markdown lines naming every diverged member and why (none: no lines)."""
+    bad = [m for m in members if m.get("status") == "diverged"]
+    if not bad:
+        return []
+    lines = [f"**Diverged: {len(bad)} of {len(members)} members** (left out of every mean):", ""]
+    return lines + [f"- `{m['name']}`: {m.get('diverged_reason') or 'diverged'}" for m in bad] + [""]
+
+
 def markdown_table(members: list[dict], title: str, columns=None) -> str:
+    """A table of every member's fields, then the diverged members named with their reasons."""
     if not members:
         return f"# {title}\n\n(no members)\n"
     columns = columns or [c for c in CORE_COLUMNS if c in members[0]] + [
@@ -109,4 +119,5 @@ def markdown_table(members: list[dict], title: str, columns=None) -> str:
     lines = [f"# {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for m in members:
         lines.append("| " + " | ".join(_fmt(m.get(c)) for c in columns) + " |")
-    return "\n".join(lines) + "\n"
+    bad = diverged_lines(members)
+    return "\n".join(lines + ([""] + bad if bad else [])) + "\n"

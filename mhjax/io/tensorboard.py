@@ -27,7 +27,17 @@ from tensorboardX import SummaryWriter
 from mhjax.io.results import OLD_NAMES
 
 # Fields of a results.json record that are not metrics.
-_NOT_METRICS = {"name", "program", "status", "steps", "params", "diverged_at_step", *OLD_NAMES}
+_NOT_METRICS = {
+    "name",
+    "program",
+    "status",
+    "steps",
+    "params",
+    "diverged_at_step",
+    "loss_exceeded_at_step",
+    "nonfinite_at_step",
+    *OLD_NAMES,
+}
 
 
 class MemberWriters:

@@ -115,6 +115,19 @@ def check_parts(names: dict, seq_len: int) -> None:
             raise ConfigError(f"{where}: not finite at {at}")
 
 
+def step_sums(rule, step_size: float, ks) -> np.ndarray:
+    """S_k = sum_{j<k} rule(j, step_size) for each k of ``ks`` (float64 on the host): the clock
+    against which a rate in K is read when the step size varies (S_k = step_size * k for the
+    constant rule)."""
+    ks = np.asarray(ks, np.int64)
+    top = int(ks.max(initial=0))
+    if top <= 0:
+        return np.zeros(ks.shape)
+    rates = np.asarray(jax.jit(jax.vmap(rule, (0, None)))(jnp.arange(top), jnp.float32(step_size)), np.float64)
+    cumulative = np.concatenate([[0.0], np.cumsum(np.broadcast_to(rates, (top,)))])
+    return cumulative[np.clip(ks, 0, top)]
+
+
 def step_sum(rule, step_size: float, steps: int) -> float:
     """sum_{k < steps} rule(k, step_size), in float64 on the host (= step_size * steps for the
     constant rule, exactly)."""

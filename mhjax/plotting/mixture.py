@@ -30,7 +30,7 @@ import numpy as np
 from mhjax.io.curves import train_window
 from mhjax.io.results import write_text
 from mhjax.io.workdir import Workdir
-from mhjax.plotting.mixture_summary import edge_crossings, group_by, mean_of, summary_markdown, values_of
+from mhjax.plotting.mixture_summary import edge_crossings, group_by, kept, mean_of, summary_markdown, values_of
 
 SUMMARY = "mixture_summary.md"
 
@@ -82,9 +82,13 @@ def write_figures_and_summary(
     style = Style(init, loss, exponential_tail)
     written = []
     path = workdir.file(SUMMARY)
-    crossings = edge_crossings(lambda name, tags: _curves(workdir, name, tags), records)
+    crossings = edge_crossings(lambda name, tags: _curves(workdir, name, tags), kept(records))
     write_text(path, summary_markdown(records, init, crossings, loss, exponential_tail))
     written.append(path)
+    records = kept(records)  # the figures' means leave diverged members out, as the summary does
+    if not records:
+        log("mixture: figures skipped: every member diverged (mixture_summary.md names them)")
+        return written
     panels = max(len(group_by(records, ("num_train", "step_size"))), 1)
     for filename, width, draw in (
         (

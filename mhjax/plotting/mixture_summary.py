@@ -1,12 +1,14 @@
 """mixture_summary.md of a mixture sweep, and the record helpers its figures share.
 
 The table: per (n, eta, H), means over seeds of the margins, losses, accuracies and Hessian
-quantities. The training rate section: each H's last-decade slope of log L against log k and
-gamma^2 (sum_k eta_k) L(theta_K), mean ± std over seeds, and the rate verdict, which is
-one-sided: the theory bounds the loss from above by c / (gamma^2 eta K), so a slope at or below
-RATE_SLOPE (-0.8) agrees with it and a faster decay does not contradict it. The verdict and the
-quantities that assume an exponential tail of the loss are left out for a loss without one
-(the squared loss), and the summary says so.
+quantities. The training rate section: each H's last-decade slope of log L against log S_k
+(S_k = sum_{j<k} eta_j, the clock of GD's rate for any step rule; = eta k for a constant step) and
+gamma^2 S_K L(theta_K), mean ± std over seeds, and the rate verdict, which is one-sided: the
+theory bounds the loss from above by c / (gamma^2 S_K), so a slope at or below RATE_SLOPE (-0.8)
+agrees with it and a faster decay does not contradict it. The verdict and the quantities that
+assume an exponential tail of the loss are left out for a loss without one (the squared loss),
+and the summary says so. Diverged members (train/status.py) are left out of every mean, slope
+and verdict, and the summary names them and says how many.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 
 import numpy as np
 
-RATE_SLOPE = -0.8  # a last-decade slope at or below this agrees with the theory's 1/K upper bound
+RATE_SLOPE = -0.8  # a last-decade slope at or below this agrees with the theory's 1/S_K upper bound
 TAIL_FIELDS = ("margin_loss_product", "grad_norm_over_loss", "min_hessian_eig_over_loss_sqrtH")
 
 
@@ -85,7 +87,7 @@ def rate_rows(records) -> list[tuple]:
 
 def rate_threshold(records, slope: float = RATE_SLOPE) -> dict:
     """{(n, eta): the smallest H from which on every larger H has mean loss_slope <= ``slope``,
-    or None}: where the measured rate is at least the theory's 1/K (one-sided: the theory gives
+    or None}: where the measured rate is at least the theory's 1/S_K (one-sided: the theory gives
     an upper bound on the loss, so decaying faster agrees with it)."""
     out = {}
     for (n, eta), group in group_by(records, ("num_train", "step_size")).items():
@@ -115,10 +117,17 @@ def edge_crossings(curves_of, records: list[dict]) -> dict:
     return dict(sorted(out.items()))
 
 
+def kept(records: list[dict]) -> list[dict]:
+    """The records that enter means, slopes and verdicts: every member that did not diverge."""
+    return [r for r in records if r.get("status", "ok") != "diverged"]
+
+
 def summary_markdown(
     records: list[dict], init: str = "?", crossings: dict | None = None, loss: str = "logistic", tail: bool = True
 ) -> str:
     total = max((r.get("steps") or 0) for r in records) if records else 0
+    diverged = [r for r in records if r.get("status", "ok") == "diverged"]
+    records = kept(records)
     lines = [
         "# Tokenized mixture: one-layer multi-head attention under GD",
         "",
@@ -129,9 +138,17 @@ def summary_markdown(
         "is above GD's stability edge.",
         "",
     ]
+    if diverged:
+        lines += [
+            f"**{len(diverged)} of {len(diverged) + len(records)} members diverged and are left out of every mean,"
+            " slope and verdict below:**",
+            "",
+            *[f"- {r['name']}: {r.get('diverged_reason') or 'diverged'}" for r in diverged],
+            "",
+        ]
     if not tail:
         lines += [
-            f"The `{loss}` loss has no exponential tail: gamma^2 eta K L, the 1/K rate verdict, norm(grad L) / L and",
+            f"The `{loss}` loss has no exponential tail: gamma^2 S_K L, the 1/S_K rate verdict, norm(grad L) / L and",
             "sqrt(H) lambda_min / L assume one and are left out (`-`).",
             "",
         ]
@@ -147,11 +164,12 @@ def summary_markdown(
             "",
             "## Training rate",
             "",
-            "slope: least-squares slope of log L(theta_k) against log k over k in [K/10, K] (theory: L <=",
-            "c / (gamma^2 eta K), so a slope <= -1 up to noise). product: ntk_margin^2 * (sum_{k<K} eta_k) *",
-            "L(theta_K) (theory: of order one and flat in K once H is past a threshold). Mean ± std over seeds.",
+            "slope: least-squares slope of log L(theta_k) against log S_k, S_k = sum_{j<k} eta_j (= eta k for a",
+            "constant step), over k in [K/10, K] (theory: L <= c / (gamma^2 S_K), so a slope <= -1 up to noise).",
+            "product: ntk_margin^2 * S_K * L(theta_K) (theory: of order one and flat in K once H is past a",
+            "threshold). Mean ± std over seeds.",
             "Where L(theta_K) is below ~1e-6 the GD updates are at float32 rounding level, so a flat tail there",
-            "is a precision floor, not a rate. eta lambda_max at theta_K (> 2: above GD's stability edge).",
+            "is a precision floor, not a rate. eta_K lambda_max at theta_K (> 2: above GD's stability edge).",
             "",
             "| n | eta | H | seeds | loss slope | margin^2 sum(eta) L | L(theta_K) | eta lambda_max |",
             "|---|---|---|---|---|---|---|---|",
@@ -162,9 +180,9 @@ def summary_markdown(
         if tail:
             for (n, eta), h in rate_threshold(records).items():
                 found = f"H >= {h}" if h is not None else "no H in the sweep"
-                lines.append(f"- n={n}, eta={fmt(eta)}: slope <= {RATE_SLOPE} (at least the 1/K rate) for {found}.")
+                lines.append(f"- n={n}, eta={fmt(eta)}: slope <= {RATE_SLOPE} (at least the 1/S_K rate) for {found}.")
         else:
-            lines.append(f"- No rate verdict: the 1/K bound assumes a loss with an exponential tail, not `{loss}`.")
+            lines.append(f"- No rate verdict: the 1/S_K bound assumes a loss with an exponential tail, not `{loss}`.")
     unstable = sorted(
         {(r.get("step_size"), r.get("heads")) for r in records if (r.get("step_times_hessian_max") or 0) > 2}
     )
@@ -181,7 +199,4 @@ def summary_markdown(
             "Above the stability edge along the path (eta lambda_max(theta_k) > 2 at an evaluated k; the",
             "last such k): " + ", ".join(f"eta={fmt(e)} H={h} (k={k})" for (e, h), k in crossings.items()) + ".",
         ]
-    diverged = [r["name"] for r in records if r.get("status") == "diverged"]
-    if diverged:
-        lines += ["", f"Diverged (left in the means above): {', '.join(diverged)}."]
     return "\n".join(lines) + "\n"

@@ -99,7 +99,8 @@ def _summary_metrics(members: list[dict], keys) -> list[str]:
 
 
 def summary_table(members: list[dict], sweep_fields: list[str] | None = None) -> str:
-    """Per group of swept fields (task, heads, ...; not the seed): mean ± std over seeds of the final metrics."""
+    """Per group of swept fields (task, heads, ...; not the seed): mean ± std over seeds of the final
+    metrics, diverged members left out (``members`` counts those kept, and says how many were not)."""
     keys = _group_keys(members, sweep_fields)
     if not keys:
         return ""
@@ -113,7 +114,8 @@ def summary_table(members: list[dict], sweep_fields: list[str] | None = None) ->
     ]
     for key, group in _group_members(members, keys).items():
         diverged = sum(1 for m in group if m.get("status") == "diverged")
-        count = f"{len(group)}" + (f" ({diverged} diverged)" if diverged else "")
+        count = f"{len(group) - diverged}" + (f" (+{diverged} diverged, left out)" if diverged else "")
+        group = [m for m in group if m.get("status") != "diverged"]
         cells = [str(k) for k in key] + [count]
         for k, _ in metrics:
             if "accuracy" in k:

@@ -93,7 +93,8 @@ def _mean(values: list[float]) -> float:
 
 def summary_lines(table: SummaryTable | None, records: list[dict]) -> list[str]:
     """The table's text: a header and one row per combination of ``table.fields``, in the
-    order the members come; mean over the row's members whose training did not diverge."""
+    order the members come; mean over the row's members whose training did not diverge
+    (``members`` counts those, with the diverged ones left out in brackets; none left: "-")."""
     if table is None or not records:
         return []
     rows: dict[tuple, list[dict]] = {}
@@ -102,11 +103,15 @@ def summary_lines(table: SummaryTable | None, records: list[dict]) -> list[str]:
     header = [*table.fields, "members", *(c.title for c in table.columns)]
     body = []
     for values, members in rows.items():
-        ok = [r for r in members if r.get("status", "ok") == "ok"] or members
-        cells = [str(v) for v in values] + [str(len(members))]
+        ok = [r for r in members if r.get("status", "ok") == "ok"]
+        left_out = len(members) - len(ok)
+        cells = [str(v) for v in values] + [f"{len(ok)}" + (f" (+{left_out} diverged)" if left_out else "")]
         for column in table.columns:
             mean = _mean([r.get(column.key, float("nan")) for r in ok])
-            cells.append(f"{100 * mean:.2f}%" if column.percent else f"{mean:.4f}")
+            if not math.isfinite(mean):
+                cells.append("-")
+            else:
+                cells.append(f"{100 * mean:.2f}%" if column.percent else f"{mean:.4f}")
         body.append(cells)
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
     key_count = len(table.fields)

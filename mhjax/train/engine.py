@@ -18,6 +18,7 @@ everything outside the engine is the same.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple, Protocol
 
 import flax.struct
@@ -34,6 +35,9 @@ class Recipe(Protocol):
     # True when the model batches over the whole member axis itself (one gradient of the summed
     # member losses, vmap inside it: members_step); recipes subclass Recipe to inherit False.
     vmap_inside_grad: bool = False
+    # A member whose training loss ever exceeds this times its first (step-0) loss is flagged
+    # (MemberState.exceeded_at), not frozen; 0 = off.
+    divergence_factor: float = 0.0
 
     def init_params(self, consts) -> Any:
         """theta_0 of the member."""
@@ -47,8 +51,8 @@ class Recipe(Protocol):
         """(scalar training loss at ``step``, {metric: scalar} logged as train/<metric>)."""
         ...
 
-    def evaluate(self, params, consts) -> dict:
-        """{metric: scalar} of the member's evaluation (logged as eval/<metric>)."""
+    def evaluate(self, params, consts, step) -> dict:
+        """{metric: scalar} of the member's evaluation at theta_step (logged as eval/<metric>)."""
         ...
 
 
@@ -72,12 +76,39 @@ class TrainedProgram(NamedTuple):
 
 @flax.struct.dataclass
 class MemberState:
+    """One member's training state. The loss-path fields are kept in-graph at the cost of a few
+    scalar reductions per step, so that a run that blew up and came back (a loss of 5e6 that then
+    underflowed to 0) is never read from its final loss alone."""
+
     params: Any
     opt_state: Any
     step: jax.Array  # int32, steps taken (frozen members keep counting)
-    diverged: jax.Array  # bool: loss or parameters became non-finite
-    diverged_at: jax.Array  # int32 step of divergence, -1 if none
+    diverged: jax.Array  # bool: a loss or a parameter was ever non-finite (the member is then frozen)
+    diverged_at: jax.Array  # int32 step of that, -1 if none
     last_loss: jax.Array  # float32 training loss of the latest live step (kept in checkpoints)
+    initial_loss: jax.Array  # float32 training loss of step 0 (the loss of theta_0); NaN before it
+    max_loss: jax.Array  # float32 running maximum of the finite training losses; -inf before any
+    exceeded_at: jax.Array  # int32 first step whose loss > divergence_factor x initial_loss, -1 if none
+
+
+# The loss-path fields, with their values for a checkpoint written before they existed.
+PATH_FIELDS = {"initial_loss": np.float32(np.nan), "max_loss": np.float32(-np.inf), "exceeded_at": np.int32(-1)}
+
+
+def has_path_fields(stored) -> bool:
+    """Whether a checkpoint's stored tree ({"members": {name: state fields}}) has the loss-path fields."""
+    members = stored.get("members", {}) if isinstance(stored, dict) else {}
+    return all(isinstance(m, dict) and set(PATH_FIELDS) <= set(m) for m in members.values())
+
+
+def without_path(state: MemberState) -> dict:
+    """A state's fields as a dict without the loss-path fields: a checkpoint of before them."""
+    return {f.name: getattr(state, f.name) for f in dataclasses.fields(state) if f.name not in PATH_FIELDS}
+
+
+def with_path(fields: dict) -> MemberState:
+    """A MemberState from ``without_path``'s fields, the loss path unknown (PATH_FIELDS)."""
+    return MemberState(**fields, **PATH_FIELDS)
 
 
 class Unrolled:
@@ -143,7 +174,15 @@ def _all_finite(tree) -> jax.Array:
 def init_member(recipe, consts) -> MemberState:
     params = recipe.init_params(consts)
     opt_state = recipe.optimizer(consts).init(params)
-    return MemberState(params, opt_state, jnp.int32(0), jnp.array(False), jnp.int32(-1), jnp.float32(jnp.nan))
+    return MemberState(
+        params,
+        opt_state,
+        jnp.int32(0),
+        jnp.array(False),
+        jnp.int32(-1),
+        jnp.float32(jnp.nan),
+        **{k: jnp.asarray(v) for k, v in PATH_FIELDS.items()},
+    )
 
 
 def train_step(recipe, state: MemberState, consts):
@@ -154,7 +193,8 @@ def train_step(recipe, state: MemberState, consts):
 
 
 def apply_gradients(recipe, state: MemberState, consts, loss, aux, grads):
-    """The rest of one member's step once its loss and gradient are known."""
+    """The rest of one member's step once its loss and gradient are known (``loss``: the loss of
+    the step's input, theta_{state.step})."""
     updates, opt_state = recipe.optimizer(consts).update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     live = ~state.diverged
@@ -164,6 +204,11 @@ def apply_gradients(recipe, state: MemberState, consts, loss, aux, grads):
         lambda new, old: jnp.where(accept, new, old), (params, opt_state), (state.params, state.opt_state)
     )
     newly_diverged = live & ~finite
+    loss32 = loss.astype(jnp.float32)
+    counted = live & jnp.isfinite(loss32)
+    initial = jnp.where(state.step == 0, loss32, state.initial_loss)
+    factor = float(getattr(recipe, "divergence_factor", 0.0) or 0.0)
+    above = counted & (loss32 > factor * initial) if factor > 0 else jnp.array(False)
     new_state = MemberState(
         params,
         opt_state,
@@ -171,6 +216,9 @@ def apply_gradients(recipe, state: MemberState, consts, loss, aux, grads):
         state.diverged | newly_diverged,
         jnp.where(newly_diverged, state.step, state.diverged_at),
         jnp.where(live, loss, state.last_loss).astype(jnp.float32),
+        initial,
+        jnp.where(counted, jnp.maximum(state.max_loss, loss32), state.max_loss),
+        jnp.where(above & (state.exceeded_at < 0), state.step, state.exceeded_at),
     )
     metrics = {"loss": jnp.where(live, loss, jnp.nan), **aux}
     return new_state, metrics
@@ -194,7 +242,13 @@ def members_step(recipe, states: MemberState, consts):
 
 def member_status(state: MemberState) -> dict:
     """The few per-member values the host loop reads every chunk (not the whole state)."""
-    status = {"diverged": state.diverged, "diverged_at": state.diverged_at}
+    status = {
+        "diverged": state.diverged,
+        "diverged_at": state.diverged_at,
+        "exceeded_at": state.exceeded_at,
+        "max_loss": state.max_loss,
+        "initial_loss": state.initial_loss,
+    }
     hyper = getattr(state.opt_state, "hyperparams", None)
     if hyper is not None and "learning_rate" in hyper:
         status["learning_rate"] = hyper["learning_rate"]
@@ -254,4 +308,4 @@ def make_partial_chunk(recipe, length: int):
 
 
 def make_evaluate(recipe):
-    return jax.jit(over_members(recipe, lambda r, s, c: r.evaluate(s.params, c)))
+    return jax.jit(over_members(recipe, lambda r, s, c: r.evaluate(s.params, c, s.step)))

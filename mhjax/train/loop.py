@@ -17,8 +17,10 @@ from mhjax.io.workdir import Workdir
 from mhjax.plotting import draw as draw_figures
 from mhjax.plotting.images import member_images, position_image
 from mhjax.train import ahead, engine
+from mhjax.train import status as member_status
 from mhjax.train.console import Console
 from mhjax.train.interrupt import StopOnSignal
+from mhjax.train.payload import results_payload
 from mhjax.train.placement import Placement
 from mhjax.train.records import HostRecords
 
@@ -120,17 +122,23 @@ class Sweep:
 
     def restore(self, checkpointer, step: int):
         """(stacked states, {member name: training seconds}) from checkpoint ``step``; the host
-        records saved with it replace ``records``."""
+        records saved with it replace ``records``. A checkpoint written before the loss-path
+        fields (engine.PATH_FIELDS) existed restores without them, which start unknown."""
         names = [m.name for m in self.experiment.members]
         unstacked = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), self.abstract_states())
+        old = not engine.has_path_fields(checkpointer.stored_tree(step))
         abstract = {}
         for p in self.programs:
             for i in p.members:
-                abstract[member_key(self.experiment.members[i].name)] = unstacked[p.name]
+                state = unstacked[p.name]
+                abstract[member_key(self.experiment.members[i].name)] = engine.without_path(state) if old else state
         seconds = {member_key(n): jax.ShapeDtypeStruct((), jnp.float32) for n in names}
         tree = checkpointer.restore(step, {"members": abstract, "seconds": seconds})
         self.records.load_json(checkpointer.restore_records(step), step)
         members = {n: tree["members"][member_key(n)] for n in names}
+        self.path_from = step if old else 0  # the loss path is checked from this step on
+        if old:
+            members = {n: engine.with_path(state) for n, state in members.items()}
         return self.stack_members(members), {n: float(tree["seconds"][member_key(n)]) for n in names}
 
     # The functions the host loop calls, jitted once here; train/ahead.py compiles these same
@@ -190,7 +198,8 @@ class Sweep:
 
 
 def run(experiment, workdir, progress: bool = True, log=print) -> dict:
-    """Train (or resume) the sweep in ``workdir`` (a Workdir or its path); returns the results payload."""
+    """Train (or resume) the sweep in ``workdir`` (a Workdir or its path); returns the results
+    payload. Diverged members are named at the end (train/status.py)."""
     workdir = Workdir.of(workdir)
     config = experiment.config
     # With several processes (jax.distributed) only process 0 writes metadata, logs and results;
@@ -221,6 +230,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             log(f"resuming from checkpoint at step {latest}")
             if sweep.records.starts_at and sweep.records.wanted.size:
                 log(f"checkpoint {latest} predates recorded loss points: loss_curve starts at step {latest}")
+            if sweep.path_from:
+                log(f"checkpoint {latest} predates the loss-path records: divergence is checked from step {latest} on")
         names = [m.name for m in members]
         writers = MemberWriters(workdir.tensorboard_dir, names, log=log) if primary else NoWriters()
         hparams = {m.name: m.flat_hparams() for m in members}
@@ -232,6 +243,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         if latest is None:
             states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
         reported_divergence, evaluation = set(), None
+        factor = experiment.divergence_factor()
         started, trained = time.perf_counter(), 0
         if 0 in evals and step == 0:
             _log_eval(writers, members, sweep.evaluate(states), 0)
@@ -255,7 +267,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                 for i in idx:  # a program's members share its wall time
                     seconds[members[i].name] += elapsed
                 chunk_time += elapsed
-                _log_chunk(writers, members, idx, metrics, status, step + n, reported_divergence, log)
+                _log_chunk(writers, members, idx, metrics, status, step + n, reported_divergence, log, factor)
                 sweep.record(program, metrics["loss"], step)
             rate = n * len(members) / max(chunk_time, 1e-9)
             for m in members:
@@ -284,7 +296,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             )
         if evaluation is None:  # else the loop's last evaluation is of this very state
             evaluation = sweep.evaluate(states)
-        payload = _results(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
+        payload = results_payload(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
         if primary:
             workdir.write_results(payload)
         description = f"{payload['title']}: {len(members)} members, {step} steps"
@@ -295,6 +307,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             _images(experiment, writers, member_states, step, log, payload["members"])
             for request in experiment.figures(payload):  # experiment-specific figures and summaries
                 draw_figures(workdir, request, log)
+            for line in member_status.diverged_lines(payload["members"]):
+                log(line)
         return payload
     finally:
         stop.close()
@@ -331,12 +345,14 @@ def _crossed(previous: int, step: int, every: int) -> bool:
     return every > 0 and previous // every != step // every
 
 
-def _log_chunk(writers, members, idx, metrics, status, step, reported, log):
+def _log_chunk(writers, members, idx, metrics, status, step, reported, log, factor):
     """TensorBoard scalars of a chunk that ended at ``step``: ``train/...`` from the scan's per-step
     rows, every step for chunks of up to io.curves.TRAIN_POINTS_PER_CHUNK steps, else means over
-    windows of ``train_window(n)`` steps (curves with points between chunks). At step s: the loss of
-    update s on its own batch, L(theta_{s-1}) (the window's mean); ``train/learning_rate`` at the chunk's end."""
-    diverged, diverged_at, lr = status["diverged"], status["diverged_at"], status.get("learning_rate")
+    windows of ``train_window(n)`` steps. Row t of a chunk of n steps is the step that takes
+    theta_{step-n+t} to the next: its loss is the loss of theta_{step-n+t}, logged at that step
+    (a window's mean at its last row's step), so train/loss at s is the loss of theta_s.
+    ``train/learning_rate`` at the chunk's end. Members that newly diverged are said on ``log``."""
+    lr = status.get("learning_rate")
     n = metrics["loss"].shape[0]
     window = train_window(n)
     ends = [min(end, n) for end in range(window, n + window, window)]
@@ -344,56 +360,14 @@ def _log_chunk(writers, members, idx, metrics, status, step, reported, log):
     means = {"train/loss": means.pop("train/loss"), **means}
     for j, i in enumerate(idx):
         for w, end in enumerate(ends):
-            writers.scalars(members[i].name, {tag: float(m[w, j]) for tag, m in means.items()}, step - n + end)
+            writers.scalars(members[i].name, {tag: float(m[w, j]) for tag, m in means.items()}, step - n + end - 1)
         if lr is not None:
             writers.scalars(members[i].name, {"train/learning_rate": float(lr[j])}, step)
-        if diverged[j] and i not in reported:
-            reported.add(i)
-            log(
-                f"member {members[i].name} diverged at step {int(diverged_at[j])} "
-                "(non-finite loss or parameters); frozen, others continue"
-            )
-            writers.text(members[i].name, "status", f"diverged at step {int(diverged_at[j])}", step)
+    for name, line in member_status.chunk_messages([m.name for m in members], idx, status, reported, factor):
+        log(line)
+        writers.text(name, "status", line, step)
 
 
 def _log_eval(writers, members, evaluation, step):
     for i, m in enumerate(members):
         writers.scalars(m.name, {f"eval/{k.removeprefix('eval_')}": v for k, v in evaluation[i].items()}, step)
-
-
-def _results(experiment, sweep, states, evaluation, seconds, step, resumed_from):
-    records = [None] * len(experiment.members)
-    for p in sweep.programs:
-        s = states[p.name]
-        diverged, diverged_at, steps, losses = sweep.host((s.diverged, s.diverged_at, s.step, s.last_loss))
-        for j, i in enumerate(p.members):
-            member = experiment.members[i]
-            record = {"name": member.name, **member.hparams, **experiment.member_info(member)}
-            if i in sweep.records.loss_curves:
-                record["loss_curve"] = sweep.records.loss_curves[i]
-            record.update(
-                steps=int(steps[j]),
-                train_loss=float(losses[j]),
-                **evaluation[i],
-                # the member's program's training time, which its members share; wall_time_s: its older name
-                **dict.fromkeys(("program_wall_time_s", "wall_time_s"), seconds[member.name]),
-                program=p.name,
-            )
-            record["status"] = "diverged" if diverged[j] else "ok"
-            if diverged[j]:
-                record["diverged_at_step"] = int(diverged_at[j])
-            records[i] = record
-    trained = [engine.TrainedProgram(p, sweep.consts[p.name], states[p.name]) for p in sweep.programs]
-    for i, extra in experiment.extra_results(trained, sweep.records.loss_curves).items():
-        records[i].update(extra)
-    return {
-        "experiment": experiment.kind,
-        "analyzable": experiment.analyzable,
-        "title": f"mhjax {experiment.kind} sweep",
-        "steps": step,
-        "resumed_from_step": resumed_from,
-        "backend": jax.default_backend(),
-        **experiment.results_fields(jax.default_backend()),
-        "programs": {p.name: [experiment.members[i].name for i in p.members] for p in sweep.programs},
-        "members": records,
-    }

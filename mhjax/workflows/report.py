@@ -21,7 +21,7 @@ from __future__ import annotations
 import glob
 import os
 
-from mhjax.io.results import markdown_table, write_text
+from mhjax.io.results import diverged_lines, markdown_table, write_text
 from mhjax.io.workdir import Workdir
 from mhjax.plotting.heads import head_tables
 from mhjax.plotting.report import (
@@ -84,6 +84,7 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
     summary = summary_table(members, workdir.sweep_fields())
     if summary:
         lines += ["## Results", "", "Final metrics; mean ± std over seeds.", "", summary]
+    lines += diverged_lines(members)
     curves = training_curves(workdir, [m["name"] for m in members])
     link = figure("curves.png", plot_curves, members, curves)
     if link:
