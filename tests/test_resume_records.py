@@ -195,3 +195,25 @@ def test_a_mixture_run_refuses_to_train_longer_saying_why(tmp_path):
         run(make_experiment(mixture_config()), workdir, progress=False, log=lambda m: None)
     assert "\n" not in str(exc.value)
     assert "holds a run of 10 steps: a mixture sweep cannot train longer, as its K" in str(exc.value)
+
+
+def test_a_checkpoint_without_the_loss_path_still_resumes_and_says_from_where_it_is_checked(tmp_path, monkeypatch):
+    """Checkpoints written before MemberState kept the loss path (engine.PATH_FIELDS) resume; the
+    path is checked from the checkpoint on, and the rest of the results are those of a straight run."""
+    from mhjax.train import engine
+
+    config = mixture_config()
+    workdir = str(tmp_path / "w")
+    original = Sweep.member_states
+    old = lambda self, states: {n: engine.without_path(s) for n, s in original(self, states).items()}
+    with monkeypatch.context() as patch:
+        patch.setattr(Sweep, "member_states", old)  # save the states as mhjax did before the path fields
+        stop_at_chunk(patch, 3, "kill")
+        with pytest.raises(Killed):
+            run(make_experiment(config), workdir, progress=False, log=lambda m: None)
+    lines = []
+    run(make_experiment(config), workdir, progress=False, log=lines.append)
+    assert "checkpoint 10 predates the loss-path records: divergence is checked from step 10 on" in lines
+    for member in results(workdir)["members"]:
+        assert member["status"] == "ok" and member["initial_train_loss"] is None  # theta_0's loss was not kept
+        assert member["max_train_loss"] > 0 and member["loss_exceeded_at_step"] is None
