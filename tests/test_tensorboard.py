@@ -53,9 +53,11 @@ def test_event_files_hold_scalars_hparams_images_and_config(sweep_dir):
         assert "final/wall_time_s" not in tags["scalars"]  # results.json's older name is not a metric
         assert ea.Scalars("final/eval_accuracy")[-1].value == pytest.approx(results[name]["eval_accuracy"])
         assert ea.Scalars("final/eval_accuracy")[-1].step == 6
-        # train/loss every step (chunks of 3): at step s the loss of update s; the last is results' train_loss
+        # train/loss every step (chunks of 3): at step s the loss of theta_s; the last (theta_5's) is
+        # results' train_loss, the loss of the last step's input; the first is theta_0's
         losses = ea.Scalars("train/loss")
-        assert [e.step for e in losses] == [1, 2, 3, 4, 5, 6]
+        assert [e.step for e in losses] == [0, 1, 2, 3, 4, 5]
+        assert losses[0].value == pytest.approx(results[name]["initial_train_loss"], rel=1e-6)
         assert losses[-1].value == pytest.approx(results[name]["train_loss"], rel=1e-6)
         assert {"attention/layer0", "diffusion/sink_signal"} <= set(tags["images"])
         heatmap = ea.Images("attention/layer0")[-1]
