@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from mhjax.plotting.heads import member_lines
-from mhjax.plotting.report import clipped_sd, task_label
-from mhjax.plotting.style import heads_colours, heads_label, pyplot
+from mhjax.plotting.report import task_label
+from mhjax.plotting.style import clipped_sd, heads_colours, heads_label, pyplot
 
 
 def _entries(result: dict) -> list[tuple[str, dict]]:

@@ -9,7 +9,7 @@ from collections import defaultdict
 import numpy as np
 
 from mhjax.io.results import number_text, params_text
-from mhjax.plotting.style import heads_colours, heads_label, pyplot
+from mhjax.plotting.style import clipped_sd, heads_colours, heads_label, pyplot
 
 CURVE_TAGS = (("train/loss", "training loss"), ("eval/loss", "held-out loss"), ("eval/accuracy", "held-out accuracy"))
 
@@ -280,15 +280,6 @@ def plot_curves(members: list[dict], curves: dict, path: str, styled: str = "see
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
-
-
-def clipped_sd(mean, sd, low: float = 0.0, high: float = np.inf):
-    """Error bars of ``mean`` ± ``sd`` cut at [low, high] (a percentage never below 0 nor above
-    100): matplotlib's (2, N) ``yerr``; None for no ``sd``."""
-    if sd is None:
-        return None
-    mean, sd = np.asarray(mean, float), np.asarray(sd, float)
-    return np.stack([np.clip(np.minimum(sd, mean - low), 0, None), np.clip(np.minimum(sd, high - mean), 0, None)])
 
 
 def _per_layer(ax, by_heads: dict, key: str, scale: float, colours: dict, bars: bool = False, high=np.inf):
