@@ -353,3 +353,19 @@ def test_mixture_figures_read_at_a_glance(swept, monkeypatch):
     assert loss.get_xscale() == loss.get_yscale() == "log" and accuracy.get_yscale() == "linear"
     assert {line.get_linestyle() for line in loss.get_lines()} == {"-", "--"}
     assert 100 < accuracy.get_ylim()[1] < 105  # a 100% line inside the frame
+
+
+def test_dry_run_prints_the_compiled_chunks_flops_and_memory(tmp_path, capsys):
+    """From XLA's cost and memory analysis of the training chunk compiled here; no rate."""
+    import re
+
+    from mhjax import cli
+    from tests.conftest import config_source
+
+    path = tmp_path / "mixture.py"
+    path.write_text(config_source(tiny_mixture_config()))
+    assert cli.main(["train", "--config", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    found = re.search(r"program all \(4 members, chunk of 10 steps\): ([\d.e+]+) FLOPs per step \(([\d.e+]+) per", out)
+    assert found and float(found[1]) > 0 and float(found[2]) == pytest.approx(float(found[1]) / 4, rel=1e-3)
+    assert re.search(r"; memory [\d.]+ MiB \(arguments [\d.]+ MiB, outputs", out) and "/s" not in out

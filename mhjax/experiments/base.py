@@ -58,8 +58,13 @@ class Experiment:
         raise NotImplementedError
 
     def describe(self, backend: str) -> list[str]:
-        """Lines of ``mhjax train --dry-run`` after the header (members, cost, memory)."""
-        return [f"{m.name:<28} {self.member_info(m)}" for m in self.members]
+        """Lines of ``mhjax train --dry-run`` after the header (members, cost, memory). This
+        default: each member's facts, then the FLOPs and memory of each program's training chunk
+        from XLA's analysis of it compiled here (train/compiled_cost.py: seconds, nothing runs)."""
+        from mhjax.train import compiled_cost
+
+        members = [f"{m.name:<28} {self.member_info(m)}" for m in self.members]
+        return members + compiled_cost.lines(compiled_cost.chunk_costs(self, backend), backend)
 
     def keep_names(self, recorded) -> None:
         """Members take back the names a workdir recorded (``recorded``: its member names, or
