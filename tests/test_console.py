@@ -259,6 +259,35 @@ def test_summary_table_means_over_seeds_without_diverged_members():
     assert summary_lines(None, records) == []
 
 
+def test_numbers_below_1e_3_print_in_scientific_notation_in_every_table():
+    from mhjax.io.results import markdown_table, number_text
+    from mhjax.plotting.report import mean_sd, summary_table
+
+    assert [number_text(v, "{:.4f}") for v in (1e-5, -2.5e-4, 0.0, 0.0123, None)] == [
+        "1.00e-05",
+        "-2.50e-04",
+        "0.0000",
+        "0.0123",
+        "-",
+    ]
+    table = SummaryTable(
+        ("task", "task_params", "heads"), (Column("loss", "train_loss"), Column("acc", "acc", percent=True))
+    )
+    records = [
+        {"task": "count", "task_params": {"cap": 2}, "heads": 1, "seed": s, "train_loss": 1e-5 * (s + 1), "acc": 1.0}
+        for s in (0, 1)
+    ] + [{"task": "count", "task_params": {"cap": 4}, "heads": 1, "seed": 0, "train_loss": 0.5, "acc": 1.0}]
+    assert [line.split() for line in summary_lines(table, records)[1:]] == [
+        ["count", "cap=2", "1", "2", "1.50e-05", "100.00%"],
+        ["count", "cap=4", "1", "1", "0.5000", "100.00%"],
+    ]
+    assert "| count | cap=2 | 1 | 0 | 1.00e-05 |" in markdown_table(
+        records, "t", ["task", "task_params", "heads", "seed", "train_loss"]
+    )
+    assert mean_sd([1e-5, 3e-5], "{:.4f}") == "2.00e-05 ± 1.00e-05"
+    assert "| count | cap=2 | 1 | 2 | 1.50e-05 ± 5.00e-06 |" in summary_table(records, ["task", "task_params", "heads"])
+
+
 def test_next_commands_name_the_workdir_and_analyze_only_where_it_applies():
     assert next_commands("runs/q", "runs/q/tb", analyzable=True) == [
         "mhjax analyze --workdir runs/q",

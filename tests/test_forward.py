@@ -44,8 +44,8 @@ def test_members_per_parameter_value_with_results_per_position(recall_run):
     from mhjax.io.workdir import Workdir
 
     fields = Workdir(run.workdir).sweep_fields()
-    assert sorted(fields) == ["heads", "learning_rate", "seed", "task", "task_params.pairs"]
-    assert fields[fields.index("task") + 1] == "task_params.pairs"
+    assert sorted(fields) == ["heads", "learning_rate", "seed", "task", "task_params"]
+    assert fields[fields.index("task") + 1] == "task_params"
     table = mhjax.load(run.workdir).to_pandas()
     assert table.shape[0] == 3 and list(table["task_params.pairs"][:2]) == [1, 2]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -60,8 +60,8 @@ def test_the_report_groups_by_the_parameter_and_plots_accuracy_by_position(recal
 
     assert cli.main(["report", "--workdir", recall_run.workdir]) == 0
     text = open(os.path.join(recall_run.workdir, "report.md")).read()
-    assert "| task | task_params.pairs | heads | members |" in text
-    assert "| recall | 1 | 2 | 1 |" in text and "| copy | None | 2 | 1 |" in text
+    assert "| task | task_params | heads | members |" in text
+    assert "| recall | pairs=1 | 2 | 1 |" in text and "| copy | - | 2 | 1 |" in text
     assert "![accuracy_by_position](report/accuracy_by_position.png)" in text
     assert "## recall (pairs=2)" in text or "recall (pairs=2)" in text
 

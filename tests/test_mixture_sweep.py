@@ -307,3 +307,70 @@ def test_margin_figure_merges_step_sizes_only_where_their_margins_are_the_same(s
         labels[name] = sorted(t.get_text() for t in fig.axes[0].get_legend().get_texts())
     assert labels["shared"] == ["n=16", "n=8"]
     assert labels["stepped"] == ["n=16, eta=0.5", "n=16, eta=1", "n=8, eta=0.5", "n=8, eta=1"]
+
+
+def test_mixture_figures_read_at_a_glance(swept, monkeypatch):
+    """path.png draws every step size (a line style each) with the Hessian quantities log-log;
+    test_loss_vs_n.png labels every panel's axis and fits c/(gamma^2 n) by least squares over all
+    n; the summary is titled by its generator; report/curves.png is log-log for losses and tells
+    step sizes apart by line style."""
+    from matplotlib.figure import Figure
+
+    from mhjax.plotting import mixture
+    from mhjax.plotting.mixture_summary import summary_markdown
+    from mhjax.plotting.report import plot_curves
+
+    _, workdir, payload = swept
+    records = payload["members"] + [dict(m, step_size=0.5, name=m["name"] + "-half") for m in payload["members"]]
+    steps = np.array([0.0, 2, 5, 10, 20])
+    fake = {t: (steps, 0.5 + steps) for t in mixture.PATH_TAGS}
+    monkeypatch.setattr(mixture, "_curves", lambda workdir, name, tags: fake)
+    fig = Figure()
+    mixture._plot_path(fig, workdir, records, mixture.Style("test"))
+    fig.savefig(os.devnull, format="png")
+    hessian = fig.axes[2]
+    assert {line.get_linestyle() for line in hessian.get_lines()[:-1]} == {"-", "--"}  # eta 1 and 0.5
+    assert hessian.get_xscale() == hessian.get_yscale() == "log"
+    assert "H=2, eta=0.5" in [t.get_text() for t in hessian.get_legend().get_texts()]
+
+    fig = Figure()
+    mixture._plot_test_loss_vs_n(fig, payload["members"], mixture.Style("test"))
+    fig.savefig(os.devnull, format="png")
+    for ax in fig.axes:  # a panel spanning less than a decade is labelled too
+        low, high = ax.get_ylim()
+        shown = [t.get_text() for t in ax.get_yticklabels() if low <= t.get_position()[1] <= high]
+        assert len([t for t in shown if t]) >= 2, (ax.get_title(), shown)
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "c/(gamma^2 n) per H, c: least squares (log) over all n" in legend
+    assert mixture.theory_constant([1.0, 2.0], [3.0, 12.0]) == pytest.approx(18**0.5)  # exp(mean(log 3, log 6))
+
+    assert summary_markdown(records).startswith("# Tokenized mixture:")
+    assert summary_markdown(records, generator="my_gen").startswith("# Mixture data from generator `my_gen`:")
+
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self))
+    curves = {
+        r["name"]: {"train/loss": (steps, 1 / (1 + steps)), "eval/test_accuracy": (steps, 0 * steps + 1)}
+        for r in records
+    }
+    assert plot_curves(records, curves, "unused.png", styled="step_size", log_tags=("loss",))
+    loss, accuracy = figures[0].axes[:2]
+    assert loss.get_xscale() == loss.get_yscale() == "log" and accuracy.get_yscale() == "linear"
+    assert {line.get_linestyle() for line in loss.get_lines()} == {"-", "--"}
+    assert 100 < accuracy.get_ylim()[1] < 105  # a 100% line inside the frame
+
+
+def test_dry_run_prints_the_compiled_chunks_flops_and_memory(tmp_path, capsys):
+    """From XLA's cost and memory analysis of the training chunk compiled here; no rate."""
+    import re
+
+    from mhjax import cli
+    from tests.conftest import config_source
+
+    path = tmp_path / "mixture.py"
+    path.write_text(config_source(tiny_mixture_config()))
+    assert cli.main(["train", "--config", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    found = re.search(r"program all \(4 members, chunk of 10 steps\): ([\d.e+]+) FLOPs per step \(([\d.e+]+) per", out)
+    assert found and float(found[1]) > 0 and float(found[2]) == pytest.approx(float(found[1]) / 4, rel=1e-3)
+    assert re.search(r"; memory [\d.]+ MiB \(arguments [\d.]+ MiB, outputs", out) and "/s" not in out

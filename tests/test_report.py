@@ -110,3 +110,10 @@ def test_report_on_a_generic_sweep_without_tensorboard(tmp_path, capsys):
     )
     assert "| 4 | 128 | 2 | 0.1300 ± 0.0050 | 0.1500 ± 0.0000 | 90.00 ± 0.00 | 0.4000 ± 0.0000 | 1.0 ± 0.0 |" in text
     assert "![ntk_margin_vs_H](ntk_margin_vs_H.png)" in text and "Attention as a DAG" not in text
+
+
+def test_error_bars_stay_inside_a_percentage():
+    from mhjax.plotting.style import clipped_sd
+
+    np.testing.assert_allclose(clipped_sd([2.0, 50.0, 99.0], [5.0, 5.0, 5.0], 0, 100), [[2, 5, 5], [5, 5, 1]])
+    assert clipped_sd([1.0], None) is None

@@ -73,7 +73,7 @@ def test_a_swept_task_parameter_makes_members_that_share_their_keys():
     alone = make_experiment(
         apply_overrides(tiny_sequence_config(task=("recall",), heads=(2,)), {"task_params.recall.pairs": "2"})
     )
-    assert [m.name for m in alone.members] == ["recall-h2-s0"]
+    assert [(m.name, m.earlier) for m in alone.members] == [("recall-pairs2-h2-s0", "recall-h2-s0")]
     got = []
     for exp in (experiment, alone):
         sweep = Sweep(exp, "cpu")
@@ -186,3 +186,78 @@ def test_cli_override_sweeps_a_task_parameter(tmp_path, capsys):
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "recall-pairs1-h1-s0" in out and "recall-pairs2-h1-s0" in out
+
+
+# --------------------------------------------------------------------------- #
+# Tables, figures and names that keep parameter values apart
+# --------------------------------------------------------------------------- #
+COUNT_SO_FAR = """import jax, jax.numpy as jnp, mhjax
+
+
+@mhjax.task("count_so_far", params={"cap": 3})
+def count_so_far(key, length, vocab_size, cap):
+    x = jax.random.randint(key, (length,), 0, vocab_size, dtype=jnp.int32)
+    return x, jnp.minimum(jnp.cumsum(x == 0), cap).astype(jnp.int32), jnp.ones(length)
+
+
+def get_config():
+    from tests.conftest import tiny_sequence_config
+
+    return tiny_sequence_config(task=("count_so_far",), heads=(1, 2))
+"""
+
+
+def test_a_sweep_over_cap_prints_two_rows_per_head_count_and_draws_two_panels(tmp_path, capsys):
+    import matplotlib.image
+
+    config, workdir = tmp_path / "count.py", str(tmp_path / "w")
+    config.write_text(COUNT_SO_FAR)
+    argv = ["train", "--config", str(config), "--workdir", workdir, "--no-progress"]
+    assert cli.main([*argv, "--config.task_params.count_so_far.cap=2,4"]) == 0
+    out = capsys.readouterr().out
+    lines = out.split("final results, mean over seeds")[1].splitlines()[1:6]
+    assert lines[0].split()[:4] == ["task", "task_params", "heads", "members"]
+    assert [line.split()[:4] for line in lines[1:]] == [
+        ["count_so_far", "cap=2", "1", "1"],
+        ["count_so_far", "cap=4", "1", "1"],
+        ["count_so_far", "cap=2", "2", "1"],
+        ["count_so_far", "cap=4", "2", "1"],
+    ]
+    assert "| name | task | task_params | heads |" in open(os.path.join(workdir, "results.md")).read()
+    assert "| count_so_far-cap4-h2-s0 | count_so_far | cap=4 | 2 |" in open(os.path.join(workdir, "results.md")).read()
+    assert cli.main(["analyze", "--workdir", workdir, "--num-sequences", "3", "--no-tensorboard"]) == 0
+    assert cli.main(["report", "--workdir", workdir]) == 0
+    report = open(os.path.join(workdir, "report.md")).read()
+    assert "| task | task_params | heads | members |" in report and "| count_so_far | cap=2 | 1 | 1 |" in report
+    assert "**count_so_far (cap=4): mixing time**" in report
+    # analysis.png: a row of panels per cap (each row about 3.6 inches at 120 dpi)
+    height = matplotlib.image.imread(os.path.join(workdir, "analysis", "analysis.png")).shape[0]
+    assert height > 2 * 3.2 * 120
+
+
+def test_a_workdir_named_before_single_values_joined_the_name_keeps_its_names(tmp_path):
+    """A single value of a task parameter is in new members' names; a workdir trained when it was
+    not keeps its recorded names when trained longer, from results.json or, before any results
+    were written (an interrupted run), from its checkpoint's keys."""
+    from mhjax.workflows.train import train
+    from mhjax.workflows.workdir import open_workdir
+    from tests.conftest import tiny_train
+
+    def config(steps):
+        single = apply_overrides(tiny_sequence_config(task=("recall",), heads=(2,)), {"task_params.recall.pairs": "2"})
+        return tiny_train(single, steps, 3, 3, 3)
+
+    assert [m.name for m in make_experiment(config(3)).members] == ["recall-pairs2-h2-s0"]
+    earlier = make_experiment(config(3))
+    earlier.keep_names([m.earlier for m in earlier.members])  # as mhjax named it before
+    workdir = str(tmp_path / "w")
+    assert [m["name"] for m in train(earlier, workdir, progress=False, log=lambda m: None)["members"]] == [
+        "recall-h2-s0"
+    ]
+    payload = train(make_experiment(config(6)), workdir, progress=False, log=lambda m: None)  # names from results
+    assert [(m["name"], m["steps"]) for m in payload["members"]] == [("recall-h2-s0", 6)]
+    os.remove(os.path.join(workdir, "results.json"))  # as if stopped before its results: names from the checkpoint
+    payload = train(make_experiment(config(9)), workdir, progress=False, log=lambda m: None)
+    assert [(m["name"], m["steps"]) for m in payload["members"]] == [("recall-h2-s0", 9)]
+    assert os.listdir(os.path.join(workdir, "tb")) == ["recall-h2-s0"]
+    assert [m.name for m in open_workdir(workdir).experiment().members] == ["recall-h2-s0"]

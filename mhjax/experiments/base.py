@@ -7,6 +7,7 @@ so the generic code never asks what kind of experiment it runs.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -34,6 +35,10 @@ class Experiment:
     # Why a finished workdir cannot train longer (a larger config.train.steps); None: it can.
     cannot_extend: str | None = None
     analyzes_states: bool = False  # Run.analyze(steps=...) evaluates kept states (analyze_states)
+    # report/curves.png: the member field told apart by line style, and the tags (substrings) drawn
+    # on log-log axes, where a rate is a slope
+    curve_style: str = "seed"
+    log_curves: tuple[str, ...] = ()
     config: Any
     members: list[Member]
 
@@ -53,8 +58,32 @@ class Experiment:
         raise NotImplementedError
 
     def describe(self, backend: str) -> list[str]:
-        """Lines of ``mhjax train --dry-run`` after the header (members, cost, memory)."""
-        return [f"{m.name:<28} {self.member_info(m)}" for m in self.members]
+        """Lines of ``mhjax train --dry-run`` after the header (members, cost, memory). This
+        default: each member's facts, then the FLOPs and memory of each program's training chunk
+        from XLA's analysis of it compiled here (train/compiled_cost.py: seconds, nothing runs)."""
+        from mhjax.train import compiled_cost
+
+        members = [f"{m.name:<28} {self.member_info(m)}" for m in self.members]
+        return members + compiled_cost.lines(compiled_cost.chunk_costs(self, backend), backend)
+
+    def keep_names(self, recorded) -> None:
+        """Members take back the names a workdir recorded (``recorded``: its member names, or
+        their checkpoint keys) where an earlier mhjax named them otherwise (``Member.earlier``):
+        resuming and training longer keep the names of checkpoints, TensorBoard runs and results.
+        The PRNG keys derive from a member's fields, never its name: nothing else changes."""
+        from mhjax.io.checkpoint import member_key  # orbax imports slowly: only here
+
+        recorded = {member_key(n) for n in recorded}
+        renamed = {
+            m.name: m.earlier
+            for m in self.members
+            if m.earlier and member_key(m.name) not in recorded and member_key(m.earlier) in recorded
+        }
+        if not renamed:
+            return
+        self.members = [dataclasses.replace(m, name=renamed.get(m.name, m.name)) for m in self.members]
+        if isinstance(getattr(self, "_key_names", None), dict):  # {member name: key name} of the experiments
+            self._key_names = {renamed.get(k, k): v for k, v in self._key_names.items()}
 
     # -- optional hooks (no-op defaults) ------------------------------------------
     @classmethod
@@ -162,9 +191,13 @@ class Experiment:
 
     def swept_fields(self, *first: str) -> tuple[str, ...]:
         """``first``, then every other field the config sweeps over more than one value, seeds
-        excepted (rows average over seeds)."""
+        excepted (rows average over seeds); ``task_params`` after ``task`` when the config sets
+        any task parameter (members with other parameter values are other rows)."""
         more = [f for f, values in self.config.sweep.items() if len(values) > 1 and f not in (*first, "seed")]
-        return (*first, *more)
+        fields = [*first, *more]
+        if "task" in fields and self.config.get("task_params"):
+            fields.insert(fields.index("task") + 1, "task_params")
+        return tuple(fields)
 
     def figures(self, payload: dict) -> list[FigureRequest]:
         """The experiment's figures and summaries, as data for the plotting layer

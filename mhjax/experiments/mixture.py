@@ -231,6 +231,7 @@ class MixtureExperiment(Experiment):
         "loss steps are set by the total; use a new workdir"
     )
     analyzes_states = True
+    curve_style, log_curves = "step_size", ("loss", "hessian")  # rates as slopes, step sizes apart
 
     def __init__(self, config):
         validate(config)
@@ -389,12 +390,13 @@ class MixtureExperiment(Experiment):
         scheme = setting(self.config, "init.scheme")
         if len(self.config.sweep.get("init_tau", ())) > 1:
             return [FigureRequest("mixture_init", {"records": payload["members"], "scheme": scheme})]
-        loss = setting(self.config, "train.loss")
+        loss, generator = setting(self.config, "train.loss"), setting(self.config, "data.generator")
         data = {
             "records": payload["members"],
             "chunk_steps": int(self.config.train.chunk_steps),
             "init": scheme,
             "loss": loss,
             "exponential_tail": mixture_parts.exponential_tail(loss),
+            "generator": None if generator == mixture_data.DEFAULT_GENERATOR else generator,
         }
         return [FigureRequest("mixture", data)]

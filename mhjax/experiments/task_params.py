@@ -1,9 +1,11 @@
 """config.task_params: a task's parameters, {task: {param: value}}; a tuple value sweeps it.
 
 Each (task, parameter values) is its own sampler in the program (a parameter may fix shapes),
-and its own members: ``recall-pairs8-h4-s0`` for a swept parameter (a single value stays out of
-the name, as any field with one value). A member of a task that declares parameters records
-them, defaults included, as ``task_params`` (results.json, HParams as ``task_params.<name>``).
+and its own members: ``recall-pairs8-h4-s0`` for every parameter config.task_params sets, a
+single value included (a task left at its defaults keeps its plain name, ``recall-h2-s0``; a
+workdir trained when single values stayed out of names keeps those: Member.earlier). A member
+of a task that declares parameters records them, defaults included, as ``task_params``
+(results.json, HParams as ``task_params.<name>``).
 
 Task parameters stay out of every PRNG key (init, dropout, data and held-out draws): members
 that differ only in a task parameter start from the same init and see the same key stream (a
@@ -92,29 +94,36 @@ def task_index(tasks: list[Task], member: Member) -> int:
 
 
 def members(config) -> list[Member]:
-    """The sweep's members: config.sweep's product, each member of a task with swept
-    parameters repeated per value (named after them, e.g. recall-pairs8-h4-s0)."""
+    """The sweep's members: config.sweep's product, each member of a task with parameters in
+    config.task_params repeated per value and named after every one of them (e.g.
+    recall-pairs8-h4-s0, a single value included)."""
     base = expand(dict(config.sweep), leading="task")
     per_task = variants(config)
     out = []
     for member in base:
         name = member["task"]
         task = get_task(name)
-        swept = [p for p in declared(config).get(name, {}) if len(_values(declared(config)[name][p])) > 1]
+        given = declared(config).get(name, {})
+        swept = [p for p in given if len(_values(given[p])) > 1]
         for values in per_task[name]:
             if not task.params:
                 out.append(member)
                 continue
             hparams = {"task": name, "task_params": {**task.params, **values}}
             hparams.update({k: v for k, v in member.hparams.items() if k != "task"})
-            label = "".join(f"-{SHORT.get(p, p)}{_text(values[p])}" for p in swept)
-            out.append(Member(name + label + member.name[len(name) :], hparams))
+            rest = member.name[len(name) :]
+            named, earlier = (name + _label(values, params) + rest for params in (given, swept))
+            out.append(Member(named, hparams, earlier if earlier != named else None))
     names = [m.name for m in out]
     if len(set(names)) != len(names):
         raise ConfigError(
             f"{FIELD}: member names collide ({', '.join(sorted({n for n in names if names.count(n) > 1}))})"
         )
     return out
+
+
+def _label(values: dict, params) -> str:
+    return "".join(f"-{SHORT.get(p, p)}{_text(values[p])}" for p in params)
 
 
 def _values(value) -> tuple:

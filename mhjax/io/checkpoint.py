@@ -67,6 +67,16 @@ class SweepCheckpointer:
             hint = f"; {kept}: free some space and run the same command to resume"
             raise WriteFailed(os.path.join(self.directory, str(step)), cause, hint) from None
 
+    def member_keys(self, step: int) -> list[str]:
+        """The member keys (``member_key``) checkpoint ``step`` holds, from its metadata alone."""
+        where = epath.Path(self.directory) / str(step) / "default"
+        try:
+            stored = ocp.StandardCheckpointHandler().metadata(where)
+        except Exception as exc:
+            raise ConfigError(f"checkpoint {where}: unreadable, corrupt or truncated ({_one_line(exc)})") from None
+        members = getattr(stored, "tree", stored).get("members", {})
+        return list(members) if isinstance(members, dict) else []
+
     def has_records(self, step: int) -> bool:
         """Whether checkpoint ``step`` holds host records (checkpoints of mhjax before them do not)."""
         return os.path.isdir(os.path.join(self.directory, str(step), RECORDS))

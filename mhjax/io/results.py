@@ -15,6 +15,7 @@ OLD_NAMES = {"wall_time_s": "program_wall_time_s"}
 CORE_COLUMNS = (
     "name",
     "task",
+    "task_params",
     "heads",
     "seed",
     "params",
@@ -90,12 +91,30 @@ def os_error_in(exc: BaseException) -> BaseException | None:
     return None
 
 
-def _fmt(value) -> str:
+def number_text(value, fmt: str = "{:.4g}") -> str:
+    """``value`` as ``fmt`` says, except a nonzero number below 1e-3 in absolute value, which is
+    written in scientific notation (``1.23e-05``), so that a small loss never reads ``0.0000``;
+    ``-`` for None. The one number format of the console table, results.md and report.md."""
     if value is None:
         return "-"
+    if isinstance(value, (float, np.floating)) and math.isfinite(value) and 0 < abs(value) < 1e-3:
+        return f"{value:.2e}"
+    return fmt.format(value)
+
+
+def params_text(params) -> str:
+    """A member's task parameters as one cell, e.g. ``cap=2`` (``pairs=8, cap=2``); ``-`` for none."""
+    if not isinstance(params, dict) or not params:
+        return "-"
+    return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+
+
+def _fmt(value) -> str:
+    if isinstance(value, dict):
+        return params_text(value)
     if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+        return number_text(value)
+    return "-" if value is None else str(value)
 
 
 def diverged_lines(members: list[dict]) -> list[str]:
@@ -111,7 +130,7 @@ def markdown_table(members: list[dict], title: str, columns=None) -> str:
     """A table of every member's fields, then the diverged members named with their reasons."""
     if not members:
         return f"# {title}\n\n(no members)\n"
-    columns = columns or [c for c in CORE_COLUMNS if c in members[0]] + [
+    columns = columns or [c for c in CORE_COLUMNS if any(c in m for m in members)] + [
         c
         for c in members[0]
         if c not in CORE_COLUMNS and c not in OLD_NAMES and not isinstance(members[0][c], (list, dict))

@@ -182,16 +182,13 @@ class Workdir:
         return node
 
     def sweep_fields(self) -> list[str]:
-        """The config's swept fields, in order; a task parameter swept over several values
-        (config.task_params) as ``task_params.<parameter>``, after ``task``."""
+        """The config's swept fields, in order, and ``task_params`` after ``task`` when the config
+        sets any task parameter (config.task_params): its members' parameters tell rows apart."""
         fields = list(self.config_field("sweep"))
-        swept = []
-        for params in (self.config().get("task_params") or {}).values():
-            for name, value in (params or {}).items() if isinstance(params, dict) else ():
-                if isinstance(value, (list, tuple)) and len(value) > 1 and f"task_params.{name}" not in swept:
-                    swept.append(f"task_params.{name}")
+        if not self.config().get("task_params"):
+            return fields
         at = fields.index("task") + 1 if "task" in fields else 0
-        return fields[:at] + swept + fields[at:]
+        return fields[:at] + ["task_params"] + fields[at:]
 
     def results(self) -> dict:
         """W/results.json, with its ``members`` list."""
@@ -202,6 +199,20 @@ class Workdir:
 
     def member_names(self) -> list[str]:
         return [m["name"] for m in self.results()["members"]]
+
+    def recorded_names(self) -> list[str]:
+        """The member names the workdir's run gave: results.json's, else the checkpoint keys of
+        its latest checkpoint (a run stopped before its first results); [] for a new workdir."""
+        if os.path.isfile(self.results_path):
+            return self.member_names()
+        step = self.latest_step() if self.has_checkpoints() else None
+        if step is None:
+            return []
+        checkpointer = self.checkpointer()
+        try:
+            return checkpointer.member_keys(step)
+        finally:
+            checkpointer.close()
 
     def has_analysis(self) -> bool:
         return os.path.exists(self.analysis_path)

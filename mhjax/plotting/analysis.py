@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from mhjax.plotting.heads import member_lines
-from mhjax.plotting.style import heads_colours, heads_label, pyplot
+from mhjax.plotting.report import task_label
+from mhjax.plotting.style import clipped_sd, heads_colours, heads_label, pyplot
 
 
 def _entries(result: dict) -> list[tuple[str, dict]]:
@@ -57,15 +58,16 @@ def format_analysis(result: dict) -> str:
 
 
 def plot_analysis(result: dict, path: str) -> None:
-    """Mixing time and minimax fidelity per layer (mean ± std over sequences): a row per task, a
-    colour per head count (plotting/style.py), a line style per seed; the legend right of the panels."""
+    """Mixing time and minimax fidelity per layer (mean ± std over sequences, fidelity's band kept
+    inside [0, 100]): a row per task and task parameter values (``cap=2`` and ``cap=4`` are two
+    rows), a colour per head count (plotting/style.py), a line style per seed; the legend right of
+    the panels."""
     plt = pyplot()
-    from matplotlib.ticker import MaxNLocator
-
     entries = [e for _, e in _entries(result)]
-    tasks = sorted({str(e.get("task")) for e in entries})
+    tasks = sorted({task_label(e) for e in entries})
     colours = heads_colours(e.get("heads") for e in entries)
     seeds = sorted({e.get("seed") for e in entries}, key=str)
+    layers = np.arange(max(len(e["layers"]) for e in entries))
     styles = ["-", "--", ":", "-."]
     fig, axes = plt.subplots(len(tasks), 2, figsize=(10, 3.6 * len(tasks)), squeeze=False)
     offsets = {h: (k - (len(colours) - 1) / 2) * 0.5 / max(len(colours), 1) for k, h in enumerate(colours)}
@@ -73,7 +75,7 @@ def plot_analysis(result: dict, path: str) -> None:
     for row, task in enumerate(tasks):
         ax_mix, ax_fid = axes[row]
         for e in sorted(
-            (e for e in entries if str(e.get("task")) == task), key=lambda e: (e.get("heads"), str(e.get("seed")))
+            (e for e in entries if task_label(e) == task), key=lambda e: (e.get("heads"), str(e.get("seed")))
         ):
             heads = e.get("heads")
             x = np.array([layer["layer"] for layer in e["layers"]], float) + offsets[heads]
@@ -85,15 +87,16 @@ def plot_analysis(result: dict, path: str) -> None:
                 label=None if heads in labelled else heads_label(heads),
             )
             labelled.add(heads)
-            for ax, key in ((ax_mix, "mixing_time"), (ax_fid, "fidelity_pct")):
-                mean = [layer[f"{key}_mean"] for layer in e["layers"]]
-                sd = [layer[f"{key}_std"] for layer in e["layers"]]
-                ax.errorbar(x, mean, yerr=sd, **style)
+            for ax, key, bounds in ((ax_mix, "mixing_time", (0, np.inf)), (ax_fid, "fidelity_pct", (0, 100))):
+                mean = np.array([layer[f"{key}_mean"] for layer in e["layers"]], float)
+                sd = np.array([layer[f"{key}_std"] for layer in e["layers"]], float)
+                ax.errorbar(x, mean, yerr=clipped_sd(mean, sd, *bounds), **style)
                 style["label"] = None
         ax_mix.set(xlabel="layer", ylabel="mixing time (steps to sink)", title=f"{task}: mixing time (mean ± std)")
         ax_fid.set(xlabel="layer", ylabel="minimax fidelity (%)", title=f"{task}: minimax fidelity (mean ± std)")
         for ax in (ax_mix, ax_fid):
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_xticks(layers)  # the layers, never a fraction (one layer: the tick 0 alone)
+            ax.set_xlim(-0.5, len(layers) - 0.5)
             ax.grid(alpha=0.3)
     fig.tight_layout()
     legend_title = "seeds: line style" if len(seeds) > 1 else None

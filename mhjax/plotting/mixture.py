@@ -9,16 +9,18 @@ under "zero_plus_step" (identical heads) measure a learning-rate effect of H, no
     Exact losses from ``loss_curve``; without it, TensorBoard chunk means at the chunk centre.
   * test_loss_vs_n.png: test loss at theta_K (mean, min-max over seeds) against n, a line per H
     with its fitted slope, a 1/n line, and c/(gamma^2 n) per H (gamma: that H's mean NTK margin
-    per n, scaled to its first point); the generalization gap (test - train loss) beside it; a
-    row per step size, and no figure when the sweep has one n.
+    per n, c fitted by least squares in log space over all its points); the generalization gap
+    (test - train loss) beside it; a row per step size, and no figure when the sweep has one n.
   * path.png (when evaluated at several k): along the GD path, ||theta_k - theta_0|| against
     log(k)/gamma (the theory's radius), sqrt(H) lambda_min(Hessian)/L and eta lambda_max (the
-    stability edge 2 drawn), mean over seeds per H, for the first (n, eta) of the sweep.
+    stability edge 2 drawn; both log-log where positive), mean over seeds per H (colour), every
+    step size of the sweep's first n (line style).
   * ntk_margin_vs_H.png: NTK margin at theta_0, mean +- std over seeds against H (left), and
     margins divided by the feature radius against the linear baselines (right).
 The 1/K line, c/(gamma^2 n), sqrt(H) lambda_min / L and the slope verdict assume a loss with an
 exponential tail; for another loss (the squared loss) they are left out and the titles say so.
-Log axes carry major tick labels only (minor labels such as 3x10^1 and 4x10^1 overlap).
+Log axes carry major tick labels only (minor labels such as 3x10^1 and 4x10^1 overlap), except
+an axis spanning at most one power of 10, which gets about four plain labels (readable_ticks).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ def write_figures_and_summary(
     init: str = "?",
     loss: str = "logistic",
     exponential_tail: bool = True,
+    generator: str | None = None,
 ) -> list[str]:
     """loss_vs_K.png, test_loss_vs_n.png, ntk_margin_vs_H.png, path.png and mixture_summary.md;
     returns the paths written. A figure that fails is skipped with a message (results are
@@ -83,7 +86,7 @@ def write_figures_and_summary(
     written = []
     path = workdir.file(SUMMARY)
     crossings = edge_crossings(lambda name, tags: _curves(workdir, name, tags), kept(records))
-    write_text(path, summary_markdown(records, init, crossings, loss, exponential_tail))
+    write_text(path, summary_markdown(records, init, crossings, loss, exponential_tail, generator))
     written.append(path)
     records = kept(records)  # the figures' means leave diverged members out, as the summary does
     if not records:
@@ -220,19 +223,42 @@ def _draw_vs_n(ax, group, field, title, records, theory: bool):
         gamma = np.array([mean_of(v, "ntk_margin") for v in by_n.values()])
         if np.all(gamma > 0):
             ref = 1.0 / (gamma**2 * ns)
-            i = int(np.flatnonzero(ok)[0])
-            ax.plot(ns, ref * mean[i] / ref[i], ls=":", color=colors[h], lw=1.2)
+            ax.plot(ns, ref * theory_constant(ref[ok], mean[ok]), ls=":", color=colors[h], lw=1.2)
     if first is not None:
         ns, n0, v0 = first
         ax.plot(ns, v0 * n0 / ns, "k--", lw=1, label="1/n")
-        ax.plot([], [], ls=":", color="gray", label="c/(gamma^2 n) per H, scaled")
+        ax.plot([], [], ls=":", color="gray", label="c/(gamma^2 n) per H, c: least squares (log) over all n")
     log_axes(ax)
     sizes = sorted({r["num_train"] for r in group})
     ax.set_xticks(sizes, [str(n) for n in sizes])  # the sweep's n as labels: often less than a decade
+    readable_ticks(ax, x=False)
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("training set size n")
     ax.set_ylabel(f"{field} (mean, min-max over seeds)")
     ax.legend(fontsize=7)
+
+
+def readable_ticks(ax, x: bool = True, y: bool = True) -> None:
+    """Tick labels on a log axis of ``ax`` whose range holds one power of 10 or none (a log
+    locator would label one tick or none): about four evenly spaced ticks, written plainly."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
+
+    for flag, axis, scale, limits in (
+        (x, ax.xaxis, ax.get_xscale(), ax.get_xlim()),
+        (y, ax.yaxis, ax.get_yscale(), ax.get_ylim()),
+    ):
+        low, high = sorted(limits)
+        if not flag or scale != "log" or low <= 0 or np.floor(np.log10(high)) - np.ceil(np.log10(low)) >= 1:
+            continue
+        axis.set_major_locator(MaxNLocator(nbins=4))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+        axis.set_minor_formatter(NullFormatter())
+
+
+def theory_constant(reference, values) -> float:
+    """The c of ``c * reference`` closest to ``values`` in the least-squares sense on log axes
+    (the figure's): exp of the mean of log(values / reference) over every point."""
+    return float(np.exp(np.mean(np.log(np.asarray(values, float) / np.asarray(reference, float)))))
 
 
 def fitted_slope(x, y) -> float:
@@ -290,36 +316,43 @@ PATH_TAGS = ("eval/distance_from_init", "eval/min_hessian_eig_over_loss_sqrtH", 
 
 
 def _plot_path(fig, workdir, records, style):
-    (n, eta), group = next(iter(group_by(records, ("num_train", "step_size")).items()))
-    curves = {r["name"]: _curves(workdir, r["name"], PATH_TAGS) for r in group}
-    if all(len(curves[r["name"]].get(PATH_TAGS[0], ((),))[0]) < 3 for r in group):
+    """Every step size of the sweep's first n: a colour per H, a line style per eta."""
+    n = next(iter(group_by(records, ("num_train",))))[0]
+    etas = group_by([r for r in records if r["num_train"] == n], ("step_size",))
+    curves = {r["name"]: _curves(workdir, r["name"], PATH_TAGS) for group in etas.values() for r in group}
+    if all(len(c.get(PATH_TAGS[0], ((),))[0]) < 3 for c in curves.values()):
         raise NothingToDraw("fewer than 3 evaluations along the path (set train.eval_points)")
     colors = _colors(r["heads"] for r in records)
     axes = fig.subplots(1, 3)
     tags = [t for t in PATH_TAGS if style.tail or t != PATH_TAGS[1]]  # L-ratios need an exponential tail
-    for (h,), members in group_by(group, ("heads",)).items():
-        found = [curves[r["name"]] for r in members if all(t in curves[r["name"]] for t in tags)]
-        if not found:
-            continue
-        length = min(c[PATH_TAGS[0]][0].size for c in found)
-        steps = found[0][PATH_TAGS[0]][0][:length].astype(float)
-        mean = {t: np.mean([c[t][1][:length] for c in found], axis=0) for t in tags}
-        gamma = mean_of(members, "ntk_margin")
-        keep = steps > 0
-        if gamma > 0:
-            axes[0].plot(
-                np.log(steps[keep]) / gamma, mean[PATH_TAGS[0]][keep], marker=".", color=colors[h], label=f"H={h}"
-            )
-        if style.tail:
-            axes[1].plot(np.maximum(steps, 0.5), mean[PATH_TAGS[1]], marker=".", color=colors[h], label=f"H={h}")
-        axes[2].plot(np.maximum(steps, 0.5), mean[PATH_TAGS[2]], marker=".", color=colors[h], label=f"H={h}")
+    styles = ["-", "--", ":", "-."]
+    for e, ((eta,), group) in enumerate(etas.items()):
+        ls = styles[e % len(styles)]
+        for (h,), members in group_by(group, ("heads",)).items():
+            found = [curves[r["name"]] for r in members if all(t in curves[r["name"]] for t in tags)]
+            if not found:
+                continue
+            length = min(c[PATH_TAGS[0]][0].size for c in found)
+            steps = found[0][PATH_TAGS[0]][0][:length].astype(float)
+            mean = {t: np.mean([c[t][1][:length] for c in found], axis=0) for t in tags}
+            gamma = mean_of(members, "ntk_margin")
+            keep = steps > 0
+            label = f"H={h}" if len(etas) == 1 else f"H={h}, eta={eta:g}"
+            if gamma > 0:
+                axes[0].plot(np.log(steps[keep]) / gamma, mean[PATH_TAGS[0]][keep], ls=ls, marker=".", color=colors[h])
+            for ax, tag in ((axes[1], PATH_TAGS[1]), (axes[2], PATH_TAGS[2])):
+                if tag in mean:
+                    ax.plot(np.maximum(steps, 0.5), mean[tag], ls=ls, marker=".", color=colors[h], label=label)
     axes[2].axhline(2.0, color="k", ls="--", lw=1, label="stability edge 2")
     axes[0].set_xlabel("log(k) / gamma (gamma: NTK margin at theta_0)")
     axes[0].set_ylabel("||theta_k - theta_0||")
     axes[0].set_title("distance from theta_0", fontsize=9)
-    style.suptitle(fig, f"along the GD path, n={n}, eta={eta:g}, mean over seeds")
+    eta_note = f"eta={next(iter(etas))[0]:g}" if len(etas) == 1 else "line style: eta"
+    style.suptitle(fig, f"along the GD path, n={n}, {eta_note}, mean over seeds")
     for ax, label in ((axes[1], "sqrt(H) lambda_min / L"), (axes[2], "eta lambda_max")):
-        log_axes(ax, y=False)
+        positive = ax.get_lines() and all(np.all(np.asarray(line.get_ydata(), float) > 0) for line in ax.get_lines())
+        log_axes(ax, y=bool(positive))  # Hessian quantities log-log where they are positive
+        readable_ticks(ax, x=False)
         ax.set_xlabel("GD step k (k=0 drawn at 0.5)")
         ax.set_ylabel(label)
         ax.set_title(label, fontsize=9)

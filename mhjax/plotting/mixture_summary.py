@@ -123,13 +123,21 @@ def kept(records: list[dict]) -> list[dict]:
 
 
 def summary_markdown(
-    records: list[dict], init: str = "?", crossings: dict | None = None, loss: str = "logistic", tail: bool = True
+    records: list[dict],
+    init: str = "?",
+    crossings: dict | None = None,
+    loss: str = "logistic",
+    tail: bool = True,
+    generator: str | None = None,
 ) -> str:
+    """The summary, titled by the data generator (config.data.generator) it was trained on;
+    ``generator`` None: the built-in tokenized mixture."""
     total = max((r.get("steps") or 0) for r in records) if records else 0
     diverged = [r for r in records if r.get("status", "ok") == "diverged"]
     records = kept(records)
+    data = f"Mixture data from generator `{generator}`" if generator else "Tokenized mixture"
     lines = [
-        "# Tokenized mixture: one-layer multi-head attention under GD",
+        f"# {data}: one-layer multi-head attention under GD",
         "",
         f"theta_0: init scheme `{init}`; loss `{loss}`; K = {total} GD steps. Means over seeds. Margins: certified",
         "lower bounds (simplex dual); a value <= 0 means the features were not certified separable, `-` that",

@@ -8,7 +8,8 @@ from collections import defaultdict
 
 import numpy as np
 
-from mhjax.plotting.style import heads_colours, heads_label, pyplot
+from mhjax.io.results import number_text, params_text
+from mhjax.plotting.style import clipped_sd, heads_colours, heads_label, pyplot
 
 CURVE_TAGS = (("train/loss", "training loss"), ("eval/loss", "held-out loss"), ("eval/accuracy", "held-out accuracy"))
 
@@ -22,18 +23,22 @@ def _num(value) -> float:
 
 
 def mean_sd(values, fmt: str = "{:.4g}", scale: float = 1.0) -> str:
-    """'mean ± std' of the finite values (times ``scale``), the value alone for one, '-' for none."""
+    """'mean ± std' of the finite values (times ``scale``), the value alone for one, '-' for none;
+    each number as ``fmt``, in scientific notation below 1e-3 (io/results.number_text)."""
     vals = np.array([_num(v) * scale for v in values], float)
     vals = vals[np.isfinite(vals)]
     if vals.size == 0:
         return "-"
     if vals.size == 1:
-        return fmt.format(vals[0])
-    return f"{fmt.format(vals.mean())} ± {fmt.format(vals.std())}"
+        return number_text(float(vals[0]), fmt)
+    return f"{number_text(float(vals.mean()), fmt)} ± {number_text(float(vals.std()), fmt)}"
 
 
 def field_value(member: dict, field: str):
-    """A member's value of a swept field; ``task_params.pairs`` reads inside its task_params."""
+    """A member's value of a swept field; ``task_params.pairs`` reads inside its task_params, and
+    ``task_params`` is the text of them all (``cap=2``; ``-`` for a task without parameters)."""
+    if field == "task_params":
+        return params_text(member.get("task_params"))
     head, _, rest = field.partition(".")
     if rest and head not in member:
         return None
@@ -80,10 +85,10 @@ def _group_keys(members: list[dict], sweep_fields: list[str] | None = None) -> t
         for f in (sweep_fields or ("task", "heads"))
         if f != "seed"
         and any(field_value(m, f) is not None for m in members)
-        and (f in ("task", "heads") or len({str(field_value(m, f)) for m in members}) > 1)
+        and (f in ("task", "task_params", "heads") or len({str(field_value(m, f)) for m in members}) > 1)
     ]
-    # task, its swept parameters, heads first; config order after
-    return tuple(sorted(fields, key=lambda f: (f != "task", not f.startswith("task_params."), f != "heads")))
+    # task, its parameters, heads first; config order after
+    return tuple(sorted(fields, key=lambda f: (f != "task", not f.startswith("task_params"), f != "heads")))
 
 
 def _summary_metrics(members: list[dict], keys) -> list[str]:
@@ -195,7 +200,17 @@ def _curve_tags(curves: dict, limit: int = 6) -> list[tuple[str, str]]:
     return tags[:limit]
 
 
-def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
+def _number_first(value):
+    return (0, value, "") if isinstance(value, (int, float)) else (1, 0, str(value))
+
+
+def plot_curves(members: list[dict], curves: dict, path: str, styled: str = "seed", log_tags=()) -> bool:
+    """A panel per (task, tag), a line per member coloured by head count, a line style per value of
+    the member field ``styled`` (the seed; a mixture's step size); a tag containing one of
+    ``log_tags`` (e.g. "loss", "hessian") on log-log axes, where a rate is a slope (steps and
+    values that are not positive left out). An accuracy's axis ends a little above 100%."""
+    from matplotlib.ticker import MaxNLocator
+
     tags = _curve_tags(curves)
     if not tags:
         return False
@@ -209,26 +224,31 @@ def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows), squeeze=False)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
-    seeds = sorted({m.get("seed") for m in members}, key=str)
+    kinds = sorted({m.get(styled) for m in members}, key=_number_first)
     styles = ["-", "--", ":", "-."]
     for n, (task, tag, label) in enumerate(panels):
         ax = axes.flat[n]
+        loglog = any(t in tag.lower() for t in log_tags)
         labelled = set()
         for m in members:
             if task_label(m) != task or tag not in curves.get(m["name"], {}):
                 continue
             steps, values = curves[m["name"]][tag]
+            steps, values = np.asarray(steps, float), np.asarray(values, float) * (100 if "accuracy" in tag else 1)
+            if loglog:
+                keep = (steps > 0) & (values > 0)
+                steps, values = steps[keep], values[keep]
             heads = m.get("heads")
             key = heads if colours else m["name"]
             label_text = (heads_label(heads) if colours else m["name"]) if key not in labelled else None
             labelled.add(key)
             ax.plot(
                 steps,
-                values * (100 if "accuracy" in tag else 1),
+                values,
                 marker="o" if len(steps) <= 30 else None,  # per-step training losses: a line
                 ms=3,
                 color=colours.get(heads),
-                ls=styles[seeds.index(m.get("seed")) % len(styles)],
+                ls=styles[kinds.index(m.get(styled)) % len(styles)],
                 label=label_text,
             )
         ax.set(
@@ -236,19 +256,26 @@ def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
             ylabel=label + (" %" if "accuracy" in tag else ""),
             title=f"{task}: {label}" if task else label,
         )
-        if "accuracy" in tag:
-            ax.set_ylim(top=100)
+        if loglog:
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps: no 2.5
+        if "accuracy" in tag:  # a 100% line stays inside the frame
+            bottom, top = ax.get_ylim()
+            ax.set_ylim(bottom, min(top, 100 + max(0.04 * (100 - bottom), 0.5)))
         ax.grid(alpha=0.3)
     # one legend for every panel, right of them: inside, it covers the curves' ends
-    legend = {}
+    from matplotlib.lines import Line2D
+
+    legend = {}  # a head count's entry solid, whichever line style its first line had
     for ax in axes.flat[: len(panels)]:
         for handle, text in zip(*ax.get_legend_handles_labels()):
-            legend.setdefault(text, handle)
-    if len(seeds) > 1:
-        from matplotlib.lines import Line2D
-
-        for k, seed in enumerate(seeds):
-            legend[f"seed {seed}"] = Line2D([], [], color="0.3", ls=styles[k % len(styles)])
+            legend.setdefault(text, Line2D([], [], color=handle.get_color(), marker=handle.get_marker(), ms=3))
+    if len(kinds) > 1:
+        for k, value in enumerate(kinds):
+            text = f"{value:g}" if isinstance(value, float) else str(value)
+            legend[f"{styled} {text}"] = Line2D([], [], color="0.3", ls=styles[k % len(styles)])
     fig.tight_layout()
     if legend:
         fig.legend(legend.values(), legend.keys(), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
@@ -257,7 +284,7 @@ def plot_curves(members: list[dict], curves: dict, path: str) -> bool:
     return True
 
 
-def _per_layer(ax, by_heads: dict, key: str, scale: float, colours: dict, bars: bool = False):
+def _per_layer(ax, by_heads: dict, key: str, scale: float, colours: dict, bars: bool = False, high=np.inf):
     n = len(by_heads)
     for k, (heads, entries) in enumerate(by_heads.items()):
         num_layers = max(len(e["layers"]) for e in entries)
@@ -268,10 +295,18 @@ def _per_layer(ax, by_heads: dict, key: str, scale: float, colours: dict, bars: 
         if bars:
             width = 0.8 / n
             x = layers + (k - (n - 1) / 2) * width
-            ax.bar(x, mean, width, yerr=sd, color=colours[heads], label=heads_label(heads))
+            ax.bar(x, mean, width, yerr=clipped_sd(mean, sd, 0, high), color=colours[heads], label=heads_label(heads))
             ax.plot(x, mean, ls="none", marker="o", ms=3, color=colours[heads], clip_on=False)  # a 0% bar shows too
         else:
-            ax.errorbar(layers, mean, yerr=sd, marker="o", capsize=3, color=colours[heads], label=heads_label(heads))
+            ax.errorbar(
+                layers,
+                mean,
+                yerr=clipped_sd(mean, sd, 0, high),
+                marker="o",
+                capsize=3,
+                color=colours[heads],
+                label=heads_label(heads),
+            )
     ax.set_xticks(np.arange(max(len(e["layers"]) for entries in by_heads.values() for e in entries)))
     ax.set_xlabel("layer")
     ax.grid(alpha=0.3)
@@ -287,7 +322,7 @@ def plot_mixing_fidelity(analysis: dict, path: str) -> bool:
     for r, (task, by_heads) in enumerate(by_task.items()):
         _per_layer(axes[r][0], by_heads, "mixing_time_mean", 1.0, colours)
         axes[r][0].set(ylabel="mixing time (steps to sink)", title=f"{task}: mixing time")
-        _per_layer(axes[r][1], by_heads, "fidelity_pct_mean", 1.0, colours)
+        _per_layer(axes[r][1], by_heads, "fidelity_pct_mean", 1.0, colours, high=100.0)
         axes[r][1].set(ylabel="minimax fidelity %", title=f"{task}: minimax fidelity")
     fig.tight_layout()
     legend = {}  # every head count once, right of the panels
@@ -313,9 +348,11 @@ def plot_synergy(analysis: dict, path: str) -> bool:
     fig, axes = plt.subplots(1, len(by_task), figsize=(5 * len(by_task), 3.4), squeeze=False)
     for c, (task, by_heads) in enumerate(by_task.items()):
         ax = axes[0][c]
-        _per_layer(ax, by_heads, "combined_beats_best_share", 100.0, colours, bars=True)
-        ax.set(ylabel="% of sequences", ylim=(0, 100), title=f"{task}: combined operator beats best single head")
+        _per_layer(ax, by_heads, "combined_beats_best_share", 100.0, colours, bars=True, high=100.0)
+        ax.set(ylabel="% of sequences", ylim=(0, 100))
+        ax.set_title(task, fontsize="medium")  # the task alone: a long title runs into the next panel's
         ax.legend(fontsize="small")
+    fig.suptitle("combined operator beats the best single head (% of sequences)", fontsize="medium")
     fig.tight_layout()
     if any(1 in by_heads for by_heads in every.values()):
         fig.text(0.01, -0.01, "1 head not shown: its combined operator is that head.", fontsize="small", va="top")
@@ -328,6 +365,8 @@ def plot_accuracy_by_position(members: list[dict], path: str) -> bool:
     """Held-out accuracy against position (results.json ``eval_accuracy_by_position``), a panel
     per task (with its parameters) and a line per head count, the mean over seeds; positions the
     task never weights are left out. False when no member has it."""
+    from matplotlib.ticker import MaxNLocator
+
     have = [m for m in members if m.get("eval_accuracy_by_position")]
     if not have:
         return False
@@ -350,6 +389,7 @@ def plot_accuracy_by_position(members: list[dict], path: str) -> bool:
             mean = np.where(counts > 0, np.nansum(rows, axis=0) / np.maximum(counts, 1), np.nan)
             ax.plot(np.arange(rows.shape[1]), mean, marker=".", color=colours.get(heads), label=heads_label(heads))
         ax.set(xlabel="position (0 first)", ylabel="held-out accuracy %", ylim=(-2, 102), title=task or None)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions: no 2.5
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     fig.tight_layout()

@@ -1,6 +1,9 @@
-"""What every figure shares: pyplot on the file-only Agg backend, and one colour and label per head count."""
+"""What every figure shares: pyplot on the file-only Agg backend, one colour and label per head
+count, and error bars kept inside a quantity's range."""
 
 from __future__ import annotations
+
+import numpy as np
 
 
 def pyplot():
@@ -25,3 +28,12 @@ def heads_colours(values) -> dict:
 
 def heads_label(heads) -> str:
     return f"{heads} head" if heads == 1 else f"{heads} heads"
+
+
+def clipped_sd(mean, sd, low: float = 0.0, high: float = np.inf):
+    """Error bars of ``mean`` ± ``sd`` cut at [low, high] (a percentage never below 0 nor above
+    100): matplotlib's (2, N) ``yerr``; None for no ``sd``."""
+    if sd is None:
+        return None
+    mean, sd = np.asarray(mean, float), np.asarray(sd, float)
+    return np.stack([np.clip(np.minimum(sd, mean - low), 0, None), np.clip(np.minimum(sd, high - mean), 0, None)])

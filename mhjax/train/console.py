@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 from tqdm import tqdm
 
+from mhjax.io.results import number_text, params_text
+
 
 class Column(NamedTuple):
     title: str
@@ -25,7 +27,8 @@ class Column(NamedTuple):
 
 class SummaryTable(NamedTuple):
     """An experiment's end-of-training table: one row per combination of ``fields`` (swept
-    fields, e.g. task and heads), each column the mean over that row's members (seeds)."""
+    fields, e.g. task, task_params and heads), each column the mean over that row's members
+    (seeds). A field whose value is a dict (``task_params``) reads ``cap=2``."""
 
     fields: tuple[str, ...]
     columns: tuple[Column, ...]
@@ -99,19 +102,19 @@ def summary_lines(table: SummaryTable | None, records: list[dict]) -> list[str]:
         return []
     rows: dict[tuple, list[dict]] = {}
     for record in records:
-        rows.setdefault(tuple(record.get(f) for f in table.fields), []).append(record)
+        rows.setdefault(tuple(_key_text(record.get(f)) for f in table.fields), []).append(record)
     header = [*table.fields, "members", *(c.title for c in table.columns)]
     body = []
     for values, members in rows.items():
         ok = [r for r in members if r.get("status", "ok") == "ok"]
         left_out = len(members) - len(ok)
-        cells = [str(v) for v in values] + [f"{len(ok)}" + (f" (+{left_out} diverged)" if left_out else "")]
+        cells = [*values, f"{len(ok)}" + (f" (+{left_out} diverged)" if left_out else "")]
         for column in table.columns:
             mean = _mean([r.get(column.key, float("nan")) for r in ok])
             if not math.isfinite(mean):
                 cells.append("-")
             else:
-                cells.append(f"{100 * mean:.2f}%" if column.percent else f"{mean:.4f}")
+                cells.append(number_text(100 * mean, "{:.2f}") + "%" if column.percent else number_text(mean, "{:.4f}"))
         body.append(cells)
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
     key_count = len(table.fields)
@@ -120,6 +123,10 @@ def summary_lines(table: SummaryTable | None, records: list[dict]) -> list[str]:
         return "  ".join(c.ljust(w) if i < key_count else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
     return [line(header)] + [line(row) for row in body]
+
+
+def _key_text(value) -> str:
+    return params_text(value) if isinstance(value, dict) or value is None else str(value)
 
 
 def next_commands(workdir: str, tensorboard_dir: str, analyzable: bool) -> list[str]:

@@ -24,6 +24,9 @@ from mhjax.config import ConfigError
 class Member:
     name: str
     hparams: dict[str, Any]  # swept values, e.g. {"task": "copy", "heads": 4, "seed": 0, "learning_rate": 1e-3}
+    # The name an earlier mhjax gave this member, where it differs (a single-valued task parameter
+    # was left out of it): a workdir trained then keeps its names (Experiment.keep_names).
+    earlier: str | None = dataclasses.field(default=None, compare=False)
 
     def __getitem__(self, key):
         return self.hparams[key]

@@ -86,7 +86,10 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
         lines += ["## Results", "", "Final metrics; mean ± std over seeds.", "", summary]
     lines += diverged_lines(members)
     curves = training_curves(workdir, [m["name"] for m in members])
-    link = figure("curves.png", plot_curves, members, curves)
+    kind = opened.kind  # the Experiment class: how its curves read (no plug-in code runs)
+    link = figure(
+        "curves.png", lambda *a: plot_curves(*a, styled=kind.curve_style, log_tags=kind.log_curves), members, curves
+    )
     if link:
         lines += ["## Training curves", "", link, ""]
     link = figure("accuracy_by_position.png", plot_accuracy_by_position, members)

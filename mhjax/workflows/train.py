@@ -76,4 +76,5 @@ def train(experiment, workdir, *, progress: bool = True, log=print, primary: boo
     lock = WorkdirLock(workdir, "train", create=True) if primary else contextlib.nullcontext()
     logs = library_logs(workdir.log_path) if primary else contextlib.nullcontext()
     with lock, logs:
+        experiment.keep_names(workdir.recorded_names())  # resumed or trained longer: the names it has
         return run(experiment, workdir, progress=progress, log=log)

@@ -62,7 +62,9 @@ class Opened:
         if self._experiment is None:
             config = self.config
             self.restore_plugins()
-            self._experiment = make_experiment(config)
+            experiment = make_experiment(config)
+            experiment.keep_names(self.files.recorded_names())  # the names its run gave its members
+            self._experiment = experiment
         return self._experiment
 
 
