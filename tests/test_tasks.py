@@ -202,6 +202,47 @@ def test_registering_the_same_function_again_replaces_it():
         tasks.register_task("again", _tokens)
 
 
+RARE_OVERFLOW = """import jax
+import jax.numpy as jnp
+import mhjax
+
+
+@mhjax.task("rare_overflow")
+def rare_overflow(key, length, vocab_size):
+    k_tok, k_bad = jax.random.split(key)
+    x = jax.random.randint(k_tok, (length,), 0, vocab_size, jnp.int32)
+    bad = jax.random.uniform(k_bad) < 1 / 200  # about 1 sequence in 200: the target vocab_size
+    return x, x.at[-1].set(jnp.where(bad, vocab_size, x[-1])), jnp.ones(length, jnp.float32)
+
+
+def get_config():
+    from tests.conftest import tiny_sequence_config
+
+    config = tiny_sequence_config(task=("rare_overflow",), heads=(1,))
+    config.data.update(protocol="fresh", batch_size=16)
+    config.train.update(steps=40, chunk_steps=5, eval_every=0, checkpoint_every=5)
+    return config
+"""
+
+
+def test_a_rare_out_of_range_target_stops_training_with_one_line_and_keeps_the_last_checkpoint(tmp_path, capsys):
+    """A target >= vocab_size in ~1 sequence of 200 passes the check on 3 draws; the step counts
+    it, and the chunk that has one stops the run: exit 2, one line naming the task, the value
+    and the range (not "diverged"), the checkpoint before that chunk the latest."""
+    config = tmp_path / "rare.py"
+    config.write_text(RARE_OVERFLOW)
+    workdir = tmp_path / "w"
+    assert cli.main(["train", "--config", str(config), "--workdir", str(workdir), "--no-progress"]) == 2
+    out, err = capsys.readouterr()
+    *console, err = err.strip().splitlines()  # the console's lines (compiling ...) go to stderr too
+    assert err.startswith(f"mhjax: error: config.sweep.task: task 'rare_overflow' ({config}:rare_overflow) gave")
+    assert "the target 16 at step " in err and "targets must be in [0, 15] (model.vocab_size = 16)" in err
+    assert "Traceback" not in out + "".join(console) and "diverged" not in out + "".join(console) + err
+    step = int(err.split(" at step ")[1].split()[0])
+    saved = [int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit()]
+    assert step >= 5 and max(saved) == step // 5 * 5  # the chunk with the bad target was not saved
+
+
 # --------------------------------------------------------------------------- #
 # Weights: only weighted positions count
 # --------------------------------------------------------------------------- #
