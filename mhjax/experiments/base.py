@@ -99,6 +99,10 @@ class Experiment:
         """Extra fields of W/mhjax.json (e.g. where plug-in tasks came from)."""
         return {}
 
+    def notes(self) -> list[str]:
+        """Console lines shown before training and by --dry-run (e.g. config entries ignored)."""
+        return []
+
     def check_start(self) -> None:
         """Before training (and before the workdir is written): raise ConfigError when the
         members' start cannot train (e.g. a non-finite loss at theta_0)."""

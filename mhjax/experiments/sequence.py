@@ -307,6 +307,9 @@ class SequenceExperiment(Experiment):
             f"{strategy} (roofline of models/cost.py): " + cost.prediction_text(p, work),
         ]
 
+    def notes(self) -> list[str]:
+        return task_params.notice(self.config)  # task_params of tasks not in the sweep: ignored
+
     def metadata(self) -> dict:
         """W/mhjax.json's ``tasks``: where each task came from, so later commands find it again."""
         return {"tasks": tasks.sources(self.config.sweep.task)}
