@@ -105,6 +105,11 @@ def test_forward_takes_targets_from_a_task_that_makes_them_and_refuses_bad_input
         run.forward("copy-h2-s0", tokens + 9)
     with pytest.raises(mhjax.ConfigError, match=r"^member: unknown 'nope'"):
         run.forward("nope", tokens)
+    with pytest.raises(mhjax.ConfigError, match=r"^tokens: expected .* integer array, got dtype float32 and shape"):
+        run.forward("copy-h2-s0", tokens.astype(np.float32))  # float tokens: the dtype named
+    with pytest.raises(mhjax.ConfigError, match=r"^targets: need integer tokens in \[0, 15\], got dtype float64"):
+        run.forward("copy-h2-s0", tokens, tokens * 1.0)
+    assert not copy.allow_changed_task and copy.task_sha256 is None  # copy is mhjax's own: no source hash
     np.testing.assert_array_equal(head_mask({1: 0}, 2, 3), [[1, 1, 1], [0, 1, 1]])
     assert jnp.asarray(copy.logits).dtype == jnp.float32
 

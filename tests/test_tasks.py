@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import mhjax
 from mhjax import cli
 from mhjax.analysis.metrics import analyze_params, random_tokens, task_sequences
 from mhjax.config import ConfigError
@@ -294,7 +295,8 @@ def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_sourc
     assert cli.main(["train", "--config", config, "--workdir", workdir, "--no-progress", *overrides]) == 0
     recorded = json.load(open(os.path.join(workdir, "mhjax.json")))["tasks"]
     source = {"module": "my_task", "function": "first_token", "file": str(examples / "my_task.py")}
-    assert recorded == {"first_token": {**source, "sha256": tasks.file_sha256(source["file"])}}
+    source_sha = tasks.file_sha256(source["file"])
+    assert recorded == {"first_token": {**source, "sha256": source_sha}}
     # A fresh process, where nothing registered first_token: analyze, report and load find it.
     code = (
         "import sys, mhjax\nfrom mhjax import cli\n"
@@ -316,8 +318,22 @@ def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_sourc
     assert cli.main(analyze) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"mhjax: error: task 'first_token': its source {examples / 'my_task.py'} changed since ")
-    assert "pass --allow-changed-task (Python: allow_changed_task=True)" in err and "\n" not in err
+    assert err.endswith("pass --allow-changed-task to go on anyway") and "\n" not in err and "Python" not in err
+    # run.forward reads the task too: refused alike, in Python's words, unless allowed (then stated).
+    run, name = mhjax.load(workdir), "first_token-h2-s0"
+    with pytest.raises(ConfigError, match=r"changed since training .*: pass allow_changed_task=True to go on anyway$"):
+        run.forward(name, np.arange(16)[None] % 16)
+    out = run.forward(name, np.arange(16)[None] % 16, allow_changed_task=True)
+    recorded, now = out.task_sha256["recorded"], out.task_sha256["current"]
+    assert out.allow_changed_task and recorded == source_sha and now == tasks.file_sha256(source["file"]) != recorded
     assert cli.main([*analyze, "--allow-changed-task"]) == 0
+    analysis = json.load(open(os.path.join(workdir, "analysis", "analysis.json")))
+    assert analysis["allow_changed_task"] is True
+    assert analysis["task_sha256"] == {"first_token": {"recorded": recorded, "current": now}}
+    note = f"**Changed task allowed:** the source of task first_token (sha256 {recorded[:12]} at training, {now[:12]}"
+    assert note in open(os.path.join(workdir, "analysis", "analysis.md")).read()
+    assert cli.main(["report", "--workdir", workdir]) == 0
+    assert note in open(os.path.join(workdir, "report.md")).read()
     # The source gone: a one-line error naming it, exit status 2.
     os.remove(examples / "my_task.py")
     done = _python(
@@ -326,7 +342,7 @@ def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_sourc
     assert done.returncode == 2
     assert done.stderr.strip() == (
         f"mhjax: error: task 'first_token': its module my_task ({examples / 'my_task.py'}, "
-        f"recorded in {os.path.join(workdir, 'mhjax.json')}) is gone; {tasks.HOW_TO_REGISTER}"
+        f"recorded in {os.path.join(workdir, 'mhjax.json')}) is gone; {tasks.HOW_TO_REGISTER['cli']}"
     )
     # Reading needs no task code: report and load work with the source gone.
     code = (
@@ -334,11 +350,20 @@ def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_sourc
         f"assert cli.main(['report', '--workdir', {workdir!r}]) == 0\n"
         f"run = mhjax.load({workdir!r})\n"
         "name = run.member_names[0]\n"
-        "print(len(run.results), sorted(run.curves(name))[:1], sorted(run.params(name)))"
+        "print(len(run.results), sorted(run.curves(name))[:1], sorted(run.params(name)))\n"
+        "import warnings\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    out = run.forward(name, [[1, 2, 3]])\n"
+        "print(out.loss is None, out.loss_by_position is None, [str(w.message) for w in caught])\n"
     )
     done = _python(code, tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "1 ['analysis/accuracy'] ['block_0', 'pos_emb', 'readout', 'token_emb']" in done.stdout
+    # forward with the task gone: a UserWarning saying why, and no loss
+    assert "True True [\"forward: no targets from task 'first_token', so no loss: task 'first_token': its module" in (
+        done.stdout
+    )
 
 
 def test_a_task_defined_in_main_reads_without_code_and_analyze_says_how(tmp_path):
@@ -401,5 +426,5 @@ def test_a_task_defined_in_a_config_file_is_found_again_by_running_that_file(tmp
     with pytest.raises(ConfigError) as exc:
         tasks.restore(recorded, where)
     assert str(exc.value) == (
-        f"task 'in_config': its config file {config} (recorded in {where}) is gone; {tasks.HOW_TO_REGISTER}"
+        f"task 'in_config': its config file {config} (recorded in {where}) is gone; {tasks.HOW_TO_REGISTER['python']}"
     )
