@@ -37,13 +37,30 @@ PYTHON_ARGUMENTS = {
 }
 
 
+# Commands a shared message names, as the Python call that does the same.
+PYTHON_CALLS = (
+    (re.compile(r"mhjax analyze --workdir [^\s`)]+"), "run.analyze()"),
+    (re.compile(r"mhjax train --config \.\.\. --workdir ([^\s`)]+)"), r"mhjax.sweep(config, '\1')"),
+)
+FLAG = re.compile(r"(?<![\w.-])--[a-z][a-z-]*")
+
+
+def _argument(flag: str) -> str:
+    return PYTHON_ARGUMENTS.get(flag, flag[2:].replace("-", "_"))
+
+
 def python_wording(message: str) -> str:
-    """A message of the code the command line shares, its leading flag named as the Python
-    argument (``--num-sequences: ...`` -> ``num_sequences: ...``)."""
+    """A message of the code the command line shares in Python's words: its leading flag named as
+    the Python argument (``--num-sequences: ...`` -> ``num_sequences: ...``), a command it names
+    as the call (``mhjax analyze --workdir W`` -> ``run.analyze()``), any other flag as its
+    argument (``leave out --sequences`` -> ``leave out sequences``)."""
     head, sep, rest = message.partition(": ")
-    if sep and re.fullmatch(r"--[a-z][a-z-]*(/--[a-z][a-z-]*)*", head):
-        head = "/".join(PYTHON_ARGUMENTS.get(flag, flag[2:].replace("-", "_")) for flag in head.split("/"))
-    return head + sep + rest
+    if not (sep and re.fullmatch(r"--[a-z][a-z-]*(/--[a-z][a-z-]*)*", head)):
+        head, sep, rest = "", "", message
+    head = "/".join(_argument(flag) for flag in head.split("/")) if head else ""
+    for pattern, call in PYTHON_CALLS:
+        rest = pattern.sub(call, rest)
+    return head + sep + FLAG.sub(lambda m: _argument(m.group(0)), rest)
 
 
 def python_errors(fn):
@@ -135,6 +152,7 @@ class Run:
         return f"Run({self.workdir!r})"
 
     @property
+    @python_errors
     def results(self) -> list[dict]:
         """One dict per member, as in W/results.json."""
         return self._files.results()["members"]
