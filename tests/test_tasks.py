@@ -408,6 +408,22 @@ def test_given_sequences_need_a_task_with_targets_from_tokens():
         task_sequences("nope", None, 4, 0, 8, 16)
 
 
+def test_the_readme_task_with_targets_from_tokens_is_checked_and_its_two_forms_agree(monkeypatch):
+    """examples/my_task.py's previous_token (README's own-task code): it passes the task check,
+    and its targets(tokens) gives the targets its sampler draws."""
+    from mhjax.data.task_check import check_task
+
+    monkeypatch.setattr(sys, "path", [EXAMPLE, *sys.path])
+    monkeypatch.delitem(sys.modules, "my_task", raising=False)
+    __import__("my_task")
+    task = check_task("previous_token", 8, 16)
+    inputs, targets, weights = task.call_sample(jax.random.PRNGKey(3), 8, 16)
+    np.testing.assert_array_equal(task.call_targets(inputs[None])[0], targets)
+    np.testing.assert_array_equal(targets[1:], inputs[:-1])
+    batch, _ = task_sequences(task, np.asarray(inputs)[None], None, 0, 8, 16)  # `analyze --sequences` reads it
+    np.testing.assert_array_equal(batch.targets[0], targets)
+
+
 def test_a_task_defined_in_a_config_file_is_found_again_by_running_that_file(tmp_path):
     config = tmp_path / "with_task.py"
     config.write_text(
