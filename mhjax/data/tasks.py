@@ -226,7 +226,7 @@ def source_hashes(source) -> dict:
 HOW_TO_REGISTER = {
     "cli": "put its source back, or from Python register it (import or run the code that defines it) "
     "and call mhjax.load(workdir).analyze()",
-    "python": "register it in Python (import or run the code that defines it), then call again",
+    "python": "register it in Python first (import or run the code that defines it)",
 }
 ALLOW_CHANGED = {"cli": "pass --allow-changed-task", "python": "pass allow_changed_task=True"}
 
