@@ -6,7 +6,7 @@ import sys
 import ml_collections
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import my_task  # noqa: E402, F401  (registers "first_token"; mhjax.json records where it came from)
+import my_task  # noqa: E402, F401  (registers "first_token", "previous_token"; mhjax.json records where)
 
 
 def get_config():

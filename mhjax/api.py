@@ -11,6 +11,7 @@ import functools
 import os
 import re
 import sys
+import warnings
 
 import ml_collections
 
@@ -23,7 +24,7 @@ from mhjax.workflows import target as _target
 from mhjax.workflows.analyze import analyze_workdir
 from mhjax.workflows.configs import load_config as _load_config
 from mhjax.workflows.forward import member_forward
-from mhjax.workflows.report import write_report
+from mhjax.workflows.report import stale_line, write_report
 from mhjax.workflows.train import train
 from mhjax.workflows.workdir import open_workdir
 
@@ -37,13 +38,30 @@ PYTHON_ARGUMENTS = {
 }
 
 
+# Commands a shared message names, as the Python call that does the same.
+PYTHON_CALLS = (
+    (re.compile(r"mhjax analyze --workdir [^\s`)]+"), "run.analyze()"),
+    (re.compile(r"mhjax train --config \.\.\. --workdir ([^\s`)]+)"), r"mhjax.sweep(config, '\1')"),
+)
+FLAG = re.compile(r"(?<![\w.-])--[a-z][a-z-]*")
+
+
+def _argument(flag: str) -> str:
+    return PYTHON_ARGUMENTS.get(flag, flag[2:].replace("-", "_"))
+
+
 def python_wording(message: str) -> str:
-    """A message of the code the command line shares, its leading flag named as the Python
-    argument (``--num-sequences: ...`` -> ``num_sequences: ...``)."""
+    """A message of the code the command line shares in Python's words: its leading flag named as
+    the Python argument (``--num-sequences: ...`` -> ``num_sequences: ...``), a command it names
+    as the call (``mhjax analyze --workdir W`` -> ``run.analyze()``), any other flag as its
+    argument (``leave out --sequences`` -> ``leave out sequences``)."""
     head, sep, rest = message.partition(": ")
-    if sep and re.fullmatch(r"--[a-z][a-z-]*(/--[a-z][a-z-]*)*", head):
-        head = "/".join(PYTHON_ARGUMENTS.get(flag, flag[2:].replace("-", "_")) for flag in head.split("/"))
-    return head + sep + rest
+    if not (sep and re.fullmatch(r"--[a-z][a-z-]*(/--[a-z][a-z-]*)*", head)):
+        head, sep, rest = "", "", message
+    head = "/".join(_argument(flag) for flag in head.split("/")) if head else ""
+    for pattern, call in PYTHON_CALLS:
+        rest = pattern.sub(call, rest)
+    return head + sep + FLAG.sub(lambda m: _argument(m.group(0)), rest)
 
 
 def python_errors(fn):
@@ -131,7 +149,7 @@ class Run:
     @python_errors
     def __init__(self, workdir):
         self.workdir = os.fspath(workdir)
-        self._opened = open_workdir(self.workdir)
+        self._opened = open_workdir(self.workdir, interface="python")
         self._files = self._opened.files
         self.config = self._opened.config  # reads W/mhjax.json: a folder that is not a workdir fails here
 
@@ -139,6 +157,7 @@ class Run:
         return f"Run({self.workdir!r})"
 
     @property
+    @python_errors
     def results(self) -> list[dict]:
         """One dict per member, as in W/results.json."""
         return self._files.results()["members"]
@@ -229,19 +248,29 @@ class Run:
     @python_errors
     def report(self, reference=None) -> dict:
         """``mhjax report --workdir W``: W/report.md and its figures; returns {"md": path, "figures":
-        [paths], ...}. ``reference``: a folder of released checkpoints to compare with."""
+        [paths], ...}. ``reference``: a folder of released checkpoints to compare with. An analysis
+        of another step than the results warns (UserWarning) how to refresh it."""
         with WorkdirLock(self.workdir, "report"):
-            return write_report(self._opened, reference=None if reference is None else os.fspath(reference))
+            result = write_report(self._opened, reference=None if reference is None else os.fspath(reference))
+        stale = result["stale_analysis"]
+        if stale:  # report.md says so too
+            warnings.warn(stale_line(stale["analysis"], stale["results"], self.workdir, "python"), stacklevel=3)
+        return result
 
     @python_errors
-    def forward(self, member: str, tokens, targets=None, weights=None, heads_off=None):
+    def forward(self, member: str, tokens, targets=None, weights=None, heads_off=None, allow_changed_task=False):
         """Member ``member`` (its latest checkpoint, eval mode) on ``tokens`` (N, T): a
         :class:`mhjax.Forward` with logits, attention, head outputs, residual stream and, with
         targets, the per-token loss and loss and accuracy by position (weighted by ``weights``).
         ``targets`` default to the member's task's when it makes them from tokens (copy, cycle,
         zero); ``heads_off`` {layer: [head, ...]} (0-based) zeroes heads as the analysis does.
+        A plug-in task whose source changed since training is refused, as by ``analyze``, unless
+        ``allow_changed_task=True`` (stated on the Forward with the source's sha256); one that
+        cannot be registered again warns why and leaves the loss fields None.
         One compile per model shape (workflows/forward.py)."""
-        return member_forward(self._opened, self._member(member), tokens, targets, weights, heads_off)
+        return member_forward(
+            self._opened, self._member(member), tokens, targets, weights, heads_off, allow_changed_task
+        )
 
     def to_pandas(self):
         """results as a pandas DataFrame, one row per member (pandas is optional); a dict field

@@ -78,6 +78,27 @@ def test_bad_input_raises_config_error_with_the_command_line_message(tmp_path):
     assert config.train.steps == 7 and tuple(config.sweep.task) == ("recall",)
 
 
+def test_readme_and_docs_cite_only_paths_of_the_repository_and_show_a_real_task():
+    """README stays within 250 lines; every repository path README and docs/*.md cite exists; the
+    own-task section's code is examples/my_task.py's (a task with a targets(tokens) form)."""
+    import glob
+
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    assert readme.count("\n") <= 250
+    top = ("mhjax/", "configs/", "docs/", "examples/", "benchmarks/", "launch/", "tests/", "shared/", ".ci/")
+    for page in ["README.md", *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]:
+        text = open(os.path.join(ROOT, page)).read()
+        cited = re.findall(r"`((?:[\w.-]+/)+[\w.*-]*)`|\]\(([^)#:]+)\)", text)
+        for path in (a or b for a, b in cited):
+            here = os.path.join(os.path.dirname(os.path.join(ROOT, page)), path)
+            if path.startswith(top) or os.path.exists(here):
+                assert glob.glob(os.path.join(ROOT, path)) or os.path.exists(here), f"{page} cites {path}"
+    code = readme_examples("Your own task")
+    assert "targets=previous" in code
+    example = open(os.path.join(ROOT, "examples", "my_task.py")).read()
+    assert all(line.split("  #")[0].rstrip() in example for line in code.splitlines())
+
+
 def test_import_mhjax_does_not_import_jax():
     code = "import sys, mhjax; print('jax' in sys.modules, mhjax.__version__)"
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True)

@@ -105,6 +105,11 @@ def test_forward_takes_targets_from_a_task_that_makes_them_and_refuses_bad_input
         run.forward("copy-h2-s0", tokens + 9)
     with pytest.raises(mhjax.ConfigError, match=r"^member: unknown 'nope'"):
         run.forward("nope", tokens)
+    with pytest.raises(mhjax.ConfigError, match=r"^tokens: expected .* integer array, got dtype float32 and shape"):
+        run.forward("copy-h2-s0", tokens.astype(np.float32))  # float tokens: the dtype named
+    with pytest.raises(mhjax.ConfigError, match=r"^targets: need integer tokens in \[0, 15\], got dtype float64"):
+        run.forward("copy-h2-s0", tokens, tokens * 1.0)
+    assert not copy.allow_changed_task and copy.task_sha256 is None  # copy is mhjax's own: no source hash
     np.testing.assert_array_equal(head_mask({1: 0}, 2, 3), [[1, 1, 1], [0, 1, 1]])
     assert jnp.asarray(copy.logits).dtype == jnp.float32
 
@@ -117,5 +122,17 @@ def test_api_errors_name_python_arguments_and_list_the_options(recall_run, tmp_p
         run.analyze(num_seqs=8)
     with pytest.raises(mhjax.ConfigError, match=r"^num_sequences: must be a positive integer, got 0"):
         run.analyze(num_sequences=0, plot=False, tensorboard=False)
+    # every flag a shared message names, in Python's words (not only its leading one)
+    with pytest.raises(mhjax.ConfigError) as exc:
+        run.analyze(sequences=np.zeros((2, 8), np.int32), plot=False, tensorboard=False)
+    assert str(exc.value).startswith("sequences: task 'recall' defines no targets(tokens)") and "--" not in str(
+        exc.value
+    )
+    assert str(exc.value).endswith("(leave out sequences)")
+    message = "results.json: train it first (mhjax train --config ... --workdir W); run `mhjax analyze --workdir W`"
+    assert (
+        mhjax.api.python_wording(message)
+        == "results.json: train it first (mhjax.sweep(config, 'W')); run `run.analyze()`"
+    )
     report = run.report()
     assert report["md"] == os.path.join(run.workdir, "report.md") and os.path.isfile(report["md"])

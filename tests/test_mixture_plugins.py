@@ -204,6 +204,37 @@ def test_a_bad_data_plugin_is_one_line_before_anything_compiles(sample, needle):
     assert message.startswith(f"config.data.generator: mixture data {name!r}") and needle in message, message
 
 
+def _zero_label_one_in_twenty(key, data):
+    """A valid example, except y = 0 for about 5% of keys (none of check_generator's 4 keys)."""
+    k_y, k_x, k_bad = jax.random.split(key, 3)
+    y = jnp.where(jax.random.bernoulli(k_y), 1.0, -1.0)
+    y = jnp.where(jax.random.uniform(k_bad) < 0.05, 0.0, y)
+    return jax.random.normal(k_x, (data.seq_len, data.dim)), y
+
+
+def test_every_generated_label_is_checked_and_the_first_bad_index_named():
+    """y = 0 on 1 example in 20 passes the 4-draw check but not the sampler's: one ConfigError
+    naming the generator, the split and the first bad index (the run's check_start samples both
+    splits before anything trains)."""
+    from mhjax.data.mixture_data import sample_examples
+
+    name = _register("zero_one_in_twenty", _zero_label_one_in_twenty)
+    config = tiny_mixture_config(num_train=(64,))
+    config.data = {"generator": name, "dim": 6, "seq_len": 4, "num_test": 64}
+    experiment = make_experiment(config)
+    for split, key, count, read in (
+        ("training", experiment.data_key(0), 64, experiment.train_data),
+        ("test", experiment.test_key(0), 64, experiment.test_data),
+    ):
+        _, y = sample_examples(_zero_label_one_in_twenty, key, experiment._sampler.data, count)
+        first = int(np.flatnonzero(np.asarray(y) == 0)[0])
+        with pytest.raises(ConfigError) as info:
+            read(0)
+        message = str(info.value)
+        assert message.startswith(f"config.data.generator: mixture data {name!r}"), message
+        assert f"y must be -1 or +1; {split} example {first} has y = 0.0" in message and "\n" not in message
+
+
 def test_padded_examples_are_left_out_without_nan_under_an_overflowing_loss():
     """A padded example whose exp(-z) overflows contributes nothing: the loss and gradient equal
     those of the unpadded set (0 * inf would be NaN)."""

@@ -7,6 +7,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+import mhjax
 from mhjax.cli import main
 from mhjax.experiments import make_experiment
 from mhjax.train.loop import run
@@ -60,6 +61,20 @@ def test_report_before_and_after_analysis(workdir, capsys):
         path = os.path.join(workdir, link)
         assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n", link
         assert link == "experiment_figure.png" or os.path.getsize(path) > 5000, link
+
+    # Trained on from step 6 to 9: the step-6 analysis is named stale, with both steps and the refresh.
+    config = tiny_sequence_config()
+    config.train.steps = 9
+    run(make_experiment(config), workdir, progress=False, log=lambda m: None)
+    assert main(["report", "--workdir", workdir]) == 0
+    line = f"The analysis is of step 6 but the results are of step 9: run `mhjax analyze --workdir {workdir}`"
+    assert line in capsys.readouterr().err
+    assert (
+        f"**Stale analysis:** {line} to analyse step 9 (Python: `run.analyze()`)."
+        in open(os.path.join(workdir, "report.md")).read()
+    )
+    with pytest.warns(UserWarning, match=r"of step 6 but the results are of step 9: run `run.analyze\(\)`"):
+        mhjax.load(workdir).report()
 
 
 def test_report_bad_workdir(tmp_path, capsys):

@@ -87,7 +87,7 @@ def test_a_swept_task_parameter_makes_members_that_share_their_keys():
     [
         ({"task_params.recall.size": "3"}, "config.task_params.recall.size: task 'recall' has no such parameter"),
         ({"task_params.copy.pairs": "3"}, "config.task_params.copy.pairs: task 'copy' has no such parameter"),
-        ({"task_params.induction.pairs": "3"}, "config.task_params.induction: not a task of config.sweep.task"),
+        ({"task_params.nope.pairs": "3"}, "config.task_params.nope: unknown task 'nope' (registered: "),
         ({"task_params.recall": "3"}, "config.task_params.recall: expected config.task_params.TASK.PARAMETER"),
         ({"task_params.recall.pairs": "1,1"}, "config.task_params.recall.pairs: repeated values"),
         ({"task_params.recall.pairs": "5"}, "pairs must be an integer in [1, 3]"),
@@ -114,6 +114,71 @@ def test_a_plugin_declares_parameters_that_reach_every_form():
         _register("shifted2", sample, params={"other": 1})
     with pytest.raises(ConfigError, match="parameter 'heads' must be an identifier other than"):
         _register("shifted3", sample, params={"heads": 1})
+
+
+TYPED = """import jax
+import jax.numpy as jnp
+import mhjax
+
+
+@mhjax.task("typed", params={"cap": 3, "scale": 0.5, "flag": False})
+def typed(key, length, vocab_size, cap, scale, flag):
+    x = jax.random.randint(key, (length,), 0, vocab_size, jnp.int32)
+    return x, jnp.minimum(x, cap), jnp.ones(length, jnp.float32)
+
+
+def get_config():
+    from tests.conftest import tiny_sequence_config
+
+    config = tiny_sequence_config(task=("typed", "recall"), heads=(1,))
+    config.task_params = {"recall": {"pairs": 1}, "typed": {"cap": 2}}
+    return config
+"""
+
+
+@pytest.mark.parametrize(
+    "params, error",
+    [
+        ({"cap": 2.5}, "expected an int (the default is 3), got 2.5 (float)"),
+        ({"cap": "true"}, "expected an int (the default is 3), got 'true' (str)"),
+        ({"cap": (2, True)}, "expected an int (the default is 3), got True (bool)"),
+        ({"flag": 1}, "expected a bool (True or False) (the default is False), got 1 (int)"),
+        ({"scale": "0.1"}, "expected a float (or an int) (the default is 0.5), got '0.1' (str)"),
+        ({"cap": (2, 4), "scale": 2, "flag": True}, None),  # an int for a float
+    ],
+)
+def test_a_parameter_with_an_int_float_or_bool_default_refuses_another_type(params, error):
+    from mhjax.experiments import task_params
+
+    _register("typed_unit", lambda key, length, vocab_size, cap, scale, flag: None, params=TYPED_DEFAULTS)
+    config = tiny_sequence_config(task=("typed_unit",))
+    config.task_params = {"typed_unit": params}
+    if error is None:
+        assert len(task_params.variants(config)["typed_unit"]) == 2
+        return
+    with pytest.raises(ConfigError) as exc:
+        task_params.variants(config)
+    field = f"config.task_params.typed_unit.{next(iter(params))}"
+    assert str(exc.value) == f"{field}: {error}"
+
+
+TYPED_DEFAULTS = {"cap": 3, "scale": 0.5, "flag": False}
+
+
+def test_the_cli_refuses_a_mistyped_parameter_and_ignores_one_of_a_task_left_out(tmp_path, capsys):
+    """cap=true arrives as the string 'true': exit 2, one line. A config's task_params for a
+    registered task the sweep leaves out is named in one line and ignored."""
+    tasks._REGISTRY.pop("typed", None)
+    config = tmp_path / "typed.py"
+    config.write_text(TYPED)
+    dry = ["train", "--config", str(config), "--dry-run"]
+    assert cli.main([*dry, "--config.task_params.typed.cap=true"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "mhjax: error: config.task_params.typed.cap: expected an int (the default is 3), got 'true' (str)"
+    assert cli.main([*dry, "--config.sweep.task=copy"]) == 0
+    out = capsys.readouterr().out
+    assert "config.task_params: ignoring recall, typed, not in config.sweep.task (copy)" in out.splitlines()
+    assert "copy-h1-s0" in out and "typed" not in out.replace("ignoring recall, typed,", "")
 
 
 # --------------------------------------------------------------------------- #

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import mhjax
 from mhjax import cli
 from mhjax.analysis.metrics import analyze_params, random_tokens, task_sequences
 from mhjax.config import ConfigError
@@ -202,6 +203,47 @@ def test_registering_the_same_function_again_replaces_it():
         tasks.register_task("again", _tokens)
 
 
+RARE_OVERFLOW = """import jax
+import jax.numpy as jnp
+import mhjax
+
+
+@mhjax.task("rare_overflow")
+def rare_overflow(key, length, vocab_size):
+    k_tok, k_bad = jax.random.split(key)
+    x = jax.random.randint(k_tok, (length,), 0, vocab_size, jnp.int32)
+    bad = jax.random.uniform(k_bad) < 1 / 200  # about 1 sequence in 200: the target vocab_size
+    return x, x.at[-1].set(jnp.where(bad, vocab_size, x[-1])), jnp.ones(length, jnp.float32)
+
+
+def get_config():
+    from tests.conftest import tiny_sequence_config
+
+    config = tiny_sequence_config(task=("rare_overflow",), heads=(1,))
+    config.data.update(protocol="fresh", batch_size=16)
+    config.train.update(steps=40, chunk_steps=5, eval_every=0, checkpoint_every=5)
+    return config
+"""
+
+
+def test_a_rare_out_of_range_target_stops_training_with_one_line_and_keeps_the_last_checkpoint(tmp_path, capsys):
+    """A target >= vocab_size in ~1 sequence of 200 passes the check on 3 draws; the step counts
+    it, and the chunk that has one stops the run: exit 2, one line naming the task, the value
+    and the range (not "diverged"), the checkpoint before that chunk the latest."""
+    config = tmp_path / "rare.py"
+    config.write_text(RARE_OVERFLOW)
+    workdir = tmp_path / "w"
+    assert cli.main(["train", "--config", str(config), "--workdir", str(workdir), "--no-progress"]) == 2
+    out, err = capsys.readouterr()
+    *console, err = err.strip().splitlines()  # the console's lines (compiling ...) go to stderr too
+    assert err.startswith(f"mhjax: error: config.sweep.task: task 'rare_overflow' ({config}:rare_overflow) gave")
+    assert "the target 16 at step " in err and "targets must be in [0, 15] (model.vocab_size = 16)" in err
+    assert "Traceback" not in out + "".join(console) and "diverged" not in out + "".join(console) + err
+    step = int(err.split(" at step ")[1].split()[0])
+    saved = [int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit()]
+    assert step >= 5 and max(saved) == step // 5 * 5  # the chunk with the bad target was not saved
+
+
 # --------------------------------------------------------------------------- #
 # Weights: only weighted positions count
 # --------------------------------------------------------------------------- #
@@ -253,7 +295,8 @@ def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_sourc
     assert cli.main(["train", "--config", config, "--workdir", workdir, "--no-progress", *overrides]) == 0
     recorded = json.load(open(os.path.join(workdir, "mhjax.json")))["tasks"]
     source = {"module": "my_task", "function": "first_token", "file": str(examples / "my_task.py")}
-    assert recorded == {"first_token": {**source, "sha256": tasks.file_sha256(source["file"])}}
+    source_sha = tasks.file_sha256(source["file"])
+    assert recorded == {"first_token": {**source, "sha256": source_sha}}
     # A fresh process, where nothing registered first_token: analyze, report and load find it.
     code = (
         "import sys, mhjax\nfrom mhjax import cli\n"
@@ -275,8 +318,22 @@ def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_sourc
     assert cli.main(analyze) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"mhjax: error: task 'first_token': its source {examples / 'my_task.py'} changed since ")
-    assert "pass --allow-changed-task (Python: allow_changed_task=True)" in err and "\n" not in err
+    assert err.endswith("pass --allow-changed-task to go on anyway") and "\n" not in err and "Python" not in err
+    # run.forward reads the task too: refused alike, in Python's words, unless allowed (then stated).
+    run, name = mhjax.load(workdir), "first_token-h2-s0"
+    with pytest.raises(ConfigError, match=r"changed since training .*: pass allow_changed_task=True to go on anyway$"):
+        run.forward(name, np.arange(16)[None] % 16)
+    out = run.forward(name, np.arange(16)[None] % 16, allow_changed_task=True)
+    recorded, now = out.task_sha256["recorded"], out.task_sha256["current"]
+    assert out.allow_changed_task and recorded == source_sha and now == tasks.file_sha256(source["file"]) != recorded
     assert cli.main([*analyze, "--allow-changed-task"]) == 0
+    analysis = json.load(open(os.path.join(workdir, "analysis", "analysis.json")))
+    assert analysis["allow_changed_task"] is True
+    assert analysis["task_sha256"] == {"first_token": {"recorded": recorded, "current": now}}
+    note = f"**Changed task allowed:** the source of task first_token (sha256 {recorded[:12]} at training, {now[:12]}"
+    assert note in open(os.path.join(workdir, "analysis", "analysis.md")).read()
+    assert cli.main(["report", "--workdir", workdir]) == 0
+    assert note in open(os.path.join(workdir, "report.md")).read()
     # The source gone: a one-line error naming it, exit status 2.
     os.remove(examples / "my_task.py")
     done = _python(
@@ -285,7 +342,7 @@ def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_sourc
     assert done.returncode == 2
     assert done.stderr.strip() == (
         f"mhjax: error: task 'first_token': its module my_task ({examples / 'my_task.py'}, "
-        f"recorded in {os.path.join(workdir, 'mhjax.json')}) is gone; {tasks.HOW_TO_REGISTER}"
+        f"recorded in {os.path.join(workdir, 'mhjax.json')}) is gone; {tasks.HOW_TO_REGISTER['cli']}"
     )
     # Reading needs no task code: report and load work with the source gone.
     code = (
@@ -293,11 +350,20 @@ def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_sourc
         f"assert cli.main(['report', '--workdir', {workdir!r}]) == 0\n"
         f"run = mhjax.load({workdir!r})\n"
         "name = run.member_names[0]\n"
-        "print(len(run.results), sorted(run.curves(name))[:1], sorted(run.params(name)))"
+        "print(len(run.results), sorted(run.curves(name))[:1], sorted(run.params(name)))\n"
+        "import warnings\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    out = run.forward(name, [[1, 2, 3]])\n"
+        "print(out.loss is None, out.loss_by_position is None, [str(w.message) for w in caught])\n"
     )
     done = _python(code, tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "1 ['analysis/accuracy'] ['block_0', 'pos_emb', 'readout', 'token_emb']" in done.stdout
+    # forward with the task gone: a UserWarning saying why, and no loss
+    assert "True True [\"forward: no targets from task 'first_token', so no loss: task 'first_token': its module" in (
+        done.stdout
+    )
 
 
 def test_a_task_defined_in_main_reads_without_code_and_analyze_says_how(tmp_path):
@@ -342,6 +408,22 @@ def test_given_sequences_need_a_task_with_targets_from_tokens():
         task_sequences("nope", None, 4, 0, 8, 16)
 
 
+def test_the_readme_task_with_targets_from_tokens_is_checked_and_its_two_forms_agree(monkeypatch):
+    """examples/my_task.py's previous_token (README's own-task code): it passes the task check,
+    and its targets(tokens) gives the targets its sampler draws."""
+    from mhjax.data.task_check import check_task
+
+    monkeypatch.setattr(sys, "path", [EXAMPLE, *sys.path])
+    monkeypatch.delitem(sys.modules, "my_task", raising=False)
+    __import__("my_task")
+    task = check_task("previous_token", 8, 16)
+    inputs, targets, weights = task.call_sample(jax.random.PRNGKey(3), 8, 16)
+    np.testing.assert_array_equal(task.call_targets(inputs[None])[0], targets)
+    np.testing.assert_array_equal(targets[1:], inputs[:-1])
+    batch, _ = task_sequences(task, np.asarray(inputs)[None], None, 0, 8, 16)  # `analyze --sequences` reads it
+    np.testing.assert_array_equal(batch.targets[0], targets)
+
+
 def test_a_task_defined_in_a_config_file_is_found_again_by_running_that_file(tmp_path):
     config = tmp_path / "with_task.py"
     config.write_text(
@@ -360,5 +442,5 @@ def test_a_task_defined_in_a_config_file_is_found_again_by_running_that_file(tmp
     with pytest.raises(ConfigError) as exc:
         tasks.restore(recorded, where)
     assert str(exc.value) == (
-        f"task 'in_config': its config file {config} (recorded in {where}) is gone; {tasks.HOW_TO_REGISTER}"
+        f"task 'in_config': its config file {config} (recorded in {where}) is gone; {tasks.HOW_TO_REGISTER['python']}"
     )

@@ -227,6 +227,7 @@ def test_an_opened_workdir_reads_results_curves_and_params_without_its_task_code
     """workflows/workdir.py: a plug-in task's source gone, mhjax.load and every reader still work;
     only what needs the task (the experiment, analyze) names it, in one line."""
     import mhjax
+    from mhjax.data import tasks
     from mhjax.workflows.workdir import open_workdir
 
     _, workdir = trained
@@ -240,15 +241,13 @@ def test_an_opened_workdir_reads_results_curves_and_params_without_its_task_code
     assert run.member_names == ["copy-h2-s0"] and run.results[0]["task"] == "copy"
     assert run.config.model.width == meta["config"]["model"]["width"] and run.analysis is None
     assert jax.tree_util.tree_leaves(run.params("copy-h2-s0")) and "train/loss" in run.curves("copy-h2-s0")
-    message = (
-        f"task 'gone_task': its module gone_task_module ({gone}, recorded in {copy / Workdir.METADATA}) is gone; "
-        "register it in Python (import or run the code that defines it), then call run.analyze()"
-    )
-    with pytest.raises(ConfigError) as exc:
+    message = f"task 'gone_task': its module gone_task_module ({gone}, recorded in {copy / Workdir.METADATA}) is gone; "
+    with pytest.raises(ConfigError) as exc:  # the command line's words: no run.analyze() it cannot call
         open_workdir(copy).experiment()
-    assert str(exc.value) == message
+    assert str(exc.value) == message + tasks.HOW_TO_REGISTER["cli"]
+    assert "put its source back" in str(exc.value)
     with pytest.raises(ConfigError) as exc:
         run.analyze(num_sequences=2, plot=False, tensorboard=False)
-    assert str(exc.value) == message
+    assert str(exc.value) == message + "register it in Python first (import or run the code that defines it)"
     with pytest.raises(ConfigError, match="has no mhjax.json"):
         _ = open_workdir(tmp_path).config

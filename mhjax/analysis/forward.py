@@ -37,6 +37,10 @@ class Forward:
     loss: (N, T) per-token cross-entropy, None without targets.
     loss_by_position, accuracy_by_position: (T,) means over sequences weighted by ``weights``,
       NaN where no weight falls; None without targets.
+    allow_changed_task: with the task's own targets, whether the call allowed a task source
+      changed since training (its targets are then the edited code's).
+    task_sha256: with the task's own targets, {"recorded": at training, "current": now} of its
+      source file (None: mhjax's own task, or no task targets).
     """
 
     logits: np.ndarray
@@ -46,6 +50,8 @@ class Forward:
     loss: np.ndarray | None = None
     loss_by_position: np.ndarray | None = None
     accuracy_by_position: np.ndarray | None = None
+    allow_changed_task: bool = False
+    task_sha256: dict | None = None
 
 
 def head_mask(heads_off, num_layers: int, heads: int) -> np.ndarray:
@@ -106,7 +112,9 @@ def forward(params, heads: int, sizes: dict, tokens, targets=None, weights=None,
     if tokens.ndim == 1:
         tokens = tokens[None]
     if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer) or tokens.size == 0:
-        raise ConfigError(f"tokens: expected a non-empty (N, T) integer array, got shape {tokens.shape}")
+        raise ConfigError(
+            f"tokens: expected a non-empty (N, T) integer array, got dtype {tokens.dtype} and shape {tokens.shape}"
+        )
     if not 1 <= tokens.shape[1] <= sizes["max_len"] or tokens.min() < 0 or tokens.max() >= sizes["vocab_size"]:
         raise ConfigError(
             f"tokens: need 1 <= T <= {sizes['max_len']} and tokens in [0, {sizes['vocab_size'] - 1}], "
@@ -132,7 +140,10 @@ def forward(params, heads: int, sizes: dict, tokens, targets=None, weights=None,
         if array.shape != tokens.shape:
             raise ConfigError(f"{name}: expected the tokens' shape {tokens.shape}, got {array.shape}")
     if not np.issubdtype(targets.dtype, np.integer) or targets.min() < 0 or targets.max() >= sizes["vocab_size"]:
-        raise ConfigError(f"targets: need integer tokens in [0, {sizes['vocab_size'] - 1}]")
+        raise ConfigError(
+            f"targets: need integer tokens in [0, {sizes['vocab_size'] - 1}], got dtype {targets.dtype} "
+            f"with values in [{targets.min()}, {targets.max()}]"
+        )
     if not np.all(np.isfinite(weights)) or weights.min() < 0:
         raise ConfigError("weights: must be finite and >= 0")
     loss, correct = (np.asarray(a) for a in per_token(jnp.asarray(logits), jnp.asarray(targets, jnp.int32)))

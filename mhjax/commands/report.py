@@ -6,7 +6,7 @@ import sys
 
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.workdir import Workdir
-from mhjax.workflows.report import write_report
+from mhjax.workflows.report import stale_line, write_report
 
 
 def command(args, overrides) -> int:
@@ -15,6 +15,9 @@ def command(args, overrides) -> int:
         result = write_report(workdir, reference=args.reference)
     count = len(result["figures"])
     print(f"wrote {result['md']} ({count} figure{'' if count == 1 else 's'})")
+    stale = result["stale_analysis"]
+    if stale:
+        print(stale_line(stale["analysis"], stale["results"], args.workdir), file=sys.stderr)
     if result["needs_analysis"]:
         print(
             f"no analysis yet: `mhjax analyze --workdir {args.workdir}` adds mixing time, fidelity and synergy",

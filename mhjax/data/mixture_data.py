@@ -11,7 +11,8 @@ Example i of a stream is ``sample(fold_in(key, i), data)``, so a smaller set is 
 larger one. The host draws examples SAMPLE_BLOCK at a time, vmapped, with one compiled program
 per generator and data view (``HostSampler``). Before anything compiles, ``check_generator``
 runs the sample on a few keys: shapes and dtypes, labels, finite values, a function of its key,
-draws that change with the key.
+draws that change with the key. The host sampler then checks the label of every example it
+draws (``check_labels``: a numpy comparison, one pass over y).
 """
 
 from __future__ import annotations
@@ -164,20 +165,36 @@ def _sample_block(key, start, sample, data):
     return sample_examples(sample, key, data, SAMPLE_BLOCK, start)
 
 
+def check_labels(y, plugin, split: str, field: str = "config.data.generator") -> None:
+    """ConfigError naming the generator, the split and the first example whose label is not -1
+    or +1 (check_generator sees a few draws; a generator wrong on 1 example in 20 passes it)."""
+    y = np.asarray(y)
+    bad = np.flatnonzero((y != 1.0) & (y != -1.0))
+    if bad.size:
+        i = int(bad[0])
+        raise ConfigError(
+            f"{field}: mixture data {plugin.name!r} ({plugin.label()}): y must be -1 or +1; {split} example {i} "
+            f"has y = {float(y[i])!r} ({bad.size} of {y.size} {split} examples are bad)"
+        )
+
+
 class HostSampler:
     """``sample_examples`` on the host, compiled once per generator, data view and process for a
     block of SAMPLE_BLOCK examples and called block after block (the sampler's compile takes
-    seconds on CPU, so neither the count nor a new experiment object may trigger another)."""
+    seconds on CPU, so neither the count nor a new experiment object may trigger another).
+    Every label drawn is checked (``check_labels``)."""
 
     def __init__(self, data_config):
         self.data = data_view(data_config)
-        self.sample = GENERATORS.get(generator_name(data_config), "config.data.generator").fn
+        self.plugin = GENERATORS.get(generator_name(data_config), "config.data.generator")
+        self.sample = self.plugin.fn
 
-    def __call__(self, key, count: int):
+    def __call__(self, key, count: int, split: str = "training"):
         blocks = [
             jax.device_get(_sample_block(jnp.asarray(key), jnp.uint32(b * SAMPLE_BLOCK), self.sample, self.data))
             for b in range(-(-count // SAMPLE_BLOCK))
         ]
         X = np.concatenate([b[0] for b in blocks])[:count]
         y = np.concatenate([b[1] for b in blocks])[:count]
+        check_labels(y, self.plugin, split)
         return X, y

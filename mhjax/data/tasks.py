@@ -211,32 +211,55 @@ def changed_sources(recorded: dict) -> list[str]:
     return out
 
 
-HOW_TO_REGISTER = "register it in Python (import or run the code that defines it), then call run.analyze()"
+def source_hashes(source) -> dict:
+    """{"recorded": the source file's sha256 at training, "current": now (None: the file is gone)};
+    {} for a task with no recorded sha256 (mhjax's own)."""
+    want = source.get("sha256") if isinstance(source, dict) else None
+    if not want:
+        return {}
+    path = source.get("config") or source.get("file")
+    return {"recorded": want, "current": file_sha256(path) if path and os.path.isfile(path) else None}
 
 
-def restore(recorded: dict, where: str, allow_changed: bool | None = None) -> None:
+# What a user does about a task whose source is gone or changed, in the words of the interface
+# in use: "cli" (a command's flags) or "python" (the API's arguments).
+HOW_TO_REGISTER = {
+    "cli": "put its source back, or from Python register it (import or run the code that defines it) "
+    "and call mhjax.load(workdir).analyze()",
+    "python": "register it in Python first (import or run the code that defines it)",
+}
+ALLOW_CHANGED = {"cli": "pass --allow-changed-task", "python": "pass allow_changed_task=True"}
+
+
+def changed_error(changed: list[str], interface: str = "python") -> ConfigError:
+    """The one-line refusal of a task whose source file changed since training."""
+    return ConfigError(
+        f"{changed[0]}; its results may not be what this code computes: {ALLOW_CHANGED[interface]} to go on anyway"
+    )
+
+
+def restore(recorded: dict, where: str, allow_changed: bool | None = None, interface: str = "python") -> None:
     """Register again the tasks ``recorded`` ({name: source}, from ``where``) that are not
     registered in this process: run the config file, or import the module (from its file
     when its name no longer imports). A source that is gone is a one-line ConfigError.
     ``allow_changed=False``: a source file whose sha256 differs from the recorded one is a
-    ConfigError too (what analyze does without --allow-changed-task); None: not checked."""
+    ConfigError too (what analyze does without --allow-changed-task); None: not checked.
+    ``interface``: "cli" or "python", whose words the messages use."""
+    how = HOW_TO_REGISTER[interface]
     if allow_changed is False:
         changed = changed_sources(recorded)
         if changed:
-            raise ConfigError(
-                f"{changed[0]}; its results may not be what this code computes: pass --allow-changed-task "
-                "(Python: allow_changed_task=True) to go on anyway"
-            )
+            raise changed_error(changed, interface)
     for name, source in (recorded or {}).items():
         if name in _REGISTRY or not isinstance(source, dict):
             continue
         if source.get("config"):
-            run_config_file(f"task {name!r}", source["config"], where, f"; {HOW_TO_REGISTER}")
+            run_config_file(f"task {name!r}", source["config"], where, f"; {how}")
         elif source.get("module") and source["module"] != "__main__":
-            import_module(f"task {name!r}", source, where, f"; {HOW_TO_REGISTER}")
+            import_module(f"task {name!r}", source, where, f"; {how}")
         if name not in _REGISTRY:
             origin = source.get("config") or source.get("module", "?")
             raise ConfigError(
                 f"task {name!r}: {origin} (recorded in {where}) no longer registers it "
-                f"(function {source.get('function', '?')}); {HOW_TO_REGISTER}"
+                f"(function {source.get('function', '?')}); {how}"
             )

@@ -133,9 +133,20 @@ class Experiment:
         """Extra fields of W/mhjax.json (e.g. where plug-in tasks came from)."""
         return {}
 
+    def notes(self) -> list[str]:
+        """Console lines shown before training and by --dry-run (e.g. config entries ignored)."""
+        return []
+
     def check_start(self) -> None:
         """Before training (and before the workdir is written): raise ConfigError when the
         members' start cannot train (e.g. a non-finite loss at theta_0)."""
+
+    def check_chunk(self, program: Program, metrics: dict, step: int) -> dict:
+        """After each chunk, once its metrics (host numpy, rows (steps, members of ``program``)
+        from step ``step`` on) are on the host and before anything of it is logged or saved: raise
+        ConfigError to stop the run (e.g. a target outside the vocabulary); return the metrics
+        the loop logs (without values only this check reads)."""
+        return metrics
 
     def extra_results(self, trained: list[TrainedProgram], loss_curves: dict[int, dict]) -> dict[int, dict]:
         """{member index: extra results.json fields} computed from the final states: ``trained``

@@ -298,7 +298,7 @@ class MixtureExperiment(Experiment):
     def test_data(self, seed: int):
         """The seed's data.num_test test examples (a separate key: fresh draws) as numpy (X, y)."""
         if seed not in self._test_data:
-            self._test_data[seed] = self._sampler(self.test_key(seed), int(self.config.data.num_test))
+            self._test_data[seed] = self._sampler(self.test_key(seed), int(self.config.data.num_test), "test")
         return self._test_data[seed]
 
     # -- engine protocol ---------------------------------------------------

@@ -15,7 +15,7 @@ import optax
 from mhjax.analysis import tags
 from mhjax.analysis.metrics import learned_head_weights
 from mhjax.data import sequences, tasks
-from mhjax.experiments import sequence_results, task_params
+from mhjax.experiments import sequence_results, target_range, task_params
 from mhjax.experiments.base import Experiment
 from mhjax.experiments.constants import SequenceConstants
 from mhjax.experiments.sequence_config import divergence_factor, requested_attention, scan_layers, validate
@@ -97,7 +97,8 @@ class SequenceRecipe(Recipe):
         logits = self.model.apply(
             {"params": params}, tokens, self._heads(consts), deterministic=False, rngs={"dropout": dropout_key}
         )
-        return weighted_mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets), weights), {}
+        loss = weighted_mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets), weights)
+        return loss, target_range.target_range(targets, weights, self.vocab)  # checked by check_chunk
 
     def evaluate(self, params, consts, step):
         """Held-out loss and token accuracy of theta_step in eval mode (no dropout), in batches."""
@@ -297,7 +298,7 @@ class SequenceExperiment(Experiment):
             devices = self._devices()
             p = self.predict(self.resolved_strategy(backend), backend, devices)
             where = f"this machine ({devices} x {backend}, priced as {devices} x {p['device'].name})"
-            return [f"estimate for {where}, roofline of models/cost.py: " + _figures(p, work)]
+            return [f"estimate for {where}, roofline of models/cost.py: " + cost.prediction_text(p, work)]
         backends = {}
         for b, d in sorted(cost.BACKEND_DEVICE.items()):
             backends.setdefault(cost.DEVICES[d].name, []).append(b)
@@ -307,8 +308,11 @@ class SequenceExperiment(Experiment):
         return [
             f"estimate for this machine ({backend}): none (models/cost.py has presets for {presets})",
             f"accelerator prediction, not this machine: on one {p['device'].name} this sweep would run "
-            f"{strategy} (roofline of models/cost.py): " + _figures(p, work),
+            f"{strategy} (roofline of models/cost.py): " + cost.prediction_text(p, work),
         ]
+
+    def notes(self) -> list[str]:
+        return task_params.notice(self.config)  # task_params of tasks not in the sweep: ignored
 
     def metadata(self) -> dict:
         """W/mhjax.json's ``tasks``: where each task came from, so later commands find it again."""
@@ -322,6 +326,7 @@ class SequenceExperiment(Experiment):
         return {"params": count_params(shapes["params"])}
 
     record_model = staticmethod(sequence_results.record_model)  # Run.model without task code
+    check_chunk = target_range.check_chunk  # a target outside the vocabulary stops the run
 
     def extra_results(self, trained, loss_curves) -> dict[int, dict]:
         """Loss and accuracy per position, evaluated at the end of training (sequence_results.py)."""
@@ -385,20 +390,3 @@ class SequenceExperiment(Experiment):
             f"total: {total / 1e12:.2f} TFLOP of training, ~{total_mem / 2**20:.0f} MiB if all members run at once"
         )
         return lines
-
-
-def _figures(p: dict, member_steps: int) -> str:
-    """A prediction's figures: rate, time for the sweep's member-steps, traffic (XLA:CPU's
-    count and the compiled program's, models/cost.py), memory, what bounds each head count."""
-    bound = ", ".join(f"{h} {b['bound']}" for h, b in p["bound_by_heads"].items())
-    return (
-        f"~{p['member_steps_per_s']:,.0f} member-steps/s, ~{_seconds(member_steps / p['member_steps_per_s'])} of "
-        f"training without compiles, {p['bytes_per_member_step'] / 1e9:.2f} GB "
-        f"({p['compiled_bytes_per_member_step'] / 1e9:.2f} compiled for {p['device'].name}) and "
-        f"{p['flops_per_member_step'] / 1e9:.2f} GFLOP per member-step, "
-        f"~{p['memory_per_device_bytes'] / 2**30:.2f} GiB per device; bound by heads: {bound}"
-    )
-
-
-def _seconds(value: float) -> str:
-    return f"{value:.1f} s" if value < 10 else f"{value:,.0f} s"

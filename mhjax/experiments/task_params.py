@@ -42,11 +42,9 @@ def declared(config) -> dict[str, dict]:
 def variants(config) -> dict[str, list[dict]]:
     """{task of config.sweep.task: its parameter values, one dict per variant}: the product of
     the swept values in declared order, ``[{}]`` for a task without config.task_params."""
-    given = declared(config)
     tasks = tuple(config.sweep.task)
+    given = {name: params for name, params in declared(config).items() if name not in unused(config)}
     for name, params in given.items():
-        if name not in tasks:
-            raise ConfigError(f"{FIELD}.{name}: not a task of config.sweep.task ({', '.join(map(str, tasks))})")
         if not isinstance(params, dict):
             raise ConfigError(f"{FIELD}.{name}: must be a dict {{parameter: value}}, got {params!r}")
     out = {}
@@ -66,11 +64,49 @@ def variants(config) -> dict[str, list[dict]]:
             for v in values:
                 if not isinstance(v, PARAM_TYPES):
                     raise ConfigError(f"{field}: each value must be a number, string, bool or None, got {v!r}")
+                check_type(field, task.params[param], v)
             if len({repr(v) for v in values}) != len(values):
                 raise ConfigError(f"{field}: repeated values {values!r}; each member must be distinct")
             axes.append([(param, v) for v in values])
         out[name] = [dict(combo) for combo in itertools.product(*axes)]
     return out
+
+
+def unused(config) -> tuple[str, ...]:
+    """Registered tasks that config.task_params sets but config.sweep.task leaves out: ignored, so
+    one config runs any subset of its tasks (``notice`` names them). An unregistered name is a
+    ConfigError."""
+    tasks = tuple(config.sweep.task)
+    names = tuple(name for name in declared(config) if name not in tasks)
+    for name in names:
+        get_task(name, f"{FIELD}.{name}")
+    return names
+
+
+def notice(config) -> list[str]:
+    """The console line naming the ignored task_params entries (none: no line)."""
+    names = unused(config)
+    if not names:
+        return []
+    listed = ", ".join(map(str, config.sweep.task))
+    return [f"{FIELD}: ignoring {', '.join(names)}, not in config.sweep.task ({listed})"]
+
+
+# A parameter whose default has one of these types takes only values of it (an int for a float too).
+TYPED = {bool: "a bool (True or False)", int: "an int", float: "a float (or an int)"}
+
+
+def check_type(field: str, default, value) -> None:
+    """ConfigError naming ``field``, the type expected and ``value`` when the default is an int,
+    float or bool and ``value`` is of another type (bool is not an int here)."""
+    kind = type(default)
+    if kind not in TYPED:
+        return
+    ok = type(value) is kind or (kind is float and type(value) is int)
+    if not ok:
+        raise ConfigError(
+            f"{field}: expected {TYPED[kind]} (the default is {default!r}), got {value!r} ({type(value).__name__})"
+        )
 
 
 def bound_tasks(config) -> list[Task]:

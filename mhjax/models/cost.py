@@ -313,3 +313,20 @@ def activation_bytes(shape: Shape, fine: int, kernel: bool = False) -> float:
     else:
         per_layer = b * t * (8 * d + 2 * m) + 3 * b * fine * t * t
     return 4.0 * (layers * per_layer + 2 * b * t * v)
+
+
+def prediction_text(p: dict, member_steps: int) -> str:
+    """A prediction's figures: rate, time for the sweep's member-steps, traffic (XLA:CPU's
+    count and the compiled program's, models/cost.py), memory, what bounds each head count."""
+    bound = ", ".join(f"{h} {b['bound']}" for h, b in p["bound_by_heads"].items())
+    return (
+        f"~{p['member_steps_per_s']:,.0f} member-steps/s, ~{_seconds_text(member_steps / p['member_steps_per_s'])} of "
+        f"training without compiles, {p['bytes_per_member_step'] / 1e9:.2f} GB "
+        f"({p['compiled_bytes_per_member_step'] / 1e9:.2f} compiled for {p['device'].name}) and "
+        f"{p['flops_per_member_step'] / 1e9:.2f} GFLOP per member-step, "
+        f"~{p['memory_per_device_bytes'] / 2**30:.2f} GiB per device; bound by heads: {bound}"
+    )
+
+
+def _seconds_text(value: float) -> str:
+    return f"{value:.1f} s" if value < 10 else f"{value:,.0f} s"

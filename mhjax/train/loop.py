@@ -263,6 +263,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                     states[name], metrics = sweep.run_chunk(program, states[name], n)
                 # One device-to-host transfer per program and chunk: the metrics and status.
                 metrics, status = sweep.host((metrics, engine.member_status(states[name])))
+                metrics = experiment.check_chunk(program, metrics, step)  # may stop the run: nothing saved
                 elapsed = time.perf_counter() - start
                 for i in idx:  # a program's members share its wall time
                     seconds[members[i].name] += elapsed

@@ -14,6 +14,7 @@ from typing import Any
 from mhjax.analysis import tags
 from mhjax.analysis.metrics import analyze_checkpoint, analyze_params, one_line, task_sequences
 from mhjax.config import ConfigError
+from mhjax.data import tasks
 from mhjax.io.results import write_json, write_text
 from mhjax.io.tensorboard import log_to_run
 from mhjax.io.workdir import Workdir, analysis_paths
@@ -131,11 +132,17 @@ def analyze_workdir(
             if sink_rows is not None:
                 images[tags.ROLLOUT_SINK_ROW] = sink_row_image(sink_rows)
             log_to_run(workdir.run_dir(member.name), scalars, images, step)
+    recorded = opened.recorded_tasks()
+    hashes = {name: tasks.source_hashes(recorded.get(name)) for name in sorted({m["task"] for m in experiment.members})}
     result = {
         "workdir": os.path.abspath(workdir.path),
         "step": int(step),
         "source": source if batches else None,
         "conventions": next(iter(members.values()))["conventions"] if members else None,
+        # whether a task source changed since training was allowed; each plug-in task's sha256
+        # {"recorded": at training, "current": at this analysis}
+        "allow_changed_task": bool(allow_changed_task),
+        "task_sha256": {name: h for name, h in hashes.items() if h},
         "members": members,
     }
     out = workdir.analysis_dir if out is None else str(out)
@@ -178,10 +185,30 @@ def write_analysis(out, result: dict, plot: bool = True) -> dict[str, str]:
     if not plot:
         del files["png"]
     write_json(files["json"], {**{k: v for k, v in result.items() if k != "files"}, "files": files})
-    write_text(files["md"], format_analysis(result))
+    markdown, note = format_analysis(result), changed_task_note(result)
+    if note:  # under the title
+        title, sep, rest = markdown.partition("\n\n")
+        markdown = f"{title}{sep}{note}\n\n{rest}"
+    write_text(files["md"], markdown)
     if plot:
         plot_analysis(result, files["png"])
     return files
+
+
+def changed_task_note(analysis: dict) -> str | None:
+    """One line when the analysis ran with a task source changed since training (allowed by
+    --allow-changed-task / allow_changed_task=True), naming the task and both sha256; else None."""
+    changed = [
+        f"{name} (sha256 {h['recorded'][:12]} at training, {h['current'][:12]} at analysis)"
+        for name, h in (analysis.get("task_sha256") or {}).items()
+        if h.get("current") and h["current"] != h.get("recorded")
+    ]
+    if not (analysis.get("allow_changed_task") and changed):
+        return None
+    return (
+        f"**Changed task allowed:** the source of task {', '.join(changed)} changed since training; "
+        "this analysis used the edited code (allow_changed_task)."
+    )
 
 
 def sequences_text(source: dict, count: int, length: int, drawn: bool = False) -> str:

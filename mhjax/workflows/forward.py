@@ -4,6 +4,9 @@ tokens (copy, cycle, zero, ...), registered again from where W/mhjax.json says i
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
+
 import numpy as np
 
 from mhjax.analysis.forward import Forward, forward, model_sizes
@@ -23,35 +26,48 @@ def member_record(opened, member: str) -> dict:
     raise ConfigError(f"member: unknown {member!r} (members: {', '.join(m.get('name', '?') for m in members)})")
 
 
-def task_targets(opened, record: dict, tokens):
-    """The member's task's targets for ``tokens`` (every position then weighted), or None when
-    the task has no ``targets(tokens)`` form or cannot be registered again (its source gone or
-    in __main__: the loss fields of the Forward are then None; pass targets)."""
+def task_targets(opened, record: dict, tokens, allow_changed_task: bool = False):
+    """(the member's task's targets for ``tokens`` (every position then weighted), the task
+    source's sha256 {"recorded", "current"} or None). A source changed since training is a
+    ConfigError unless ``allow_changed_task``, as in analyze. Targets are None when the task has
+    no ``targets(tokens)`` form, or, with a UserWarning saying why, when it cannot be registered
+    again (its source gone, or defined in __main__): the loss fields of the Forward are then
+    None; pass targets."""
     name = record.get("task")
-    if name not in tasks.registered():
-        try:
-            opened.restore_tasks()
-        except ConfigError:
-            return None
-    if name not in tasks.registered():
-        return None
-    task = tasks.get_task(name).with_params(record.get("task_params"))
-    return None if task.targets is None else np.asarray(task.call_targets(np.asarray(tokens, np.int32)))
+    source = opened.recorded_tasks().get(name)
+    changed = tasks.changed_sources({name: source}) if source else []
+    if changed and not allow_changed_task:
+        raise tasks.changed_error(changed, opened.interface)
+    try:
+        opened.restore_tasks(only=name)
+        task = tasks.get_task(name).with_params(record.get("task_params"))
+    except ConfigError as exc:
+        warnings.warn(f"forward: no targets from task {name!r}, so no loss: {exc}", UserWarning, stacklevel=4)
+        return None, None
+    hashes = tasks.source_hashes(source) or None
+    return (None if task.targets is None else np.asarray(task.call_targets(np.asarray(tokens, np.int32)))), hashes
 
 
-def member_forward(workdir, member: str, tokens, targets=None, weights=None, heads_off=None) -> Forward:
+def member_forward(
+    workdir, member: str, tokens, targets=None, weights=None, heads_off=None, allow_changed_task: bool = False
+) -> Forward:
     """:func:`mhjax.analysis.forward.forward` of ``member`` at the workdir's latest checkpoint.
     Without ``targets``: its task's ``targets(tokens)`` when the task makes them (see
-    :func:`task_targets`), else no loss."""
+    :func:`task_targets`), else no loss; the Forward then says whether ``allow_changed_task``
+    was given and the task source's recorded and current sha256."""
     opened = open_workdir(workdir)
     record = member_record(opened, member)
     tokens = np.asarray(tokens)
+    stated = {}
     if targets is None:
         if weights is not None:
             raise ConfigError("weights: given without targets; pass targets too")
         if tokens.ndim in (1, 2) and tokens.size and np.issubdtype(tokens.dtype, np.integer):
-            targets = task_targets(opened, record, tokens if tokens.ndim == 2 else tokens[None])
+            targets, hashes = task_targets(
+                opened, record, tokens if tokens.ndim == 2 else tokens[None], allow_changed_task
+            )
+            stated = dict(allow_changed_task=bool(allow_changed_task), task_sha256=hashes)
     params = opened.files.params(member)
-    return forward(
-        params, record["heads"], model_sizes(opened.files.config_field("model")), tokens, targets, weights, heads_off
-    )
+    sizes = model_sizes(opened.files.config_field("model"))
+    result = forward(params, record["heads"], sizes, tokens, targets, weights, heads_off)
+    return dataclasses.replace(result, **stated)

@@ -32,6 +32,7 @@ from mhjax.plotting.report import (
     plot_synergy,
     summary_table,
 )
+from mhjax.workflows.analyze import changed_task_note
 from mhjax.workflows.reproduction import reproduction_markdown
 from mhjax.workflows.workdir import open_workdir
 
@@ -107,6 +108,7 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
                 "",
             ]
     else:
+        lines += [f"{note}\n" for note in analysis_notes(analysis, results, workdir)]
         lines += [analysis_tables(analysis), ""]
         lines += [head_tables(analysis), ""]  # empty for an analysis without ablation and rollout
         for name, fn in (("mixing_fidelity.png", plot_mixing_fidelity), ("synergy.png", plot_synergy)):
@@ -128,12 +130,40 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
     write_text(path, "\n".join(lines).rstrip() + "\n")
     if log is not None:
         log(f"wrote {path} and {len(figures)} figure(s) in {out_dir}")
+    stale = analysis is not None and _stale(analysis, results)
     return {
         "md": path,
         "figures": figures,
         "analysis": analysis is not None,
         "needs_analysis": analysis is None and analyzable,
+        # {"analysis": its step, "results": theirs} when analysis.json is of another step, else None
+        "stale_analysis": {"analysis": analysis.get("step"), "results": results.get("steps")} if stale else None,
     }
+
+
+def _stale(analysis: dict, results: dict) -> bool:
+    steps = analysis.get("step"), results.get("steps")
+    return None not in steps and steps[0] != steps[1]
+
+
+def stale_line(analysis_step, results_step, workdir, interface: str = "cli") -> str:
+    """The line saying analysis.json is of another step than results.json, and how to refresh it."""
+    how = f"`mhjax analyze --workdir {workdir}`" if interface == "cli" else "`run.analyze()`"
+    return (
+        f"The analysis is of step {analysis_step} but the results are of step {results_step}: "
+        f"run {how} to analyse step {results_step}."
+    )
+
+
+def analysis_notes(analysis: dict, results: dict, workdir) -> list[str]:
+    """report.md's lines above the analysis tables: an analysis of another step than the results
+    (stale_line, with both interfaces' ways to refresh it), a changed task allowed."""
+    notes = []
+    if _stale(analysis, results):
+        line = stale_line(analysis.get("step"), results.get("steps"), workdir)
+        notes.append(f"**Stale analysis:** {line[:-1]} (Python: `run.analyze()`).")
+    note = changed_task_note(analysis)
+    return notes + ([note] if note else [])
 
 
 def is_analyzable(results: dict) -> bool:

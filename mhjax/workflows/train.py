@@ -24,7 +24,7 @@ def describe(experiment, backend: str) -> str:
     count, kinds = jax.device_count(), ", ".join(sorted({d.device_kind for d in jax.devices()}))
     cores = f", {os.cpu_count()} cores" if backend == "cpu" else ""
     machine = f"this machine: {backend}, {count} device{'s' * (count != 1)} ({kinds}{cores})"
-    return "\n".join([header, machine] + experiment.describe(backend))
+    return "\n".join([header, machine] + experiment.notes() + experiment.describe(backend))
 
 
 def default_workdir(config_path: str) -> str:
@@ -77,4 +77,6 @@ def train(experiment, workdir, *, progress: bool = True, log=print, primary: boo
     logs = library_logs(workdir.log_path) if primary else contextlib.nullcontext()
     with lock, logs:
         experiment.keep_names(workdir.recorded_names())  # resumed or trained longer: the names it has
+        for line in experiment.notes() if primary else ():
+            log(line)
         return run(experiment, workdir, progress=progress, log=log)

@@ -19,8 +19,9 @@ class Opened:
     """A workdir's files (``files``, a Workdir: each read once while unchanged) and, on demand,
     its config, its tasks and its experiment. Reads nothing until asked."""
 
-    def __init__(self, workdir):
+    def __init__(self, workdir, interface: str = "cli"):
         self.files = Workdir.of(workdir)
+        self.interface = interface  # whose words messages use: "cli" (flags) or "python" (arguments)
         self._experiment = None
 
     @property
@@ -44,11 +45,19 @@ class Opened:
         metadata = self.files.metadata()
         return experiment_class(metadata.get("experiment") or self.config.get("experiment", "sequence"))
 
-    def restore_tasks(self, allow_changed: bool | None = None) -> None:
-        """Register again the plug-in tasks W/mhjax.json says the sweep used, from where they
-        came (a source that is gone: a one-line ConfigError naming it and how to register it);
-        ``allow_changed=False``: a source file changed since training is a ConfigError too."""
-        tasks.restore(self.files.metadata().get("tasks"), self.files.metadata_path, allow_changed)
+    def recorded_tasks(self) -> dict:
+        """{task: its source as W/mhjax.json records it}."""
+        return self.files.metadata().get("tasks") or {}
+
+    def restore_tasks(self, allow_changed: bool | None = None, only: str | None = None) -> None:
+        """Register again the plug-in tasks W/mhjax.json says the sweep used (``only``: that one),
+        from where they came (a source that is gone: a one-line ConfigError naming it and how to
+        register it); ``allow_changed=False``: a source file changed since training is a
+        ConfigError too."""
+        recorded = self.recorded_tasks()
+        if only is not None:
+            recorded = {only: recorded[only]} if only in recorded else {}
+        tasks.restore(recorded, self.files.metadata_path, allow_changed, self.interface)
 
     def restore_plugins(self) -> None:
         """Register again the plug-ins W/mhjax.json says the sweep used (its tasks; a mixture
@@ -68,6 +77,7 @@ class Opened:
         return self._experiment
 
 
-def open_workdir(workdir) -> Opened:
-    """``workdir`` (a path, a Workdir or an Opened) opened; nothing is read yet."""
-    return workdir if isinstance(workdir, Opened) else Opened(workdir)
+def open_workdir(workdir, interface: str = "cli") -> Opened:
+    """``workdir`` (a path, a Workdir or an Opened) opened; nothing is read yet. ``interface``:
+    whose words its messages use, "cli" (a command's flags) or "python" (mhjax.load's Run)."""
+    return workdir if isinstance(workdir, Opened) else Opened(workdir, interface)
