@@ -70,7 +70,7 @@ from mhjax.data.mixture_data import HostSampler
 from mhjax.experiments import mixture_access, mixture_checks, mixture_results
 from mhjax.experiments.base import Experiment, FigureRequest
 from mhjax.experiments.constants import MixtureConstants
-from mhjax.experiments.mixture_config import parts, setting, validate
+from mhjax.experiments.mixture_config import parts, plugin_sources, restore_plugins, setting, validate
 from mhjax.models import classifier, mixture_parts
 from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program, Recipe, TrainedProgram
@@ -208,22 +208,6 @@ class MixtureRecipe(Recipe):
 # ---------------------------------------------------------------------- #
 # Experiment: members, constants, results, figures
 # ---------------------------------------------------------------------- #
-def plugin_sources(config) -> dict:
-    """{"data" | "phi" | "loss" | "step_rule": {name: source}} of the plug-ins ``config`` uses."""
-    out = {"data": mixture_data.GENERATORS.sources([setting(config, "data.generator")])}
-    for kind, name in parts(config).items():
-        out[kind] = mixture_parts.KINDS[kind].sources([name])
-    return out
-
-
-def restore_plugins(recorded: dict | None, where: str) -> None:
-    """Register again the plug-ins a workdir's run used (W/mhjax.json's "mixture")."""
-    recorded = recorded or {}
-    mixture_data.GENERATORS.restore(recorded.get("data"), where)
-    for kind, registry in mixture_parts.KINDS.items():
-        registry.restore(recorded.get(kind), where)
-
-
 class MixtureExperiment(Experiment):
     kind = "mixture"
     cannot_extend = (

@@ -200,3 +200,19 @@ def _validate_data(config) -> None:
     for field in ("dim", "seq_len", "num_test"):
         cfg.require_positive(config, f"data.{field}", int)
     mixture_data.check_generator(name, view)
+
+
+def plugin_sources(config) -> dict:
+    """{"data" | "phi" | "loss" | "step_rule": {name: source}} of the plug-ins ``config`` uses."""
+    out = {"data": mixture_data.GENERATORS.sources([setting(config, "data.generator")])}
+    for kind, name in parts(config).items():
+        out[kind] = mixture_parts.KINDS[kind].sources([name])
+    return out
+
+
+def restore_plugins(recorded: dict | None, where: str) -> None:
+    """Register again the plug-ins a workdir's run used (W/mhjax.json's "mixture")."""
+    recorded = recorded or {}
+    mixture_data.GENERATORS.restore(recorded.get("data"), where)
+    for kind, registry in mixture_parts.KINDS.items():
+        registry.restore(recorded.get(kind), where)
