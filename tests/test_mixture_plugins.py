@@ -363,6 +363,9 @@ def test_step_rule_drives_the_optimizer_and_its_sum_replaces_eta_k():
     states[program.name], _ = sweep.run_chunk(program, states[program.name], 2)
     for key in ("W", "U"):
         np.testing.assert_allclose(np.asarray(states[program.name].params[key][0]), params[key], rtol=1e-5, atol=1e-7)
+    # eta lambda_max at the evaluation's step k uses eta_k = eta / sqrt(1 + k), not the base eta
+    values = sweep.evaluate(states)[0]
+    assert values["step_times_hessian_max"] == pytest.approx(0.5 / np.sqrt(3) * values["hessian_max"], rel=1e-5)
 
 
 def test_a_phi_that_is_not_finite_at_zero_scores_is_refused():
