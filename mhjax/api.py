@@ -258,7 +258,18 @@ class Run:
         return result
 
     @python_errors
-    def forward(self, member: str, tokens, targets=None, weights=None, heads_off=None, allow_changed_task=False):
+    def forward(
+        self,
+        member: str,
+        tokens,
+        targets=None,
+        weights=None,
+        heads_off=None,
+        allow_changed_task=False,
+        patch=None,
+        patch_tokens=None,
+        patch_positions=None,
+    ):
         """Member ``member`` (its latest checkpoint, eval mode) on ``tokens`` (N, T): a
         :class:`mhjax.Forward` with logits, attention, head outputs, residual stream and, with
         targets, the per-token loss and loss and accuracy by position (weighted by ``weights``).
@@ -267,9 +278,22 @@ class Run:
         A plug-in task whose source changed since training is refused, as by ``analyze``, unless
         ``allow_changed_task=True`` (stated on the Forward with the source's sha256); one that
         cannot be registered again warns why and leaves the loss fields None.
-        One compile per model shape (workflows/forward.py)."""
+        Activation patching: ``patch`` {layer: [head, ...]} replaces those heads' outputs (at the
+        output projection's input, where ``heads_off`` acts) with the ones this member computes on
+        ``patch_tokens`` (the tokens' shape) in an unpatched run, at ``patch_positions`` only (None:
+        all); the loss stays against the clean tokens' targets.
+        One compile per model shape, and one more for any patch set (workflows/forward.py)."""
         return member_forward(
-            self._opened, self._member(member), tokens, targets, weights, heads_off, allow_changed_task
+            self._opened,
+            self._member(member),
+            tokens,
+            targets,
+            weights,
+            heads_off,
+            allow_changed_task,
+            patch,
+            patch_tokens,
+            patch_positions,
         )
 
     def to_pandas(self):

@@ -49,12 +49,22 @@ def task_targets(opened, record: dict, tokens, allow_changed_task: bool = False)
 
 
 def member_forward(
-    workdir, member: str, tokens, targets=None, weights=None, heads_off=None, allow_changed_task: bool = False
+    workdir,
+    member: str,
+    tokens,
+    targets=None,
+    weights=None,
+    heads_off=None,
+    allow_changed_task: bool = False,
+    patch=None,
+    patch_tokens=None,
+    patch_positions=None,
 ) -> Forward:
     """:func:`mhjax.analysis.forward.forward` of ``member`` at the workdir's latest checkpoint.
     Without ``targets``: its task's ``targets(tokens)`` when the task makes them (see
     :func:`task_targets`), else no loss; the Forward then says whether ``allow_changed_task``
-    was given and the task source's recorded and current sha256."""
+    was given and the task source's recorded and current sha256. ``patch``, ``patch_tokens``,
+    ``patch_positions``: activation patching (the forward's); the targets stay the clean tokens'."""
     opened = open_workdir(workdir)
     record = member_record(opened, member)
     tokens = np.asarray(tokens)
@@ -69,5 +79,7 @@ def member_forward(
             stated = dict(allow_changed_task=bool(allow_changed_task), task_sha256=hashes)
     params = opened.files.params(member)
     sizes = model_sizes(opened.files.config_field("model"))
-    result = forward(params, record["heads"], sizes, tokens, targets, weights, heads_off)
+    result = forward(
+        params, record["heads"], sizes, tokens, targets, weights, heads_off, patch, patch_tokens, patch_positions
+    )
     return dataclasses.replace(result, **stated)
