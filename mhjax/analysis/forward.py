@@ -20,7 +20,7 @@ import numpy as np
 
 from mhjax.analysis.positions import by_position, per_token
 from mhjax.config import ConfigError
-from mhjax.models.model_config import ModelConfig
+from mhjax.models.model_config import ATTENTION_WIDTH, SIZE_KEYS, ModelConfig
 from mhjax.models.probe import eval_model
 
 
@@ -31,8 +31,8 @@ class Forward:
 
     logits: (N, T, V).
     attention: per layer (N, H, T, T): attention[l][n, h, i, j] is query i attending to key j.
-    head_outputs: per layer (N, T, H, D/H): each head's output before the output projection
-      (zero for a head switched off).
+    head_outputs: per layer (N, T, H, A/H): each head's output before the output projection
+      (zero for a head switched off); A, the attention width, is D unless the head size is fixed.
     residual: per layer (N, T, D): the residual stream after the layer's block.
     loss: (N, T) per-token cross-entropy, None without targets.
     loss_by_position, accuracy_by_position: (T,) means over sequences weighted by ``weights``,
@@ -73,14 +73,14 @@ def head_mask(heads_off, num_layers: int, heads: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=32)
-def forward_fn(vocab_size: int, max_len: int, width: int, num_layers: int, mlp_dim: int, heads: int):
-    """jit(params, tokens (N, T), head_mask (L, H)) -> (logits, attention, head outputs, residual)."""
-    model = eval_model(
-        ModelConfig.from_sizes(
-            dict(vocab_size=vocab_size, max_len=max_len, width=width, num_layers=num_layers, mlp_dim=mlp_dim)
-        ),
-        heads,
-    )
+def forward_fn(
+    vocab_size: int, max_len: int, width: int, num_layers: int, mlp_dim: int, heads: int, attention_width=None
+):
+    """jit(params, tokens (N, T), head_mask (L, H)) -> (logits, attention, head outputs, residual).
+    ``attention_width``: A = heads x head size where it differs from the width (a fixed head size)."""
+    sizes = dict(vocab_size=vocab_size, max_len=max_len, width=width, num_layers=num_layers, mlp_dim=mlp_dim)
+    model = eval_model(ModelConfig.from_sizes({**sizes, ATTENTION_WIDTH: attention_width}), heads)
+    head_size = (attention_width or width) // heads
 
     @jax.jit
     def run(params, tokens, mask):
@@ -99,7 +99,7 @@ def forward_fn(vocab_size: int, max_len: int, width: int, num_layers: int, mlp_d
             logits, attention = model.apply({"params": params}, tokens, return_attention=True, head_mask=mask)
         blocks = [f"block_{l}" for l in range(num_layers)]
         n, t = tokens.shape
-        split = [outputs[b].reshape(n, t, heads, width // heads) for b in blocks]
+        split = [outputs[b].reshape(n, t, heads, head_size) for b in blocks]
         return logits, list(attention), split, [residual[b] for b in blocks]
 
     return run
@@ -121,9 +121,7 @@ def forward(params, heads: int, sizes: dict, tokens, targets=None, weights=None,
             f"got shape {tokens.shape} with values in [{tokens.min()}, {tokens.max()}]"
         )
     mask = head_mask(heads_off, sizes["num_layers"], int(heads))
-    run = forward_fn(
-        sizes["vocab_size"], sizes["max_len"], sizes["width"], sizes["num_layers"], sizes["mlp_dim"], int(heads)
-    )
+    run = forward_fn(*(sizes[k] for k in SIZE_KEYS), int(heads), sizes.get(ATTENTION_WIDTH))
     params = jax.tree_util.tree_map(jnp.asarray, params)
     logits, attention, outputs, residual = jax.device_get(run(params, jnp.asarray(tokens, jnp.int32), mask))
     record = dict(
