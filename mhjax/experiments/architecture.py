@@ -171,7 +171,9 @@ def shape_groups(config, members: list[Member]) -> list[ShapeGroup]:
         by_model.setdefault(member_model(config, member), []).append(i)
     key = lambda m: tuple(getattr(m, f) for f, _ in GROUP_LABELS)  # noqa: E731
     models = sorted(by_model, key=key)
-    differing = [(f, letter) for f, letter in GROUP_LABELS if len({getattr(m, f) for m in models}) > 1]
+    # the attention width labels groups where a fixed head size sets it (a width sweep alone: w16, w32)
+    told = lambda m, f: m.attention_width if f == "attention" else getattr(m, f)  # noqa: E731
+    differing = [(f, letter) for f, letter in GROUP_LABELS if len({told(m, f) for m in models}) > 1]
     out = []
     for model in models:
         name = "-".join(f"{letter}{_text(getattr(model, f))}" for f, letter in differing)
