@@ -17,6 +17,8 @@ from mhjax.models import cost, count_params, flops
 from mhjax.models.attention import CausalSelfAttention
 from mhjax.models.model_config import ModelConfig
 from mhjax.models.probe import model_sizes
+from mhjax.plotting.report import summary_table as report_summary
+from mhjax.train.console import summary_lines
 from mhjax.train.loop import Sweep
 from tests.conftest import config_source, tiny_sequence_config
 
@@ -64,6 +66,18 @@ def test_heads_by_head_dim_trains_four_members_with_hand_counted_parameters_in_t
         assert np.shape(params["block_0"]["attn"]["query"]["kernel"]) == (16, attention)
         assert np.shape(params["block_0"]["attn"]["out"]["kernel"]) == (attention, 16)
         assert all(np.isfinite(r["eval_loss"]) for r in results.values())
+    # The end-of-training table (console; results.md lists every field) carries the sizes.
+    experiment = sweep.experiment
+    records = [{**m.hparams, **experiment.member_info(m), **results[i]} for i, m in enumerate(experiment.members)]
+    table = summary_lines(experiment.summary_table(), records)
+    assert table[0].split()[:3] == ["task", "heads", "head_dim"] and table[0].endswith("params  GFLOP/step")
+    gflop = flops.train_step_flops(4, 8, 16, 1, 32, 16, 64) / 1e9
+    report = report_summary(records, ["task", "head_dim", "heads", "seed"])  # report.md's table
+    assert report.startswith("| task | heads | head_dim | members |") and "| params | gflop per step |" in report
+    assert records[3]["gflop_per_step"] == gflop
+    assert re.search(
+        rf"^copy\s+4\s+16\s+1\s.*\s{hand_count(16, 1, 32, 16, 8, 64):,}\s+{gflop:.4g}$", "\n".join(table), re.M
+    )
 
 
 def test_todays_config_and_the_architecture_path_are_bit_equal():
@@ -192,3 +206,15 @@ def test_forward_ablation_flops_and_cost_take_the_head_size():
     assert flops.train_step_flops(4, 8, 16, 1, 32, 16, 16) == flops.train_step_flops(4, 8, 16, 1, 32, 16)
     assert flops.train_step_flops(4, 8, 16, 1, 32, 16, 32) > flops.train_step_flops(4, 8, 16, 1, 32, 16)
     assert cost.member_cost(shape, 4).flops > cost.member_cost(shape._replace(attention_width=None), 4).flops
+
+
+def test_hparams_of_head_dim_none_beside_sixteen_are_text_of_one_type():
+    """TensorBoard's HParams domain holds one type: head_dim None (text) beside 16 (a number)
+    become "None" and "16" for every member, whichever member comes first."""
+    from mhjax.io.tensorboard import experiment_summary, uniform_types
+
+    members = make_experiment(configured({"sweep.head_dim": "16,None"}, heads=(1,))).members
+    hparams = uniform_types({m.name: m.flat_hparams() for m in members})
+    assert [h["head_dim"] for h in hparams.values()] == ["16", "None"]
+    assert [h["heads"] for h in hparams.values()] == [1, 1]
+    experiment_summary(hparams, ["final/eval_loss"])  # a mixed domain would not sort

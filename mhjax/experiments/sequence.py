@@ -199,7 +199,7 @@ class SequenceExperiment(Experiment):
         m = self.config.model
         model = architecture.member_model(self.config, member).transformer(member["heads"])
         shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, m.seq_len), jnp.int32)))
-        return {"params": count_params(shapes["params"])}
+        return {"params": count_params(shapes["params"]), **sequence_programs.step_gflop(self.config, member)}
 
     record_model = staticmethod(sequence_results.record_model)  # Run.model without task code
     check_chunk = target_range.check_chunk  # a target outside the vocabulary stops the run
@@ -209,14 +209,14 @@ class SequenceExperiment(Experiment):
         return sequence_results.by_position(self, trained)
 
     def summary_table(self) -> SummaryTable:
-        return SummaryTable(
-            self.swept_fields("task", "heads"),
-            (
-                Column("train loss", "train_loss"),
-                Column("held-out loss", "eval_loss"),
-                Column("held-out accuracy", "eval_accuracy", percent=True),
-            ),
+        columns = (
+            Column("train loss", "train_loss"),
+            Column("held-out loss", "eval_loss"),
+            Column("held-out accuracy", "eval_accuracy", percent=True),
         )
+        if architecture.swept(self.config):  # sizes differ between rows
+            columns += (Column("params", "params", fmt="{:,.0f}"), Column("GFLOP/step", "gflop_per_step", fmt="{:.4g}"))
+        return SummaryTable(self.swept_fields("task", "heads"), columns)
 
     def metric_tags(self) -> list[str]:
         return tags.hparams_metrics(int(self.config.model.num_layers))  # logged by `mhjax analyze --workdir W`

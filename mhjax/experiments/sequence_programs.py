@@ -95,6 +95,18 @@ def group_lines(experiment, programs_: list[Program], backend: str) -> list[str]
     return out
 
 
+def step_gflop(config, member) -> dict:
+    """{"gflop_per_step": analytic training FLOPs of one step / 1e9} where the sweep has
+    architecture axes (its members' sizes differ: results.json, results.md and the tables carry
+    it); {} else, so that today's results keep their fields."""
+    if not architecture.swept(config):
+        return {}
+    m, d = config.model, config.data
+    model = architecture.member_model(config, member)
+    sizes = (d.batch_size, m.seq_len, model.width, model.num_layers, model.mlp_dim, m.vocab_size)
+    return {"gflop_per_step": flops.train_step_flops(*sizes, model.attention_width) / 1e9}
+
+
 def member_lines(experiment) -> list[str]:
     """Per member: parameters, analytic GFLOP per step and estimated memory; then the totals."""
     config = experiment.config
