@@ -13,6 +13,7 @@ from mhjax.analysis import ablation
 from mhjax.analysis.forward import forward
 from mhjax.config import ConfigError, apply_overrides
 from mhjax.experiments import make_experiment, override_defaults
+from mhjax.experiments.architecture import record_sizes
 from mhjax.models import cost, count_params, flops
 from mhjax.models.attention import CausalSelfAttention
 from mhjax.models.model_config import ModelConfig
@@ -156,6 +157,10 @@ def test_a_fixed_head_size_frees_heads_from_dividing_the_width_and_groups_equal_
     experiment = make_experiment(configured({"model.head_dim": "8"}, heads=(3,)))
     assert [m.name for m in experiment.members] == ["copy-h3-s0"]  # a single value names nothing
     assert experiment.member_info(experiment.members[0])["params"] == hand_count(16, 1, 32, 16, 8, 24)
+    model = {**experiment.config.model.to_dict()}
+    assert record_sizes(model, {"heads": 3})["attention_width"] == 24  # Run.model from a results entry
+    assert record_sizes(model, {"heads": 2, "head_dim": 16, "width": 64})["attention_width"] == 32
+    assert "attention_width" not in record_sizes({**model, "head_dim": None}, {"heads": 3})
     experiment = make_experiment(configured({"sweep.head_dim": "8,16"}, heads=(1, 2)))
     groups = [(g.name, [experiment.members[i].name for i in g.members]) for g in experiment.groups]
     assert groups == [
