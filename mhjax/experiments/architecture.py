@@ -50,12 +50,12 @@ def swept(config) -> tuple[str, ...]:
 def ordered_sweep(config) -> dict:
     """config.sweep as a dict with its architecture fields right after ``task`` (FIELDS order), so
     that names read task, architecture, heads, seed; without them, config.sweep's own order."""
-    sweep = dict(config.sweep)
-    arch = {f: sweep.pop(f) for f in swept(config)}
+    fields = dict(config.sweep)
+    arch = {f: fields.pop(f) for f in swept(config)}
     if not arch:
-        return sweep
-    first = {k: sweep.pop(k) for k in ("task",) if k in sweep}
-    return {**first, **arch, **sweep}
+        return fields
+    first = {k: fields.pop(k) for k in ("task",) if k in fields}
+    return {**first, **arch, **fields}
 
 
 def member_values(config, member: Member) -> dict:
