@@ -22,7 +22,7 @@ import numpy as np
 
 from mhjax.analysis.positions import by_position, per_token
 from mhjax.config import ConfigError
-from mhjax.models.model_config import ModelConfig
+from mhjax.models.model_config import ATTENTION_WIDTH, SIZE_KEYS, ModelConfig
 from mhjax.models.probe import eval_model
 
 
@@ -33,8 +33,9 @@ class Forward:
 
     logits: (N, T, V).
     attention: per layer (N, H, T, T): attention[l][n, h, i, j] is query i attending to key j.
-    head_outputs: per layer (N, T, H, D/H): each head's output before the output projection
-      (zero for a head switched off; with ``patch``, the patched values where patched).
+    head_outputs: per layer (N, T, H, A/H): each head's output before the output projection
+      (zero for a head switched off; with ``patch``, the patched values where patched); A, the
+      attention width, is D unless the head size is fixed.
     residual: per layer (N, T, D): the residual stream after the layer's block.
     loss: (N, T) per-token cross-entropy, None without targets.
     loss_by_position, accuracy_by_position: (T,) means over sequences weighted by ``weights``,
@@ -111,18 +112,25 @@ def patch_mask(patch, positions, num_layers: int, heads: int, length: int) -> np
 
 
 @lru_cache(maxsize=32)
-def forward_fn(vocab_size: int, max_len: int, width: int, num_layers: int, mlp_dim: int, heads: int, patched: bool):
+def forward_fn(
+    vocab_size: int,
+    max_len: int,
+    width: int,
+    num_layers: int,
+    mlp_dim: int,
+    heads: int,
+    patched: bool,
+    attention_width=None,
+):
     """jit(params, tokens (N, T), head_mask (L, H)[, patch_tokens (N, T), patch_mask (L, T, H)])
-    -> (logits, attention, head outputs, residual). ``patched``: the program also runs the model
-    on ``patch_tokens`` (unpatched, the same heads off) and, in the run on ``tokens``, replaces the
+    -> (logits, attention, head outputs, residual). ``attention_width``: A = heads x head size where
+    it differs from the width (a fixed head size). ``patched``: the program also runs the model on
+    ``patch_tokens`` (unpatched, the same heads off) and, in the run on ``tokens``, replaces the
     heads' outputs where ``patch_mask`` is True with that run's, at the input of each layer's output
     projection (where ``head_mask`` acts). The mask is traced: one compile for any patch set."""
-    model = eval_model(
-        ModelConfig.from_sizes(
-            dict(vocab_size=vocab_size, max_len=max_len, width=width, num_layers=num_layers, mlp_dim=mlp_dim)
-        ),
-        heads,
-    )
+    sizes = dict(vocab_size=vocab_size, max_len=max_len, width=width, num_layers=num_layers, mlp_dim=mlp_dim)
+    model = eval_model(ModelConfig.from_sizes({**sizes, ATTENTION_WIDTH: attention_width}), heads)
+    head_size = (attention_width or width) // heads
     blocks = [f"block_{l}" for l in range(num_layers)]
 
     def apply(params, tokens, mask, replace=None):
@@ -147,7 +155,7 @@ def forward_fn(vocab_size: int, max_len: int, width: int, num_layers: int, mlp_d
 
     def split(outputs, tokens):
         n, t = tokens.shape
-        return [x.reshape(n, t, heads, width // heads) for x in outputs]
+        return [x.reshape(n, t, heads, head_size) for x in outputs]
 
     if not patched:
 
@@ -163,7 +171,7 @@ def forward_fn(vocab_size: int, max_len: int, width: int, num_layers: int, mlp_d
         source = apply(params, patch_tokens, mask)[2]
 
         def replace(layer, x):
-            where = jnp.repeat(patch[layer], width // heads, axis=-1)  # (T, D)
+            where = jnp.repeat(patch[layer], head_size, axis=-1)  # (T, A)
             return jnp.where(where[None], source[layer], x)
 
         logits, attention, outputs, residual = apply(params, tokens, mask, replace)
@@ -194,7 +202,6 @@ def forward(
     against ``targets``; ``head_outputs`` hold the patched values. One compile for any patch set."""
     tokens = checked_tokens(tokens, sizes, "tokens")
     mask = head_mask(heads_off, sizes["num_layers"], int(heads))
-    size_args = [sizes[k] for k in ("vocab_size", "max_len", "width", "num_layers", "mlp_dim")]
     params = jax.tree_util.tree_map(jnp.asarray, params)
     args = [params, jnp.asarray(tokens, jnp.int32), mask]
     if patch is None:
@@ -216,7 +223,7 @@ def forward(
         other = checked_tokens(other, sizes, "patch_tokens")
         where = patch_mask(patch, patch_positions, sizes["num_layers"], int(heads), tokens.shape[1])
         args += [jnp.asarray(other, jnp.int32), where]
-    run = forward_fn(*size_args, int(heads), patch is not None)
+    run = forward_fn(*(sizes[k] for k in SIZE_KEYS), int(heads), patch is not None, sizes.get(ATTENTION_WIDTH))
     logits, attention, outputs, residual = jax.device_get(run(*args))
     record = dict(
         logits=np.asarray(logits),
@@ -257,9 +264,3 @@ def apply_fn(sizes: dict, heads: int):
         return model.apply({"params": params}, jnp.asarray(tokens, jnp.int32))
 
     return apply
-
-
-def model_sizes(model: dict) -> dict:
-    """The Transformer sizes of a config's ``model`` section (a dict; max_len = seq_len)."""
-    keys = {"vocab_size": "vocab_size", "max_len": "seq_len", "width": "width", "num_layers": "num_layers"}
-    return {**{k: model[v] for k, v in keys.items()}, "mlp_dim": model["mlp_dim"]}

@@ -18,7 +18,7 @@ from mhjax.data import tasks
 from mhjax.io.results import write_json, write_text
 from mhjax.io.tensorboard import log_to_run
 from mhjax.io.workdir import Workdir, analysis_paths
-from mhjax.models.probe import config_sizes
+from mhjax.models.probe import model_sizes
 from mhjax.plotting.analysis import format_analysis, plot_analysis
 from mhjax.plotting.images import attention_grid, sink_row_image
 from mhjax.train.engine import unstack
@@ -104,7 +104,6 @@ def analyze_workdir(
     experiment, sweep, step, states = _restore_sweep(opened, allow_changed_task)
     m = experiment.config.model
     batches = {}  # {task_id: (its evaluation Batch, source)}: one per task and parameter values
-    sizes = config_sizes(m)
     member_states = sweep.member_states(states)
     members = {}
     for member in experiment.members:
@@ -114,6 +113,7 @@ def analyze_workdir(
         if task_id not in batches:
             batches[task_id] = task_sequences(task, sequences, num_sequences, seed, m.seq_len, m.vocab_size)
         batch, source = batches[task_id]
+        sizes = model_sizes(state.params)  # the member's own (architecture axes: experiments/architecture.py)
         res = analyze_params(state.params, member["heads"], task, batch, sizes, keep_attention=tensorboard, **kwargs)
         attention, combined = res.pop("attention", None), res.pop("combined", None)
         sink_rows = res.pop("rollout_sink_row", None)

@@ -9,9 +9,10 @@ import warnings
 
 import numpy as np
 
-from mhjax.analysis.forward import Forward, forward, model_sizes
+from mhjax.analysis.forward import Forward, forward
 from mhjax.config import ConfigError
 from mhjax.data import tasks
+from mhjax.models import probe
 from mhjax.workflows.workdir import open_workdir
 
 
@@ -78,7 +79,7 @@ def member_forward(
             )
             stated = dict(allow_changed_task=bool(allow_changed_task), task_sha256=hashes)
     params = opened.files.params(member)
-    sizes = model_sizes(opened.files.config_field("model"))
+    sizes = probe.model_sizes(params)  # the member's own sizes (a swept width or head size included)
     result = forward(
         params, record["heads"], sizes, tokens, targets, weights, heads_off, patch, patch_tokens, patch_positions
     )
