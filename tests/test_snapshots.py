@@ -1,0 +1,116 @@
+"""Snapshots (config.train.snapshot_steps, train/snapshots.py): every member's parameters at the
+chosen steps, kept for good under W/snapshots/<step>/; the pieces that cut the first chunk at
+early snapshot steps change no number."""
+
+import jax
+import numpy as np
+import pytest
+
+from mhjax.config import ConfigError
+from mhjax.experiments import make_experiment
+from mhjax.io.workdir import Workdir
+from mhjax.train import snapshots
+from mhjax.train.loop import Sweep, run
+from tests.conftest import set_field, tiny_sequence_config, tiny_train
+
+STEPS = [0, 1, 3, 9]  # "log:4" over 9 steps in chunks of 3: 1 a piece, 3 and 9 chunk ends
+
+
+def config(snapshot_steps=None):
+    c = tiny_train(tiny_sequence_config(heads=(1, 2)), 9, 3, 3, 6)
+    if snapshot_steps is not None:
+        set_field(c, "train.snapshot_steps", snapshot_steps)
+    return c
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{"snapshots": a run with snapshot_steps="log:4", "plain": the same without}: Workdirs."""
+    out = {}
+    for name, steps in (("snapshots", "log:4"), ("plain", None)):
+        workdir = tmp_path_factory.mktemp(name) / "w"
+        run(make_experiment(config(steps)), str(workdir), progress=False, log=lambda m: None)
+        out[name] = Workdir(workdir)
+    return out
+
+
+def leaves(tree):
+    return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def assert_equal_trees(a, b):
+    x, y = leaves(a), leaves(b)
+    assert sorted(x) == sorted(y)
+    for key in x:
+        assert x[key].dtype == y[key].dtype and np.array_equal(x[key], y[key], equal_nan=True), key
+
+
+def test_log_steps_are_step_0_and_log_spaced_up_to_the_last_at_chunk_ends():
+    assert snapshots.resolve("log:4", 9, 3) == tuple(STEPS)
+    assert snapshots.resolve("log:4", 200, 25) == (0, 1, 14, 200)  # configs/quick.py
+    paper = snapshots.resolve("log:8", 20000, 200)  # configs/paper.py
+    assert paper == (0, 1, 5, 27, 141, 800, 3800, 20000)
+    assert all(k < 200 or k % 200 == 0 for k in paper)
+    assert snapshots.resolve((0, 150, 1000), 1000, 50) == (0, 150, 1000)
+    assert snapshots.resolve("0,10,30", 30, 10) == (0, 10, 30)  # as typed on the command line
+    assert snapshots.resolve(("log:2",), 30, 10) == (0, 30)  # "log:N" over a tuple in the file
+    assert snapshots.resolve(None, 30, 10) == snapshots.resolve((), 30, 10) == ()
+
+
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("log:1", 'config.train.snapshot_steps: "log:N" needs an integer N >= 2'),
+        ("log:x", 'config.train.snapshot_steps: "log:N" needs an integer N >= 2'),
+        ("often", "config.train.snapshot_steps: must be a tuple of steps in [0, train.steps] or"),
+        ((0, 31), "config.train.snapshot_steps: each step must be an integer in [0, train.steps=30]; got 31"),
+        ((0, 15), "config.train.snapshot_steps: step 15 is not at a chunk end: steps from train.chunk_steps=10"),
+        ((True,), "config.train.snapshot_steps: each step must be an integer"),
+    ],
+)
+def test_bad_snapshot_steps_are_one_line_errors_naming_the_field(value, words):
+    with pytest.raises(ConfigError) as exc:
+        snapshots.resolve(value, 30, 10)
+    assert str(exc.value).startswith(words) and "\n" not in str(exc.value)
+    c = tiny_train(tiny_sequence_config(), 30, 10, 10, 10)
+    set_field(c, "train.snapshot_steps", value)
+    with pytest.raises(ConfigError, match="config.train.snapshot_steps"):
+        make_experiment(c)  # validated with the config, before anything compiles
+
+
+def test_every_members_parameters_are_kept_at_each_snapshot_step(runs):
+    w = runs["snapshots"]
+    assert w.snapshot_steps() == STEPS and w.checkpoint_steps() == [6, 9]
+    names = w.member_names()
+    sweep = Sweep(make_experiment(config("log:4")))
+    initial = sweep.member_states(sweep.init_states())
+    store = w.snapshotter()
+    stored = store.restore_raw(9)["members"]  # the snapshot itself (params() reads the checkpoint at 9)
+    store.close()
+    for name in names:
+        assert_equal_trees(w.params(name, 0), initial[name].params)
+        assert_equal_trees(stored[name]["params"], w.member_states(9)[name]["params"])  # the checkpoint at 9
+        # the parameters move between snapshots: 1 and 3 are other states
+        assert not np.array_equal(*(next(iter(leaves(w.params(name, s)).values())) for s in (1, 3)))
+        assert set(w.member_states(1)[name]) == {"params"}  # parameters only, no optimizer state
+
+
+def test_cutting_the_first_chunk_at_snapshot_steps_changes_no_number(runs):
+    """The pieces program runs steps 0-1 and 1-3 here; the plain run one chunk 0-3: bit-identical."""
+    a, b = runs["snapshots"].member_states(9), runs["plain"].member_states(9)
+    for name in a:
+        assert_equal_trees(a[name], b[name])
+    assert runs["plain"].snapshot_steps() == []
+
+
+def test_the_disk_line_is_parameter_bytes_times_members_times_snapshots():
+    experiment = make_experiment(config("log:4"))
+    sweep = Sweep(experiment)
+    each = sum(
+        x.size * x.dtype.itemsize
+        for x in jax.tree_util.tree_leaves(sweep.member_states(sweep.init_states())["copy-h1-s0"].params)
+    )
+    assert snapshots.params_bytes(sweep) == each
+    line = snapshots.disk_line(sweep, snapshots.steps_of(experiment.config))
+    total = each * 2 * 4
+    assert line.startswith("snapshots: 4 (steps 0, 1, 3, 9) x 2 members x ") and f"{total / 2**10:,.1f} KiB" in line
