@@ -114,3 +114,72 @@ def test_the_disk_line_is_parameter_bytes_times_members_times_snapshots():
     line = snapshots.disk_line(sweep, snapshots.steps_of(experiment.config))
     total = each * 2 * 4
     assert line.startswith("snapshots: 4 (steps 0, 1, 3, 9) x 2 members x ") and f"{total / 2**10:,.1f} KiB" in line
+
+
+def test_forward_and_params_at_a_snapshot_or_kept_checkpoint_step(runs):
+    import mhjax
+
+    run = mhjax.load(runs["snapshots"].path)
+    assert run.snapshot_steps == STEPS and run.checkpoint_steps == [6, 9]
+    tokens = np.random.default_rng(0).integers(0, 16, (3, 8))
+    for name in run.member_names:
+        for step in (1, 6, None):
+            got = run.forward(name, tokens, step=step)
+            want = run.model(name)(run.params(name, step=step), tokens)
+            # the same parameters (two programs: equal to float rounding, as in test_forward)
+            np.testing.assert_allclose(np.asarray(want), got.logits, rtol=1e-6, atol=1e-6)
+        before, after = run.forward(name, tokens, step=0), run.forward(name, tokens, step=9)
+        assert not np.array_equal(before.logits, after.logits)
+    for bad in (2, 10, "last"):
+        with pytest.raises(ConfigError) as exc:
+            run.forward(run.member_names[0], tokens, step=bad)
+        assert str(exc.value) == (
+            f"step: no checkpoint or snapshot at step {bad} in {run.workdir} (kept: 0, 1, 3, 6, 9)"
+        )
+        with pytest.raises(ConfigError, match="kept: 0, 1, 3, 6, 9"):
+            run.params(run.member_names[0], step=bad)
+
+
+def test_analyze_at_snapshot_steps_keeps_the_latest_layout_and_every_step(runs, capsys, monkeypatch):
+    import json
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from mhjax.cli import main as cli
+    from mhjax.workflows import analyze as analyze_module
+    from tests.errors_common import assert_one_line_error
+
+    w = runs["snapshots"]
+    argv = ["analyze", "--workdir", w.path, "--num-sequences", "3", "--no-plot", "--no-ablation"]
+    assert cli([*argv, "--steps", "all"]) == 0, capsys.readouterr().err
+    assert "steps analysed: 0, 1, 3, 9" in capsys.readouterr().out
+    data = json.loads(open(w.analysis_path).read())
+    assert list(data["by_step"]) == ["0", "1", "3", "9"] and data["step"] == 9  # the snapshots and the latest
+    assert data["members"] == data["by_step"]["9"]
+    for members in data["by_step"].values():
+        assert sorted(members) == w.member_names()
+        for entry in members.values():
+            assert len(entry["layers"][0]["head_weights"]) == entry["heads"] and entry["status"] == "ok"
+    accuracy = [data["by_step"][s]["copy-h2-s0"]["layers"][0]["fidelity_pct_mean"] for s in data["by_step"]]
+    assert len(set(accuracy)) > 1  # other parameters at each step
+    for name in w.member_names():  # TensorBoard: each scalar at its own step, a curve
+        events = EventAccumulator(w.run_dir(name), size_guidance={"scalars": 0})
+        events.Reload()
+        assert [e.step for e in events.Scalars("analysis/layer0/mixing_time")] == [0, 1, 3, 9]
+    # a step analysed with equal options is kept; a new one is computed alone
+    calls = []
+    original = analyze_module.analyze_params
+    monkeypatch.setattr(analyze_module, "analyze_params", lambda *a, **k: calls.append(1) or original(*a, **k))
+    assert cli([*argv, "--steps", "1,6,last"]) == 0
+    assert len(calls) == 2  # step 6, two members
+    data = json.loads(open(w.analysis_path).read())
+    assert list(data["by_step"]) == ["0", "1", "3", "6", "9"] and data["step"] == 9
+    # other options: computed again, earlier steps of other options dropped
+    argv[4] = "4"  # --num-sequences
+    assert cli([*argv, "--steps", "3"]) == 0
+    data = json.loads(open(w.analysis_path).read())
+    assert list(data["by_step"]) == ["3"] and data["step"] == 3 and len(calls) == 2 + 2
+    capsys.readouterr()
+    for bad in ("2", "x", "1.5", ""):
+        line = assert_one_line_error(capsys, cli([*argv, "--steps", bad]), "--steps")
+        assert "kept: 0, 1, 3, 6, 9" in line
