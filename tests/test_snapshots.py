@@ -142,6 +142,7 @@ def test_forward_and_params_at_a_snapshot_or_kept_checkpoint_step(runs):
 
 def test_analyze_at_snapshot_steps_keeps_the_latest_layout_and_every_step(runs, capsys, monkeypatch):
     import json
+    import os
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -150,9 +151,16 @@ def test_analyze_at_snapshot_steps_keeps_the_latest_layout_and_every_step(runs, 
     from tests.errors_common import assert_one_line_error
 
     w = runs["snapshots"]
-    argv = ["analyze", "--workdir", w.path, "--num-sequences", "3", "--no-plot", "--no-ablation"]
+    argv = ["analyze", "--workdir", w.path, "--num-sequences", "3", "--no-plot"]
     assert cli([*argv, "--steps", "all"]) == 0, capsys.readouterr().err
     assert "steps analysed: 0, 1, 3, 9" in capsys.readouterr().out
+    # the report's figures over steps, one line per head count
+    assert cli(["report", "--workdir", w.path]) == 0, capsys.readouterr().err
+    report = open(w.report_path).read()
+    assert "## Heads along training" in report and "for `copy-h2-s0`" in report
+    for figure in ("steps_mixing_fidelity", "steps_synergy", "steps_head_importance", "steps_accuracy"):
+        assert f"({os.path.basename(w.report_dir)}/{figure}.png)" in report, figure
+        assert os.path.getsize(os.path.join(w.report_dir, f"{figure}.png")) > 1000
     data = json.loads(open(w.analysis_path).read())
     assert list(data["by_step"]) == ["0", "1", "3", "9"] and data["step"] == 9  # the snapshots and the latest
     assert data["members"] == data["by_step"]["9"]
