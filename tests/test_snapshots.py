@@ -191,3 +191,26 @@ def test_analyze_at_snapshot_steps_keeps_the_latest_layout_and_every_step(runs, 
     for bad in ("2", "x", "1.5", ""):
         line = assert_one_line_error(capsys, cli([*argv, "--steps", bad]), "--steps")
         assert "kept: 0, 1, 3, 6, 9" in line
+
+
+def test_a_mixture_run_gives_the_ntk_margin_at_its_snapshot_steps(tmp_path):
+    """run.ntk(m, step) and run.analyze(steps="all") read snapshots; the margin along training
+    is a figure with one line per head count (W/ntk_margin_steps.png, shown by the report)."""
+    import mhjax
+    from tests.test_mixture_sweep import tiny_mixture_config
+
+    config = tiny_mixture_config(heads=(1, 2), num_train=(8,))
+    with config.train.unlocked():
+        config.train.update(dict(steps=20, chunk_steps=5, eval_every=10, checkpoint_every=10, snapshot_steps="log:5"))
+    run = mhjax.sweep(config, tmp_path / "w", progress=False)
+    assert run.snapshot_steps == [0, 1, 3, 5, 20]  # 1 and 3 pieces of the first chunk, 5 and 20 chunk ends
+    for name in run.member_names:
+        margins = [run.ntk(name, step).margin for step in run.snapshot_steps[1:]]
+        assert len(margins) == 4 and all(np.isfinite(m) for m in margins) and len(set(margins)) == 4
+    records = run.analyze(steps="all")
+    assert sorted({r["step"] for r in records}) == [0, 1, 3, 5, 20] and len(records) == 5 * len(run.member_names)
+    for r in records:
+        if r["step"] in (1, 3, 5):
+            assert r["ntk_margin"] == pytest.approx(run.ntk(r["member"], r["step"]).margin, rel=1e-6)
+    assert (tmp_path / "w" / "ntk_margin_steps.png").stat().st_size > 1000
+    assert "ntk_margin_steps.png" in open(run.report()["md"]).read()

@@ -10,9 +10,12 @@ the model) makes the experiment from the run's config with its plug-ins restored
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from mhjax.config import ConfigError
+from mhjax.plotting.ntk_steps import plot_margin_steps
 from mhjax.workflows.workdir import Opened
 
 
@@ -74,11 +77,21 @@ def ntk(opened: Opened, name: str, step: int = 0):
 
 def analyze_steps(opened: Opened, steps=None) -> list[dict]:
     """Every member at ``steps`` (0, kept checkpoints and snapshots; "all": 0, the snapshots and the latest;
-    None: 0 and the latest), one record per (member, step) (Experiment.analyze_states)."""
+    None: 0 and the latest), one record per (member, step) (Experiment.analyze_states). With more
+    than one step, W/ntk_margin_steps.png draws the NTK margin against them, one line per head count."""
     latest = opened.files.latest_step()
     if steps == "all":  # step 0, the snapshots and the latest checkpoint
         steps = [0, *opened.files.snapshot_steps(), *([latest] if latest is not None else [])]
     wanted = sorted({0, *([latest] if latest is not None else [])} if steps is None else set(steps))
     names = opened.files.member_names()
     states = {step: {n: None if step == 0 else raw_params(opened, n, step) for n in names} for step in wanted}
-    return opened.experiment().analyze_states(states)
+    records = opened.experiment().analyze_states(states)
+    members = opened.files.results()["members"]
+    try:  # W/ntk_margin_steps.png, which the report shows with the experiment's figures
+        plot_margin_steps(records, members, opened.files.sweep_fields(), opened.files.file(MARGIN_FIGURE))
+    except Exception as exc:  # noqa: BLE001 -- a figure never costs the records
+        warnings.warn(f"analyze: {MARGIN_FIGURE} not drawn ({type(exc).__name__}: {exc})", stacklevel=3)
+    return records
+
+
+MARGIN_FIGURE = "ntk_margin_steps.png"  # the NTK margin against the steps analysed, one line per H
