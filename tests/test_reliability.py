@@ -284,5 +284,11 @@ def test_resume_ignores_how_a_sweep_is_computed(tmp_path):
     first = {"a": 1, "attention": "jax", "strategy": "grouped", "devices": 0}
     assert workdir.check_or_write_metadata(first, "sequence") is False
     assert workdir.check_or_write_metadata({"a": 1, "attention": "pallas", "strategy": "fused"}, "sequence") is True
+    # snapshot steps keep parameters and change no number: a run resumes with others, or with none
+    trained = {**first, "train": {"steps": 9}}
+    workdir = Workdir(str(tmp_path / "v"))
+    assert workdir.check_or_write_metadata(trained, "sequence") is False
+    again = {**trained, "train": {"steps": 9, "snapshot_steps": "log:8"}}
+    assert workdir.check_or_write_metadata(again, "sequence") is True
     with pytest.raises(ConfigError, match="config.a"):
         workdir.check_or_write_metadata({**first, "a": 2}, "sequence")

@@ -54,7 +54,7 @@ def test_log_steps_are_step_0_and_log_spaced_up_to_the_last_at_chunk_ends():
     assert snapshots.resolve((0, 150, 1000), 1000, 50) == (0, 150, 1000)
     assert snapshots.resolve("0,10,30", 30, 10) == (0, 10, 30)  # as typed on the command line
     assert snapshots.resolve(("log:2",), 30, 10) == (0, 30)  # "log:N" over a tuple in the file
-    assert snapshots.resolve(None, 30, 10) == snapshots.resolve((), 30, 10) == ()
+    assert snapshots.resolve(None, 30, 10) == snapshots.resolve((), 30, 10) == snapshots.resolve("()", 30, 10) == ()
 
 
 @pytest.mark.parametrize(
@@ -214,3 +214,21 @@ def test_a_mixture_run_gives_the_ntk_margin_at_its_snapshot_steps(tmp_path):
             assert r["ntk_margin"] == pytest.approx(run.ntk(r["member"], r["step"]).margin, rel=1e-6)
     assert (tmp_path / "w" / "ntk_margin_steps.png").stat().st_size > 1000
     assert "ntk_margin_steps.png" in open(run.report()["md"]).read()
+
+
+def test_the_command_line_sets_snapshot_steps_on_any_config_and_the_dry_run_prints_their_disk(tmp_path, capsys):
+    from mhjax.cli import main as cli
+    from tests.conftest import config_source
+    from tests.errors_common import assert_one_line_error
+
+    path = tmp_path / "tiny.py"
+    path.write_text(config_source(config()))  # no snapshot_steps field
+    assert cli(["train", "--config", str(path), "--dry-run", "--config.train.snapshot_steps=log:4"]) == 0
+    out = capsys.readouterr().out
+    assert "\nsnapshots: 4 (steps 0, 1, 3, 9) x 2 members x " in out and "on disk under W/snapshots/" in out
+    assert cli(["train", "--config", str(path), "--dry-run", "--config.train.snapshot_steps=0,6"]) == 0
+    assert "snapshots: 2 (steps 0, 6)" in capsys.readouterr().out
+    code = cli(["train", "--config", str(path), "--dry-run", "--config.train.snapshot_steps=0,5"])
+    assert_one_line_error(capsys, code, "config.train.snapshot_steps: step 5 is not at a chunk end")
+    code = cli(["train", "--config", str(path), "--dry-run", "--config.train.snapshot_steps=log:0"])
+    assert_one_line_error(capsys, code, 'config.train.snapshot_steps: "log:N" needs an integer N >= 2')

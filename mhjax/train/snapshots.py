@@ -43,8 +43,10 @@ def resolve(value, total: int, chunk: int) -> tuple[int, ...]:
         text = value.strip()
         if text.startswith("log:"):
             return _log_steps(text, total, chunk)
-        try:
-            value = tuple(int(part) for part in text.split(",") if part.strip())
+        if text.lower() in ("none", "off"):
+            return ()
+        try:  # "0,100,1000" or "()" as typed on the command line over a "log:N" in the file
+            value = tuple(int(part) for part in text.strip("()[] ").split(",") if part.strip())
         except ValueError:
             raise ConfigError(f"config.{FIELD}: must be {ALLOWED}; got {value!r}") from None
     if isinstance(value, int) and not isinstance(value, bool):
