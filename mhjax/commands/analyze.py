@@ -77,9 +77,7 @@ def _run(args) -> int:
             )
     if args.workdir is not None:
         if len(result["by_step"]) > 1:
-            print(
-                f"steps analysed: {', '.join(result['by_step'])} (analysis.json by_step); above: step {result['step']}"
-            )
+            print(f"steps analysed: {', '.join(result['by_step'])} (by_step); above: step {result['step']}")
         print(held_out_note(workdir))
     print("wrote " + ", ".join(result["files"].values()))
     return 0
