@@ -121,7 +121,7 @@ def test_run_params_at_steps_analyze_and_kept_checkpoints(trained):
     assert run.checkpoint_steps == [10, 20]
     early, late = run.params("h4-s0", step=10), run.params("h4-s0")
     assert not np.allclose(early["W"], late["W"])
-    with pytest.raises(ConfigError, match=r"^step: no checkpoint at step 5 .*\(kept: 10, 20\)$"):
+    with pytest.raises(ConfigError, match=r"^step: no checkpoint or snapshot at step 5 .*\(kept: 10, 20\)$"):
         run.params("h4-s0", step=5)
     rows = run.analyze(steps=[0, 20])
     assert {(r["member"], r["step"]) for r in rows} == {(n, s) for n in ("h1-s0", "h4-s0") for s in (0, 20)}

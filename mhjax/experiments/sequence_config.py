@@ -10,6 +10,7 @@ from mhjax.data import sequences
 from mhjax.experiments import architecture, task_params
 from mhjax.experiments.base import STRATEGIES
 from mhjax.models.attention_choice import AUTO, IMPLEMENTATIONS
+from mhjax.train import snapshots
 
 # Optional fields: what a config without them runs with (a sweep field left out: every member
 # takes config.model's value; experiments/architecture.py).
@@ -18,6 +19,7 @@ DEFAULTS = {
     "model.scan_layers": "auto",
     "model.head_dim": None,
     "train.divergence_factor": 10.0,
+    "train.snapshot_steps": None,  # none (train/snapshots.py)
     **{f"sweep.{field}": () for field in architecture.FIELDS},
 }
 SCAN_LAYERS = ("auto", "on", "off")
@@ -63,6 +65,7 @@ def validate(config) -> None:
         raise cfg.ConfigError(f"config.train.divergence_factor: must be a finite number >= 0 (0 = off); got {factor!r}")
     if config.train.steps > 2**31 - 1:  # the per-member step counter is int32
         raise cfg.ConfigError(f"config.train.steps: must be at most {2**31 - 1}, got {config.train.steps}")
+    snapshots.steps_of(config)
     cfg.require_choice(config, "strategy", STRATEGIES)
     if "attention" in config:  # optional: configs without it run DEFAULTS["attention"]
         cfg.require_choice(config, "attention", IMPLEMENTATIONS)
@@ -105,5 +108,5 @@ FIELDS = {
     "task_params": None,  # {task: {parameter: value or tuple}} (experiments/task_params.py)
     "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout", "scan_layers", "head_dim"},
     "data": {"protocol", "num_train", "batch_size", "num_eval"},
-    "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every"},
+    "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every", "snapshot_steps"},
 }

@@ -192,8 +192,10 @@ class NoWriters:
 
 
 def log_to_run(run_dir: str, scalars: dict, images: dict, step: int) -> None:
-    """Append scalars and images ({tag: RGB uint8 (H, W, 3)}) to the run at ``run_dir`` (``Workdir.run_dir``)."""
-    writer = SummaryWriter(run_dir, flush_secs=30)
+    """Append scalars and images ({tag: RGB uint8 (H, W, 3)}) to the run at ``run_dir`` (``Workdir.run_dir``).
+    Each call writes an event file of its own, named in the order of the calls (readers read files
+    by name): calls within one second (an analysis at several steps) do not write over each other's."""
+    writer = SummaryWriter(run_dir, flush_secs=30, filename_suffix=f".{time.time_ns():020d}")
     try:
         for tag, value in scalars.items():
             writer.add_scalar(tag, float(value), step)

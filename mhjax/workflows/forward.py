@@ -13,6 +13,7 @@ from mhjax.analysis.forward import Forward, forward
 from mhjax.config import ConfigError
 from mhjax.data import tasks
 from mhjax.models import probe
+from mhjax.workflows.members import check_step
 from mhjax.workflows.workdir import open_workdir
 
 
@@ -60,14 +61,17 @@ def member_forward(
     patch=None,
     patch_tokens=None,
     patch_positions=None,
+    step: int | None = None,
 ) -> Forward:
-    """:func:`mhjax.analysis.forward.forward` of ``member`` at the workdir's latest checkpoint.
+    """:func:`mhjax.analysis.forward.forward` of ``member`` at the workdir's latest checkpoint, or
+    at ``step`` (a kept checkpoint or a snapshot: workflows/members.check_step).
     Without ``targets``: its task's ``targets(tokens)`` when the task makes them (see
     :func:`task_targets`), else no loss; the Forward then says whether ``allow_changed_task``
     was given and the task source's recorded and current sha256. ``patch``, ``patch_tokens``,
     ``patch_positions``: activation patching (the forward's); the targets stay the clean tokens'."""
     opened = open_workdir(workdir)
     record = member_record(opened, member)
+    step = None if step is None else check_step(opened, step)  # before any task code runs
     tokens = np.asarray(tokens)
     stated = {}
     if targets is None:
@@ -78,7 +82,7 @@ def member_forward(
                 opened, record, tokens if tokens.ndim == 2 else tokens[None], allow_changed_task
             )
             stated = dict(allow_changed_task=bool(allow_changed_task), task_sha256=hashes)
-    params = opened.files.params(member)
+    params = opened.files.params(member, step)
     sizes = probe.model_sizes(params)  # the member's own sizes (a swept width or head size included)
     result = forward(
         params, record["heads"], sizes, tokens, targets, weights, heads_off, patch, patch_tokens, patch_positions
