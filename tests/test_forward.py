@@ -202,7 +202,7 @@ def test_patching_heads_and_positions_matches_a_hand_written_forward_and_compile
         np.testing.assert_array_equal(same.logits, plain.logits)
         np.testing.assert_array_equal(same.loss, plain.loss)
         # another patch set, positions and patch tokens: the same compiled program
-        compiled = forward_fn(*sizes.values(), heads, True)
+        compiled = forward_fn(*sizes.values(), heads, True, sizes.get("attention_width"))
         forward(params, heads, sizes, tokens, patch={1: [1]}, patch_tokens=targets, patch_positions=[0])
         assert compiled._cache_size() == 1
 
