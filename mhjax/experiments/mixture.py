@@ -97,7 +97,10 @@ def init_tau(config, member: Member) -> float:
 
 
 # Members differing only in these start from the same random draws (train/members.py: key_names):
-# the same theta_0 directions at every step size and training-set size, scaled by each tau.
+# the same theta_0 directions at every step size and training-set size, scaled by each tau. With
+# init.nested_heads, ``heads`` joins them: head h's draw depends on (seed, h) only, so a member
+# with H heads starts with the first H heads of any member with more (comparisons across H share
+# their initial draws as they share data).
 SHARED_DRAWS = ("init_tau", "step_size", "num_train")
 
 
@@ -227,7 +230,8 @@ class MixtureExperiment(Experiment):
             )
             for m in expand(dict(config.sweep))
         ]
-        self._key_names = key_names(config.sweep, self.members, shared=SHARED_DRAWS)
+        nested = ("heads",) if setting(config, "init.nested_heads") else ()  # head h's draw: (seed, h) only
+        self._key_names = key_names(config.sweep, self.members, shared=SHARED_DRAWS + nested)
         self.max_heads = max(m["heads"] for m in self.members)
         self.max_train = max(m["num_train"] for m in self.members)
         self._train_data, self._test_data = {}, {}  # seed -> (X, y): sampled once per experiment

@@ -32,6 +32,7 @@ DEFAULTS = {
     "model.phi": mixture_parts.DEFAULTS["phi"],
     "init.scheme": "random_decoders",
     "init.first_step": None,
+    "init.nested_heads": False,
     "train.loss": mixture_parts.DEFAULTS["loss"],
     "train.step_rule": mixture_parts.DEFAULTS["step_rule"],
     "train.loss_points": 0,
@@ -62,7 +63,7 @@ FIELDS = {
     "sweep": None,
     "data": None,
     "model": {"query", "phi"},
-    "init": {"scheme", "first_step", "tau"},
+    "init": {"scheme", "first_step", "tau", "nested_heads"},
     "train": {
         "steps",
         "chunk_steps",
@@ -135,6 +136,10 @@ def validate(config) -> None:
     first = setting(config, "init.first_step")
     if first is not None and not (is_number(first) and first >= 0 and math.isfinite(first)):
         raise cfg.ConfigError(f"config.init.first_step: must be None or a number >= 0 (0 = no step); got {first!r}")
+    if not isinstance(setting(config, "init.nested_heads"), bool):
+        raise cfg.ConfigError(
+            f"config.init.nested_heads: must be True or False; got {setting(config, 'init.nested_heads')!r}"
+        )
     tau = cfg._get(config, "init.tau")  # 0: every random draw is zero (W = 0, U = 0)
     if not (is_number(tau) and 0 <= tau < math.inf):
         raise cfg.ConfigError(f"config.init.tau: must be a finite number >= 0; got {tau!r}")
