@@ -270,6 +270,7 @@ def test_smaller_training_set_is_a_prefix_and_test_data_are_fresh():
         ("init.scheme", "orthogonal", "config.init.scheme"),
         ("init.first_step", -0.5, "config.init.first_step"),
         ("init.nested_heads", 1, "config.init.nested_heads"),
+        ("train.trace", "yes", "config.train.trace"),
         ("data.dim", 4, "config.data.dim"),
         ("data.relevant_fraction", 0.0, "config.data.relevant_fraction"),
         ("analysis.margin_tol", 2.0, "config.analysis.margin_tol"),

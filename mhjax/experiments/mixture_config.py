@@ -39,6 +39,7 @@ DEFAULTS = {
     "train.eval_points": 0,
     "train.steps_per_example": 0.0,
     "train.divergence_factor": 1e3,
+    "train.trace": True,
     "analysis.lanczos_iters": 16,
     "analysis.margin_iters": 20000,
     "analysis.margin_tol": 1e-4,
@@ -75,6 +76,7 @@ FIELDS = {
         "loss",
         "step_rule",
         "divergence_factor",
+        "trace",
     },
     "analysis": {"lanczos_iters", "margin_iters", "margin_tol"},
 }
@@ -136,10 +138,9 @@ def validate(config) -> None:
     first = setting(config, "init.first_step")
     if first is not None and not (is_number(first) and first >= 0 and math.isfinite(first)):
         raise cfg.ConfigError(f"config.init.first_step: must be None or a number >= 0 (0 = no step); got {first!r}")
-    if not isinstance(setting(config, "init.nested_heads"), bool):
-        raise cfg.ConfigError(
-            f"config.init.nested_heads: must be True or False; got {setting(config, 'init.nested_heads')!r}"
-        )
+    for field in ("init.nested_heads", "train.trace"):
+        if not isinstance(setting(config, field), bool):
+            raise cfg.ConfigError(f"config.{field}: must be True or False; got {setting(config, field)!r}")
     tau = cfg._get(config, "init.tau")  # 0: every random draw is zero (W = 0, U = 0)
     if not (is_number(tau) and 0 <= tau < math.inf):
         raise cfg.ConfigError(f"config.init.tau: must be a finite number >= 0; got {tau!r}")

@@ -11,6 +11,7 @@ the model) makes the experiment from the run's config with its plug-ins restored
 from __future__ import annotations
 
 from mhjax.config import ConfigError
+from mhjax.io import trace as traces
 from mhjax.workflows.workdir import Opened
 
 
@@ -68,3 +69,8 @@ def analyze_steps(opened: Opened, steps=None) -> list[dict]:
     names = opened.files.member_names()
     states = {step: {n: None if step == 0 else raw_params(opened, n, step) for n in names} for step in wanted}
     return opened.experiment().analyze_states(states)
+
+
+def trace(opened: Opened, name: str) -> dict:
+    """Member ``name``'s per-step trace (W/trace, io/trace.py): {"step": ..., field: ...} numpy arrays."""
+    return traces.read(opened.files.trace_dir, member(opened, name))
