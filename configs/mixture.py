@@ -70,4 +70,7 @@ def get_config():
     config.train.eval_points = 0  # evaluations at log-spaced k (and k = 0) besides every eval_every steps
     config.train.steps_per_example = 0.0  # > 0: a member's own K = this * n (then step size 0 up to train.steps)
     config.train.loss_points = 30  # exact L(theta_k) at ~30 log-spaced k (results field loss_curve)
+    # theta_k of every member kept at k = 0 and 7 log-spaced k up to K (32 KiB per member, 10.5 MiB
+    # in all): run.ntk(member, k) and run.analyze(steps="all") at each, the NTK margin along training
+    config.train.snapshot_steps = "log:8"
     return config

@@ -168,14 +168,19 @@ class Run:
 
     @property
     def checkpoint_steps(self) -> list[int]:
-        """The steps of the kept checkpoints, ascending."""
+        """The steps of the kept checkpoints (the two latest), ascending."""
         return self._files.checkpoint_steps()
+
+    @property
+    def snapshot_steps(self) -> list[int]:
+        """The steps of the snapshots (config.train.snapshot_steps: parameters kept for good), ascending."""
+        return self._files.snapshot_steps()
 
     @python_errors
     def params(self, name: str, step: int | None = None):
-        """Member ``name``'s parameter tree at checkpoint ``step`` (default: the latest; another
-        step needs a kept checkpoint, ``checkpoint_steps``). A mixture member's come cut to its
-        own head count."""
+        """Member ``name``'s parameter tree at ``step`` (default: the latest checkpoint; another
+        step needs a kept checkpoint or a snapshot: ``checkpoint_steps``, ``snapshot_steps``). A
+        mixture member's come cut to its own head count."""
         return members.params(self._opened, name, step)
 
     @python_errors
@@ -199,7 +204,7 @@ class Run:
 
     @python_errors
     def ntk(self, name: str, step: int = 0):
-        """(mixture) Member ``name``'s NTK at ``step`` (0: theta_0; else a kept checkpoint) on its
+        """(mixture) Member ``name``'s NTK at ``step`` (0: theta_0; else a kept checkpoint or a snapshot) on its
         own n examples: a record with ``gram`` (n x n), ``margin`` (results.json's ntk_margin at
         step 0, with the run's margin_iters and margin_tol), ``gap`` and ``radius``."""
         return members.ntk(self._opened, name, step)
@@ -231,25 +236,27 @@ class Run:
         """Sequence sweeps: ``mhjax analyze --workdir W`` with its options as keywords
         (ANALYZE_OPTIONS: out, sequences, num_sequences, seed, horizon, max_steps, chain,
         include_sink, batch_size, ablate, tensorboard, plot, allow_changed_task); returns the
-        analysis dict.
+        analysis dict. ``steps``: kept checkpoints and snapshots (``checkpoint_steps``,
+        ``snapshot_steps``), "last" and "all" (the snapshots and the latest) among them, as
+        ``--steps`` (default: the latest);
+        the dict's ``by_step`` holds each step analysed, its top level the latest.
 
-        Mixture sweeps: margins and Hessian quantities at ``steps`` (0 and kept checkpoints;
-        default: 0 and the latest). Returns a list of records, one per (member, step): member,
-        step, ntk_margin, ntk_margin_gap, ntk_radius and the evaluation's fields at that step
-        (train_loss_eval, test_loss, test_accuracy, train_accuracy, hessian_min, hessian_max,
-        step_times_hessian_max, distance_from_init; grad_norm_over_loss and
-        min_hessian_eig_over_loss_sqrtH for a loss with an exponential tail)."""
+        Mixture sweeps: margins and Hessian quantities at ``steps`` (0, kept checkpoints and
+        snapshots; "all": 0, the snapshots and the latest; default: 0 and the latest). Returns a list of
+        records, one per (member, step): member, step, ntk_margin, ntk_margin_gap, ntk_radius
+        and the evaluation's fields at that step (train_loss_eval, test_loss, test_accuracy,
+        train_accuracy, hessian_min, hessian_max, step_times_hessian_max, distance_from_init;
+        grad_norm_over_loss and min_hessian_eig_over_loss_sqrtH for a loss with an exponential
+        tail)."""
         if self._opened.kind.analyzes_states:
             if options:
                 raise ConfigError(f"analyze: a mixture sweep takes steps= only, got {', '.join(options)}")
             return members.analyze_steps(self._opened, steps)
-        if steps is not None:
-            raise ConfigError("analyze: steps= is for mixture sweeps")
         unknown = sorted(set(options) - set(ANALYZE_OPTIONS))
         if unknown:
             raise ConfigError(f"run.analyze: unknown option {unknown[0]!r} (options: {', '.join(ANALYZE_OPTIONS)})")
         with WorkdirLock(self.workdir, "analyze"):
-            result = analyze_workdir(self._opened, **options)
+            result = analyze_workdir(self._opened, steps=steps, **options)
         return result
 
     @python_errors
@@ -265,8 +272,21 @@ class Run:
         return result
 
     @python_errors
-    def forward(self, member: str, tokens, targets=None, weights=None, heads_off=None, allow_changed_task=False):
-        """Member ``member`` (its latest checkpoint, eval mode) on ``tokens`` (N, T): a
+    def forward(
+        self,
+        member: str,
+        tokens,
+        targets=None,
+        weights=None,
+        heads_off=None,
+        allow_changed_task=False,
+        patch=None,
+        patch_tokens=None,
+        patch_positions=None,
+        step=None,
+    ):
+        """Member ``member`` (its latest checkpoint, or ``step``: a kept checkpoint or a snapshot;
+        eval mode) on ``tokens`` (N, T): a
         :class:`mhjax.Forward` with logits, attention, head outputs, residual stream and, with
         targets, the per-token loss and loss and accuracy by position (weighted by ``weights``).
         ``targets`` default to the member's task's when it makes them from tokens (copy, cycle,
@@ -274,9 +294,23 @@ class Run:
         A plug-in task whose source changed since training is refused, as by ``analyze``, unless
         ``allow_changed_task=True`` (stated on the Forward with the source's sha256); one that
         cannot be registered again warns why and leaves the loss fields None.
-        One compile per model shape (workflows/forward.py)."""
+        Activation patching: ``patch`` {layer: [head, ...]} replaces those heads' outputs (at the
+        output projection's input, where ``heads_off`` acts) with the ones this member computes on
+        ``patch_tokens`` (the tokens' shape) in an unpatched run, at ``patch_positions`` only (None:
+        all); the loss stays against the clean tokens' targets.
+        One compile per model shape, and one more for any patch set (workflows/forward.py)."""
         return member_forward(
-            self._opened, self._member(member), tokens, targets, weights, heads_off, allow_changed_task
+            self._opened,
+            self._member(member),
+            tokens,
+            targets,
+            weights,
+            heads_off,
+            allow_changed_task,
+            patch,
+            patch_tokens,
+            patch_positions,
+            step,
         )
 
     def to_pandas(self):

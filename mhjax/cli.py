@@ -147,6 +147,15 @@ def register_analyze(subparsers) -> argparse.ArgumentParser:
         default=None,
         help="a trained sweep workdir: analyse every member of its latest checkpoint",
     )
+    p.add_argument(
+        "--steps",
+        metavar="S,S,...",
+        default=None,
+        help="with --workdir: the steps to analyse, kept checkpoints or snapshots (config.train.snapshot_steps), "
+        "e.g. 100,1000,last or all (the snapshots and the latest checkpoint; default: the latest checkpoint); "
+        "a step analysed before with the same "
+        "options is kept, not computed again",
+    )
     p.add_argument("--heads", type=int, default=None, help="number of attention heads of --torch-checkpoint")
     p.add_argument(
         "--task", default=None, help="task of --torch-checkpoint: a registered task (copy, cycle, zero, ...)"

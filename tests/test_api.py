@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import mhjax
@@ -36,6 +37,8 @@ def test_the_readme_forward_and_mixture_examples_run_as_written(title, tmp_path,
     out = capsys.readouterr().out
     if "tokens" in scope:
         assert "(8, 4, 32, 32) (8, 32, 4, 16)" in out and scope["out"].accuracy_by_position.shape == (32,)
+        effect = scope["effect"]  # the per-head patching sweep: every head patched once, some matter
+        assert effect.shape == (4, 4) and np.isfinite(effect).all() and np.abs(effect).max() > 0
     else:  # the NTK margin rebuilt from the run's own data equals the recorded one
         for line in out.strip().splitlines():
             name, status, _, recorded, rebuilt = line.split()

@@ -5,6 +5,7 @@ report grouping by the parameter; ``run.model`` a pure apply."""
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -136,3 +137,107 @@ def test_api_errors_name_python_arguments_and_list_the_options(recall_run, tmp_p
     )
     report = run.report()
     assert report["md"] == os.path.join(run.workdir, "report.md") and os.path.isfile(report["md"])
+
+
+def reference_forward(params, heads, tokens, patch=None):
+    """The Transformer written out in jax.numpy from its param tree (eval mode, no patching code):
+    (logits, per-layer head outputs (N, T, H, D/H)). ``patch`` {layer: (mask (T, H) bool, head
+    outputs)} replaces those heads' outputs before the layer's output projection."""
+
+    def rms(x, scale):
+        return x / jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + np.finfo(np.float32).eps) * scale
+
+    def dense(x, p):
+        return x @ p["kernel"] + p["bias"]
+
+    n, t = tokens.shape
+    x = params["token_emb"]["embedding"][tokens] + params["pos_emb"]["embedding"][:t]
+    width = x.shape[-1]
+    outputs, causal = [], np.tril(np.ones((t, t), bool))
+    for layer in range(sum(k.startswith("block_") for k in params)):
+        block = params[f"block_{layer}"]
+        h = rms(x, block["ln1"]["scale"])
+        q, k, v = (dense(h, block["attn"][name]).reshape(n, t, heads, -1) for name in ("query", "key", "value"))
+        scores = jnp.einsum("nihd,njhd->nhij", q, k) / np.sqrt(width // heads)
+        probs = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
+        out = jnp.einsum("nhij,njhd->nihd", probs, v)
+        if patch and layer in patch:
+            mask, source = patch[layer]
+            out = jnp.where(mask[None, :, :, None], source[layer], out)
+        outputs.append(out)
+        x = x + dense(out.reshape(n, t, width), block["attn"]["out"])
+        h = jax.nn.relu(dense(rms(x, block["ln2"]["scale"]), block["mlp_in"]))
+        x = x + dense(h, block["mlp_out"])
+    return dense(x, params["readout"]), outputs
+
+
+def test_patching_heads_and_positions_matches_a_hand_written_forward_and_compiles_once():
+    from mhjax.analysis.forward import forward, forward_fn
+    from mhjax.models.model_config import ModelConfig
+    from mhjax.models.probe import eval_model
+
+    sizes = dict(vocab_size=16, max_len=8, width=16, num_layers=2, mlp_dim=32)
+    rng = np.random.default_rng(0)
+    tokens, other, targets = (rng.integers(0, 16, (3, 8)) for _ in range(3))
+    for heads in (2, 4):
+        init = eval_model(ModelConfig.from_sizes(sizes), heads).init
+        params = init(jax.random.key(heads), jnp.zeros((1, 8), jnp.int32))["params"]
+        plain = forward(params, heads, sizes, tokens, targets)
+        _, source = reference_forward(params, heads, other)
+        patch, positions = {0: [1], 1: [0, heads - 1]}, [2, 5]
+        out = forward(params, heads, sizes, tokens, targets, patch=patch, patch_tokens=other, patch_positions=positions)
+        at = np.isin(np.arange(8), positions)[:, None]
+        masks = {layer: at & np.isin(np.arange(heads), named)[None] for layer, named in patch.items()}
+        logits, outputs = reference_forward(params, heads, tokens, {l: (m, source) for l, m in masks.items()})
+        np.testing.assert_allclose(out.logits, logits, rtol=1e-5, atol=1e-5)
+        for layer in range(2):
+            np.testing.assert_allclose(out.head_outputs[layer], outputs[layer], rtol=1e-5, atol=1e-6)
+        loss = -np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), targets[..., None], -1)[..., 0]
+        np.testing.assert_allclose(out.loss, loss, rtol=1e-5, atol=1e-6)  # against the clean targets
+        assert not np.allclose(out.logits[:, [2, 5]], plain.logits[:, [2, 5]])  # the patch acts
+        np.testing.assert_array_equal(out.logits[:, :2], plain.logits[:, :2])  # not before the first position
+        # patching with the clean tokens themselves, every head everywhere, changes nothing: exactly
+        every = {layer: list(range(heads)) for layer in range(2)}
+        same = forward(params, heads, sizes, tokens, targets, patch=every, patch_tokens=tokens)
+        np.testing.assert_array_equal(same.logits, plain.logits)
+        np.testing.assert_array_equal(same.loss, plain.loss)
+        # another patch set, positions and patch tokens: the same compiled program
+        compiled = forward_fn(*sizes.values(), heads, True)
+        forward(params, heads, sizes, tokens, patch={1: [1]}, patch_tokens=targets, patch_positions=[0])
+        assert compiled._cache_size() == 1
+
+
+def test_patching_a_member_with_its_own_tokens_changes_nothing_and_bad_patches_are_refused(recall_run):
+    run, tokens = recall_run, np.arange(16, dtype=np.int32).reshape(2, 8) % 16
+    other = np.flip(tokens, axis=1).copy()
+    plain = run.forward("copy-h2-s0", tokens)
+    for head in range(2):
+        same = run.forward("copy-h2-s0", tokens, patch={0: [head]}, patch_tokens=tokens, patch_positions=[3, 7])
+        np.testing.assert_array_equal(same.logits, plain.logits)
+        np.testing.assert_array_equal(same.loss, plain.loss)
+    patched = run.forward("copy-h2-s0", tokens, patch={0: [0, 1]}, patch_tokens=other)
+    np.testing.assert_allclose(
+        patched.loss, run.forward("copy-h2-s0", tokens, tokens, patch={0: [0, 1]}, patch_tokens=other).loss
+    )  # the clean tokens' targets
+    np.testing.assert_array_equal(patched.head_outputs[0], run.forward("copy-h2-s0", other).head_outputs[0])
+    refused = {
+        r"^patch: layer 1 is not one of 0..0$": dict(patch={1: [0]}, patch_tokens=other),
+        r"^patch: layer 0: head 2 is not one of 0..1$": dict(patch={0: [2]}, patch_tokens=other),
+        r"^patch_tokens: required with patch; ": dict(patch={0: [0]}),
+        r"^patch_tokens: given without patch; ": dict(patch_tokens=other),
+        r"^patch_positions: given without patch; ": dict(patch_positions=[0]),
+        r"^patch_tokens: expected integer tokens of the tokens' shape \(2, 8\), got dtype int32 and shape \(1, 8": dict(
+            patch={0: [0]}, patch_tokens=other[:1]
+        ),
+        r"^patch_tokens: expected integer tokens .* got dtype float32 and shape \(2, 8\)$": dict(
+            patch={0: [0]}, patch_tokens=other.astype(np.float32)
+        ),
+        r"^patch_tokens: need 1 <= T <= 8 and tokens in \[0, 15\]": dict(patch={0: [0]}, patch_tokens=other + 9),
+        r"^patch_positions: position 8 is not one of 0..7$": dict(
+            patch={0: [0]}, patch_tokens=other, patch_positions=[1, 8]
+        ),
+    }
+    for message, kwargs in refused.items():
+        with pytest.raises(mhjax.ConfigError, match=message) as exc:
+            run.forward("copy-h2-s0", tokens, **kwargs)
+        assert "\n" not in str(exc.value)

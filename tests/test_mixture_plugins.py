@@ -121,7 +121,7 @@ def test_run_params_at_steps_analyze_and_kept_checkpoints(trained):
     assert run.checkpoint_steps == [10, 20]
     early, late = run.params("h4-s0", step=10), run.params("h4-s0")
     assert not np.allclose(early["W"], late["W"])
-    with pytest.raises(ConfigError, match=r"^step: no checkpoint at step 5 .*\(kept: 10, 20\)$"):
+    with pytest.raises(ConfigError, match=r"^step: no checkpoint or snapshot at step 5 .*\(kept: 10, 20\)$"):
         run.params("h4-s0", step=5)
     rows = run.analyze(steps=[0, 20])
     assert {(r["member"], r["step"]) for r in rows} == {(n, s) for n in ("h1-s0", "h4-s0") for s in (0, 20)}
@@ -363,6 +363,9 @@ def test_step_rule_drives_the_optimizer_and_its_sum_replaces_eta_k():
     states[program.name], _ = sweep.run_chunk(program, states[program.name], 2)
     for key in ("W", "U"):
         np.testing.assert_allclose(np.asarray(states[program.name].params[key][0]), params[key], rtol=1e-5, atol=1e-7)
+    # eta lambda_max at the evaluation's step k uses eta_k = eta / sqrt(1 + k), not the base eta
+    values = sweep.evaluate(states)[0]
+    assert values["step_times_hessian_max"] == pytest.approx(0.5 / np.sqrt(3) * values["hessian_max"], rel=1e-5)
 
 
 def test_a_phi_that_is_not_finite_at_zero_scores_is_refused():

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import FAST_COMPILE, config_source, tiny_sequence_config, tiny_train
+from tests.conftest import FAST_COMPILE, config_source, set_field, tiny_sequence_config, tiny_train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,13 +70,14 @@ elif POINT == "chunk":  # the third chunk (steps 6-9) dispatched, its results no
         return out
 
     Sweep.run_chunk = run_chunk
-elif POINT == "save":  # checkpoint 9 fully written to its tmp dir, not yet renamed into place
+elif POINT == "save":  # checkpoint (or snapshot) STEP fully written to its tmp dir, not yet renamed into place
     from orbax.checkpoint._src.path import atomicity
 
     original_finalize = atomicity.AtomicRenameTemporaryPath.finalize
+    folder = os.environ.get("MHJAX_KILL_FOLDER", "checkpoints")
 
     async def finalize(self, *a, **k):
-        if self._final_path.name == os.environ["MHJAX_KILL_STEP"]:
+        if self._final_path.name == os.environ["MHJAX_KILL_STEP"] and self._final_path.parent.name == folder:
             wait_for_kill()
         return await original_finalize(self, *a, **k)
 
@@ -123,12 +124,13 @@ def train(config_path, workdir, cache_dir):
     return proc
 
 
-def train_and_kill(tmp_path, config_path, workdir, point, cache_dir, step=None):
+def train_and_kill(tmp_path, config_path, workdir, point, cache_dir, step=None, folder="checkpoints"):
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     marker = tmp_path / f"kill-{point}"
     env = _env(cache_dir)
     env.update(MHJAX_KILL_POINT=point, MHJAX_KILL_MARKER=str(marker), MHJAX_KILL_STEP=str(step))
+    env["MHJAX_KILL_FOLDER"] = folder
     proc = subprocess.Popen(
         [sys.executable, str(driver), *_train_args(config_path, workdir)],
         env=env,
@@ -233,6 +235,23 @@ def test_sigkill_during_checkpoint_write_resumes_bit_identical(setup, tmp_path):
     assert_identical_runs(reference, str(workdir))
 
 
+def test_sigkill_during_a_snapshot_write_loses_no_snapshot_and_resumes_bit_identical(setup, tmp_path):
+    """Snapshots at 0, 3, 6 and 9 (chunk ends: the plan is the reference's); killed while the
+    snapshot at 6 is written, before checkpoint 6: the run again keeps 0 and 3 and writes the rest."""
+    config_path, cache, reference = setup
+    snap_config = tmp_path / "snap.py"
+    config = tiny_train(tiny_sequence_config(heads=(2,), seed=(0, 1)), 9, 3, 3, 6)
+    snap_config.write_text(config_source(set_field(config, "train.snapshot_steps", (0, 3, 6, 9))))
+    workdir = tmp_path / "w"
+    train_and_kill(tmp_path, snap_config, workdir, "save", cache, step=6, folder="snapshots")
+    snapshots = lambda: sorted(int(p.name) for p in (workdir / "snapshots").iterdir() if p.name.isdigit())
+    assert complete_steps(workdir) == [] and snapshots() == [0, 3]
+    assert glob.glob(os.path.join(workdir, "snapshots", "6.orbax-checkpoint-tmp*"))
+    train(snap_config, workdir, cache)
+    assert snapshots() == [0, 3, 6, 9] and not glob.glob(os.path.join(workdir, "snapshots", "*tmp*"))
+    assert_identical_runs(reference, str(workdir))
+
+
 def test_sigkill_during_compile_resumes_bit_identical(setup, tmp_path):
     config_path, cache, reference = setup
     workdir = tmp_path / "w"
@@ -265,5 +284,11 @@ def test_resume_ignores_how_a_sweep_is_computed(tmp_path):
     first = {"a": 1, "attention": "jax", "strategy": "grouped", "devices": 0}
     assert workdir.check_or_write_metadata(first, "sequence") is False
     assert workdir.check_or_write_metadata({"a": 1, "attention": "pallas", "strategy": "fused"}, "sequence") is True
+    # snapshot steps keep parameters and change no number: a run resumes with others, or with none
+    trained = {**first, "train": {"steps": 9}}
+    workdir = Workdir(str(tmp_path / "v"))
+    assert workdir.check_or_write_metadata(trained, "sequence") is False
+    again = {**trained, "train": {"steps": 9, "snapshot_steps": "log:8"}}
+    assert workdir.check_or_write_metadata(again, "sequence") is True
     with pytest.raises(ConfigError, match="config.a"):
         workdir.check_or_write_metadata({**first, "a": 2}, "sequence")

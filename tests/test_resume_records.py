@@ -233,3 +233,47 @@ def test_a_checkpoint_without_the_loss_path_still_resumes_and_says_from_where_it
     for member in results(workdir)["members"]:
         assert member["status"] == "ok" and member["initial_train_loss"] is None  # theta_0's loss was not kept
         assert member["max_train_loss"] > 0 and member["loss_exceeded_at_step"] is None
+
+
+def test_snapshots_written_survive_a_kill_a_resume_and_training_longer(tmp_path, monkeypatch):
+    """Killed during steps 3-6 (snapshots 0 and 3 written, no checkpoint yet), run again, then
+    trained longer with other snapshot steps: every snapshot written is kept as written, and each
+    holds the parameters of its step (the one at 6 equals checkpoint 6, the one at 9 checkpoint 9)."""
+    import numpy as np
+
+    from mhjax.io.workdir import Workdir
+
+    def snapshot_config(steps, snapshot_steps):
+        config = tiny_train(tiny_sequence_config(heads=(1, 2)), steps, 3, 3, 6)
+        with config.train.unlocked():
+            config.train.snapshot_steps = snapshot_steps
+        return config
+
+    workdir = Workdir(str(tmp_path / "w"))
+    with monkeypatch.context() as patch:
+        stop_at_chunk(patch, 3, "kill")  # 2 programs: the 3rd chunk call is steps 3-6
+        with pytest.raises(Killed):
+            run(make_experiment(snapshot_config(6, (0, 3, 6))), workdir.path, progress=False, log=lambda m: None)
+    assert workdir.snapshot_steps() == [0, 3] and workdir.checkpoint_steps() == []
+    written = {s: os.path.getmtime(os.path.join(workdir.snapshots_dir, str(s))) for s in (0, 3)}
+    run(make_experiment(snapshot_config(6, (0, 3, 6))), workdir.path, progress=False, log=lambda m: None)
+    lines = []
+    run(make_experiment(snapshot_config(9, "log:4")), workdir.path, progress=False, log=lines.append)
+    assert "resuming from checkpoint at step 6" in lines  # snapshot_steps changed: still the same run
+    assert workdir.snapshot_steps() == [0, 3, 6, 9]  # log:4 of 9 steps is 0, 1, 3, 9: 1 was past
+    assert {s: os.path.getmtime(os.path.join(workdir.snapshots_dir, str(s))) for s in (0, 3)} == written
+    snapshotter = workdir.snapshotter()
+    try:
+        for step in (6, 9):
+            snapshot = snapshotter.restore_raw(step)["members"]
+            for name, state in workdir.member_states(step).items():
+                for a, b in zip(jax_leaves(snapshot[name]["params"]), jax_leaves(state["params"]), strict=True):
+                    assert np.array_equal(a, b)
+    finally:
+        snapshotter.close()
+
+
+def jax_leaves(tree):
+    import jax
+
+    return jax.tree_util.tree_leaves(tree)

@@ -27,6 +27,7 @@ NAMES = sorted(
         Workdir.LOCK,
         Workdir.LOG,
         Workdir.CHECKPOINTS,
+        Workdir.SNAPSHOTS,
         Workdir.TENSORBOARD,
         Workdir.RESULTS,
         Workdir.RESULTS_TABLE,

@@ -33,7 +33,7 @@ from mhjax.config import ConfigError
 from mhjax.data import sequences as seqdata
 from mhjax.data.tasks import Batch, Task, get_task
 from mhjax.io.released import read_released
-from mhjax.models.model_config import ModelConfig
+from mhjax.models.model_config import ATTENTION_WIDTH, ModelConfig
 from mhjax.models.probe import model_sizes
 
 DEFAULTS = {"horizon": 100, "max_steps": 100, "include_sink": True, "chain": "reference"}
@@ -220,8 +220,9 @@ def analyze_params(
     o = dataclasses.replace(options or AnalysisOptions(), **fields)  # an unknown field: TypeError
     conventions = check_conventions(o.horizon, o.max_steps, o.include_sink, o.chain)
     sizes = dict(sizes or model_sizes(params))
-    if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads < 1 or sizes["width"] % heads:
-        raise ConfigError(f"--heads: must be a positive divisor of the model width {sizes['width']}, got {heads!r}")
+    attention = sizes.get(ATTENTION_WIDTH) or sizes["width"]  # heads x head size
+    if isinstance(heads, bool) or not isinstance(heads, (int, np.integer)) or heads < 1 or attention % heads:
+        raise ConfigError(f"--heads: must be a positive divisor of the attention width {attention}, got {heads!r}")
     heads = int(heads)
     tokens, targets, task_weights = task_batch(task, tokens)
     weights = task_weights if weights is None else np.asarray(weights)

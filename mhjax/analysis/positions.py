@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from mhjax.models.model_config import ModelConfig
+from mhjax.models.model_config import ATTENTION_WIDTH, SIZE_KEYS, ModelConfig
 from mhjax.models.probe import eval_model
 
 
@@ -38,13 +38,11 @@ def by_position(loss, correct, weights) -> dict[str, list]:
 
 
 @lru_cache(maxsize=32)
-def _token_fn(vocab_size: int, max_len: int, width: int, num_layers: int, mlp_dim: int, heads: int):
-    model = eval_model(
-        ModelConfig.from_sizes(
-            dict(vocab_size=vocab_size, max_len=max_len, width=width, num_layers=num_layers, mlp_dim=mlp_dim)
-        ),
-        heads,
-    )
+def _token_fn(
+    vocab_size: int, max_len: int, width: int, num_layers: int, mlp_dim: int, heads: int, attention_width=None
+):
+    sizes = dict(vocab_size=vocab_size, max_len=max_len, width=width, num_layers=num_layers, mlp_dim=mlp_dim)
+    model = eval_model(ModelConfig.from_sizes({**sizes, ATTENTION_WIDTH: attention_width}), heads)
 
     @jax.jit
     def run(params, tokens, targets):
@@ -56,9 +54,7 @@ def _token_fn(vocab_size: int, max_len: int, width: int, num_layers: int, mlp_di
 def member_by_position(params, heads: int, batch, sizes: dict) -> dict[str, list]:
     """:func:`by_position` of the plain eval-mode H-head model on ``batch`` (tokens, targets,
     weights (N, T)), one jitted forward per model shape."""
-    run = _token_fn(
-        sizes["vocab_size"], sizes["max_len"], sizes["width"], sizes["num_layers"], sizes["mlp_dim"], int(heads)
-    )
+    run = _token_fn(*(sizes[k] for k in SIZE_KEYS), int(heads), sizes.get(ATTENTION_WIDTH))
     tokens, targets, weights = (np.asarray(a) for a in batch)
     params = jax.tree_util.tree_map(jnp.asarray, params)
     loss, correct = jax.device_get(run(params, jnp.asarray(tokens, jnp.int32), jnp.asarray(targets, jnp.int32)))

@@ -39,6 +39,8 @@ def _run(args) -> int:
             raise ConfigError("--task: required with --torch-checkpoint (e.g. copy, cycle or zero)")
         if args.out is None:
             raise ConfigError("--out: required with --torch-checkpoint")
+        if args.steps is not None:
+            raise ConfigError("--steps: only with --workdir (a released checkpoint has one step)")
         result = analyze_torch_checkpoint(args.torch_checkpoint, args.heads, args.task, args.out, **common)
         entries = [(os.path.basename(args.torch_checkpoint), result)]
     else:
@@ -52,6 +54,7 @@ def _run(args) -> int:
                 args.out,
                 tensorboard=not args.no_tensorboard,
                 allow_changed_task=args.allow_changed_task,
+                steps=args.steps,
                 **common,
             )
         entries = list(result["members"].items())
@@ -73,6 +76,8 @@ def _run(args) -> int:
                 f"  combined > best {100 * layer['combined_beats_best_share']:.0f}%"
             )
     if args.workdir is not None:
+        if len(result["by_step"]) > 1:
+            print(f"steps analysed: {', '.join(result['by_step'])} (by_step); above: step {result['step']}")
         print(held_out_note(workdir))
     print("wrote " + ", ".join(result["files"].values()))
     return 0

@@ -395,5 +395,6 @@ class MixtureExperiment(Experiment):
             "loss": loss,
             "exponential_tail": mixture_parts.exponential_tail(loss),
             "generator": None if generator == mixture_data.DEFAULT_GENERATOR else generator,
+            "step_rule": setting(self.config, "train.step_rule"),
         }
         return [FigureRequest("mixture", data)]

@@ -16,6 +16,7 @@ from mhjax.data import mixture_data
 from mhjax.data.mixture import MixtureConfigError, is_int, is_number
 from mhjax.experiments.base import STRATEGIES  # accepted for the CLI's sake: a mixture sweep is always one program
 from mhjax.models import classifier, mixture_parts
+from mhjax.train import snapshots
 
 INIT_SCHEMES = ("random_decoders", "antisymmetric", "zero_plus_step", "random")
 SWEEP_FIELDS = ("heads", "seed", "num_train", "step_size", "init_tau")
@@ -40,6 +41,7 @@ DEFAULTS = {
     "train.steps_per_example": 0.0,
     "train.divergence_factor": 1e3,
     "train.trace": True,
+    "train.snapshot_steps": None,  # none (train/snapshots.py)
     "analysis.lanczos_iters": 16,
     "analysis.margin_iters": 20000,
     "analysis.margin_tol": 1e-4,
@@ -77,6 +79,7 @@ FIELDS = {
         "step_rule",
         "divergence_factor",
         "trace",
+        "snapshot_steps",
     },
     "analysis": {"lanczos_iters", "margin_iters", "margin_tol"},
 }
@@ -153,6 +156,7 @@ def validate(config) -> None:
         raise cfg.ConfigError(f"config.train.steps: must be at most {2**31 - 1}, got {config.train.steps}")
     for field in ("train.eval_every", "train.checkpoint_every"):
         cfg.require_nonneg_int(config, field)
+    snapshots.steps_of(config)
     for field in ("loss_points", "eval_points"):  # optional: absent = 0
         if field in config.train:
             cfg.require_nonneg_int(config, f"train.{field}")

@@ -7,12 +7,21 @@ import math
 
 from mhjax import config as cfg
 from mhjax.data import sequences
-from mhjax.experiments import task_params
+from mhjax.experiments import architecture, task_params
 from mhjax.experiments.base import STRATEGIES
 from mhjax.models.attention_choice import AUTO, IMPLEMENTATIONS
+from mhjax.train import snapshots
 
-# Optional fields: what a config without them runs with.
-DEFAULTS = {"attention": AUTO, "model.scan_layers": "auto", "train.divergence_factor": 10.0}
+# Optional fields: what a config without them runs with (a sweep field left out: every member
+# takes config.model's value; experiments/architecture.py).
+DEFAULTS = {
+    "attention": AUTO,
+    "model.scan_layers": "auto",
+    "model.head_dim": None,
+    "train.divergence_factor": 10.0,
+    "train.snapshot_steps": None,  # none (train/snapshots.py)
+    **{f"sweep.{field}": () for field in architecture.FIELDS},
+}
 SCAN_LAYERS = ("auto", "on", "off")
 
 
@@ -56,6 +65,7 @@ def validate(config) -> None:
         raise cfg.ConfigError(f"config.train.divergence_factor: must be a finite number >= 0 (0 = off); got {factor!r}")
     if config.train.steps > 2**31 - 1:  # the per-member step counter is int32
         raise cfg.ConfigError(f"config.train.steps: must be at most {2**31 - 1}, got {config.train.steps}")
+    snapshots.steps_of(config)
     cfg.require_choice(config, "strategy", STRATEGIES)
     if "attention" in config:  # optional: configs without it run DEFAULTS["attention"]
         cfg.require_choice(config, "attention", IMPLEMENTATIONS)
@@ -71,20 +81,14 @@ def validate(config) -> None:
         )
     cfg.require_nonempty_tuple(config, "sweep.task")
     task_params.bound_tasks(config)  # registered, its parameters declared, and each sampler checked
-    width = config.model.width
-    for heads in cfg.require_nonempty_tuple(config, "sweep.heads"):
-        if isinstance(heads, bool) or not isinstance(heads, int) or heads <= 0 or width % heads:
-            allowed = ", ".join(str(h) for h in range(1, width + 1) if width % h == 0)
-            raise cfg.ConfigError(
-                f"config.sweep.heads: each must divide model.width={width} (allowed: {allowed}); got {heads!r}"
-            )
+    architecture.validate(config)  # swept sizes, model.head_dim, heads dividing each width they meet
     for seed in cfg.require_nonempty_tuple(config, "sweep.seed"):
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:  # folded into keys as uint32
             raise cfg.ConfigError(f"config.sweep.seed: each must be an integer in [0, 2**32); got {seed!r}")
     for lr in cfg.require_nonempty_tuple(config, "sweep.learning_rate"):
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
             raise cfg.ConfigError(f"config.sweep.learning_rate: each must be a positive number; got {lr!r}")
-    known = {"task", "heads", "seed", "learning_rate"}
+    known = {"task", "heads", "seed", "learning_rate", *architecture.FIELDS}
     for field in config.sweep.keys():
         if field not in known:
             raise cfg.ConfigError(f"config.sweep.{field}: unknown sweep field (allowed: {', '.join(sorted(known))})")
@@ -102,7 +106,7 @@ FIELDS = {
     "devices": None,
     "sweep": None,
     "task_params": None,  # {task: {parameter: value or tuple}} (experiments/task_params.py)
-    "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout", "scan_layers"},
+    "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout", "scan_layers", "head_dim"},
     "data": {"protocol", "num_train", "batch_size", "num_eval"},
-    "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every"},
+    "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every", "snapshot_steps"},
 }

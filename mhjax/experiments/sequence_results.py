@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from mhjax.analysis.forward import apply_fn, model_sizes
+from mhjax.analysis.forward import apply_fn
 from mhjax.analysis.positions import member_by_position
 from mhjax.data.tasks import Batch
-from mhjax.models.probe import config_sizes
+from mhjax.experiments.architecture import record_sizes
+from mhjax.models.probe import model_sizes
 from mhjax.train.engine import unstack
 from mhjax.train.placement import to_host
 
@@ -26,7 +27,7 @@ def held_out(experiment, member) -> Batch:
 def position_metrics(experiment, member, params) -> dict[str, list]:
     """{"eval_loss_by_position", "eval_accuracy_by_position"}: (T,) lists, null where the task
     weights no sequence (analysis/positions.py)."""
-    sizes = config_sizes(experiment.config.model)
+    sizes = model_sizes(params)  # the member's own sizes (architecture axes)
     metrics = member_by_position(params, member["heads"], held_out(experiment, member), sizes)
     return {f"eval_{k}": v for k, v in metrics.items()}
 
@@ -41,4 +42,4 @@ def by_position(experiment, trained) -> dict[int, dict]:
 def record_model(record: dict, config: dict):
     """Eval-mode ``apply(params, tokens) -> logits`` at the member's heads, from its results entry
     and the run's config (Experiment.record_model): no task code runs."""
-    return apply_fn(model_sizes(config["model"]), int(record["heads"]))
+    return apply_fn(record_sizes(config["model"], record), int(record["heads"]))

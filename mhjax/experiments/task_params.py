@@ -22,6 +22,7 @@ import ml_collections
 from mhjax.config import ConfigError
 from mhjax.data.task_check import check_task
 from mhjax.data.tasks import PARAM_TYPES, Task, get_task
+from mhjax.experiments.architecture import ordered_sweep
 from mhjax.train.members import SHORT, Member, expand
 
 FIELD = "config.task_params"
@@ -133,7 +134,7 @@ def members(config) -> list[Member]:
     """The sweep's members: config.sweep's product, each member of a task with parameters in
     config.task_params repeated per value and named after every one of them (e.g.
     recall-pairs8-h4-s0, a single value included)."""
-    base = expand(dict(config.sweep), leading="task")
+    base = expand(ordered_sweep(config), leading="task")  # architecture fields after the task
     per_task = variants(config)
     out = []
     for member in base:

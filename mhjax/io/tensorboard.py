@@ -96,6 +96,7 @@ class MemberWriters:
         """Config text and the HParams session start of every member; ``hparams``: {member: swept fields}."""
         text = config_markdown(config)
         now = time.time()
+        hparams = uniform_types(hparams)
         for name, values in hparams.items():
             writer = self.writers[name]
             writer.add_text("config", text + "\n\n" + _hparams_markdown(values), step)
@@ -108,6 +109,7 @@ class MemberWriters:
         """Final metric scalars, the HParams experiment and every member's session end.
         ``records``: results.json members; ``later_tags``: metric tags logged after training."""
         by_name = {r["name"]: r for r in records}
+        hparams = uniform_types(hparams)
         swept = set(next(iter(hparams.values()), {}))
         metrics = final_metrics(records, swept)
         experiment_pb = experiment_summary(hparams, [f"final/{k}" for k in metrics] + list(later_tags), description)
@@ -190,8 +192,10 @@ class NoWriters:
 
 
 def log_to_run(run_dir: str, scalars: dict, images: dict, step: int) -> None:
-    """Append scalars and images ({tag: RGB uint8 (H, W, 3)}) to the run at ``run_dir`` (``Workdir.run_dir``)."""
-    writer = SummaryWriter(run_dir, flush_secs=30)
+    """Append scalars and images ({tag: RGB uint8 (H, W, 3)}) to the run at ``run_dir`` (``Workdir.run_dir``).
+    Each call writes an event file of its own, named in the order of the calls (readers read files
+    by name): calls within one second (an analysis at several steps) do not write over each other's."""
+    writer = SummaryWriter(run_dir, flush_secs=30, filename_suffix=f".{time.time_ns():020d}")
     try:
         for tag, value in scalars.items():
             writer.add_scalar(tag, float(value), step)
@@ -238,6 +242,17 @@ def _hparam_value(value):
     if isinstance(value, (int, float, np.integer, np.floating)):
         return "DATA_TYPE_FLOAT64", lambda v, x: setattr(v, "number_value", float(x))
     return "DATA_TYPE_STRING", lambda v, x: setattr(v, "string_value", str(x))
+
+
+def uniform_types(hparams: dict[str, dict]) -> dict[str, dict]:
+    """{member: fields} with a field whose values differ in type across members (head_dim None
+    and 16: "None" and 16) written as text in every member, so its HParams domain has one type."""
+    kinds: dict[str, set] = {}
+    for values in hparams.values():
+        for name, value in values.items():
+            kinds.setdefault(name, set()).add(_hparam_value(value)[0])
+    mixed = {name for name, k in kinds.items() if len(k) > 1}
+    return {m: {k: str(v) if k in mixed else v for k, v in values.items()} for m, values in hparams.items()}
 
 
 def session_start_summary(hparams: dict, group_name: str = "", start_time_secs: float | None = None):

@@ -5,6 +5,7 @@
     W/.mhjax.lock             one command at a time (io/lock.py)
     W/mhjax.log               library logs of `mhjax train`
     W/checkpoints/<step>/     orbax step directories: member states and host records (io/checkpoint.py)
+    W/snapshots/<step>/       every member's parameters at config.train.snapshot_steps, kept for good
     W/tb/<member>/            each member's TensorBoard run (io/tensorboard.py)
     W/trace/<member>.bin      per-step scalars a recipe traces, and format.json (io/trace.py)
     W/results.json, .md       written when training ends (io/results.py)
@@ -26,6 +27,7 @@ import os
 
 from mhjax import __version__
 from mhjax.config import ConfigError
+from mhjax.io.metadata import first_difference, longer, what
 from mhjax.io.results import WriteFailed, json_ready, markdown_table, write_json, write_text
 
 ANALYSIS_FILES = {"json": "analysis.json", "md": "analysis.md", "png": "analysis.png"}
@@ -41,6 +43,7 @@ class Workdir:
     LOCK = ".mhjax.lock"
     LOG = "mhjax.log"
     CHECKPOINTS = "checkpoints"
+    SNAPSHOTS = "snapshots"
     TENSORBOARD = "tb"
     TRACE = "trace"
     RESULTS = "results.json"
@@ -88,6 +91,10 @@ class Workdir:
     @property
     def checkpoints_dir(self) -> str:
         return os.path.abspath(self.file(self.CHECKPOINTS))
+
+    @property
+    def snapshots_dir(self) -> str:
+        return os.path.abspath(self.file(self.SNAPSHOTS))
 
     @property
     def tensorboard_dir(self) -> str:
@@ -257,15 +264,23 @@ class Workdir:
 
         return SweepCheckpointer(self.checkpoints_dir, keep=keep)
 
+    def snapshotter(self):
+        """The SweepCheckpointer of W/snapshots, which keeps every step (close it when done)."""
+        from mhjax.io.checkpoint import SweepCheckpointer
+
+        return SweepCheckpointer(self.snapshots_dir, keep=None)
+
     def has_checkpoints(self) -> bool:
         return os.path.isdir(self.checkpoints_dir)
 
     def checkpoint_steps(self) -> list[int]:
         """The steps of the complete checkpoints kept, ascending (orbax names a step's folder by
         its number; a save in progress has another name)."""
-        if not self.has_checkpoints():
-            return []
-        return sorted(int(e) for e in os.listdir(self.checkpoints_dir) if e.isdigit())
+        return _steps_in(self.checkpoints_dir)
+
+    def snapshot_steps(self) -> list[int]:
+        """The steps of the complete snapshots (train/snapshots.py), ascending."""
+        return _steps_in(self.snapshots_dir)
 
     def latest_step(self) -> int | None:
         """The step of the latest complete checkpoint, or None."""
@@ -283,15 +298,18 @@ class Workdir:
 
     def member_states(self, step: int | None = None) -> dict:
         """{member name: its raw saved state (numpy: params, opt_state, step, diverged, ...)} of
-        checkpoint ``step`` (default: the latest), read without any model code."""
+        checkpoint ``step`` (default: the latest), or only ``params`` where ``step`` is a snapshot's
+        and no checkpoint's, read without any model code."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise ConfigError(f"--workdir: {self.path} has no checkpoint yet; train it first")
+        snapshot = step not in self.checkpoint_steps() and step in self.snapshot_steps()
+        folder = self.snapshots_dir if snapshot else self.checkpoints_dir
 
         def load() -> dict:
             from mhjax.io.checkpoint import member_key
 
-            checkpointer = self.checkpointer()
+            checkpointer = self.snapshotter() if snapshot else self.checkpointer()
             try:
                 tree = checkpointer.restore_raw(step)
             finally:
@@ -302,13 +320,15 @@ class Workdir:
                 members = {name: members[member_key(name)] for name in names if member_key(name) in members}
             return members
 
-        return self._cached(("member_states", step), os.path.join(self.checkpoints_dir, str(step)), load)
+        return self._cached(("member_states", folder, step), os.path.join(folder, str(step)), load)
 
     def params(self, member: str, step: int | None = None):
         """``member``'s parameters (numpy tree) at checkpoint ``step`` (default: the latest)."""
         states = self.member_states(step)
         if member not in states:
-            raise ConfigError(f"--workdir: no member {member!r} in {self.checkpoints_dir} (have {', '.join(states)})")
+            raise ConfigError(
+                f"--workdir: no member {member!r} at step {step} in {self.path} (have {', '.join(states)})"
+            )
         return states[member]["params"]
 
     # ------------------------------------------------------------------ #
@@ -340,10 +360,10 @@ class Workdir:
                     f"--workdir: {self.path} was written by mhjax {stored.get('mhjax_version')}, this is "
                     f"{__version__}; use a new workdir"
                 )
-            stored_config, config_now = _what(stored.get("config", {})), _what(json.loads(json.dumps(config_dict)))
+            stored_config, config_now = what(stored.get("config", {})), what(json.loads(json.dumps(config_dict)))
             if stored_config != config_now:
-                diff = _first_difference(stored_config, config_now)
-                before = _longer(stored_config, config_now)
+                diff = first_difference(stored_config, config_now)
+                before = longer(stored_config, config_now)
                 if before is None:
                     raise ConfigError(
                         f"--workdir: {self.path} holds a run of another config ({diff}); use a new workdir or the "
@@ -369,30 +389,6 @@ class Workdir:
             ) from None
 
 
-# Config fields that choose how a sweep is computed, not what: a run may resume under another
-# (checkpoints hold one entry per member whatever the strategy, devices or attention path).
-HOW_NOT_WHAT = ("attention", "strategy", "devices")
-
-
-def _what(config: dict) -> dict:
-    return {k: v for k, v in config.items() if k not in HOW_NOT_WHAT} if isinstance(config, dict) else config
-
-
-def _longer(stored: dict, now: dict) -> int | None:
-    """The stored train.steps when ``now`` differs from ``stored`` only by a larger one, else None."""
-    try:
-        before, after = stored["train"]["steps"], now["train"]["steps"]
-    except (KeyError, TypeError):
-        return None
-    same = {**stored, "train": {**stored["train"], "steps": after}} == now
-    return before if same and isinstance(before, int) and isinstance(after, int) and after > before else None
-
-
-def _first_difference(a, b, prefix="config") -> str:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            if key not in a or key not in b:
-                return f"{prefix}.{key} present in only one"
-            if a[key] != b[key]:
-                return _first_difference(a[key], b[key], f"{prefix}.{key}")
-    return f"{prefix}: stored {a!r}, now {b!r}"
+def _steps_in(folder: str) -> list[int]:
+    """The steps of a folder of orbax step directories (a save in progress has another name)."""
+    return sorted(int(e) for e in os.listdir(folder) if e.isdigit()) if os.path.isdir(folder) else []

@@ -121,10 +121,15 @@ class CausalSelfAttention(nn.Module):
     layout: Layout | None = None  # the program's member groups (the one_program strategy)
     implementation: str = "jax"  # "jax", "cpu_kernel" or "pallas" (attention_choice.resolve_attention)
     interpret: bool = False  # the Pallas kernel in interpret mode (a CPU; resolve_attention decides)
+    # The attention width A = heads x head size of q, k, v (and the output projection's input);
+    # None: the input's width D (parameter matching: head size D / H). The output projection maps
+    # A back to D, so the residual stream keeps its width whatever the head size.
+    features: int | None = None
 
     @nn.compact
     def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None, dropout_key=None, norm=None):
-        """x: (B, T, D) -> (out (B, T, D), probs (B, F, T, T)); probs[b, f, i, j] is query i
+        """x: (B, T, D) -> (out (B, T, D), probs (B, F, T, T)); heads of size A / F (A =
+        ``features``, default D); probs[b, f, i, j] is query i
         (receiver) attending to key j (sender); on fine heads, the fine heads of one coarse head
         carry identical rows. probs always come from the JAX path and are computed only if used
         (dead code otherwise).
@@ -136,9 +141,10 @@ class CausalSelfAttention(nn.Module):
         (D,) when x is the block's input, not yet normalised: the Pallas path's projection kernel
         normalises it on chip (pallas_block.norm_dense)."""
         width = x.shape[-1]
+        features = self.features or width
         fine = self.num_heads
-        # One (D, 3D) matmul for the three projections (parameters stay query/key/value).
-        w, b = zip(*(DenseParams(width, width, name=name)() for name in ("query", "key", "value")))
+        # One (D, 3A) matmul for the three projections (parameters stay query/key/value).
+        w, b = zip(*(DenseParams(features, width, name=name)() for name in ("query", "key", "value")))
         w, b = jnp.concatenate(w, axis=1), jnp.concatenate(b)
         if norm is None:
             qkv = x @ w + b
@@ -172,8 +178,8 @@ class CausalSelfAttention(nn.Module):
         else:
             out, probs = jax_attention(q, k, v, fine, heads, seeds, threshold, inv_keep)
         if head_mask is not None:
-            out = out * jnp.repeat(jnp.asarray(head_mask, out.dtype), width // fine)
-        return dense(width, width, "out")(out), probs
+            out = out * jnp.repeat(jnp.asarray(head_mask, out.dtype), features // fine)
+        return dense(width, features, "out")(out), probs
 
 
 def layout_attention(

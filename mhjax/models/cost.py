@@ -134,15 +134,24 @@ class Shape(NamedTuple):
     num_layers: int
     mlp_dim: int
     vocab: int
+    attention_width: int | None = None  # q, k and v's width A = heads x head size; None: the width
 
     @classmethod
-    def of(cls, config) -> Shape:
+    def of(cls, config, model=None) -> Shape:
+        """From a config; ``model``: a ModelConfig whose sizes replace the config's (a shape group's)."""
         m = config.model
-        return cls(config.data.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, m.vocab_size)
+        if model is None:
+            return cls(config.data.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, m.vocab_size)
+        sizes = (model.width, model.num_layers, model.mlp_dim, m.vocab_size, model.attention_width)
+        return cls(config.data.batch_size, m.seq_len, *sizes)
+
+    @property
+    def attention(self) -> int:
+        return self.attention_width or self.width
 
     def params(self) -> int:
-        d, m, v = self.width, self.mlp_dim, self.vocab
-        block = 4 * (d * d + d) + (d * m + m) + (m * d + d) + 2 * d
+        d, m, v, a = self.width, self.mlp_dim, self.vocab, self.attention
+        block = 3 * (d * a + a) + (a * d + d) + (d * m + m) + (m * d + d) + 2 * d
         return v * d + self.length * d + self.num_layers * block + d * v + v
 
 
@@ -164,13 +173,14 @@ def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = Fal
     """One member's training step with attention at ``fine`` heads (``mixed``: the fused
     program's summed fine scores; ``kernel``: the attention core in the Pallas kernel,
     pallas_attention.kernel_cost, at static head counts only, so not with ``mixed``)."""
-    b, t, d, layers, m, v = shape
+    b, t, d, layers, m, v = shape[:6]
+    a = shape.attention
     kernel = kernel and not mixed
-    if kernel and not all(pallas_block.block_parts(d, m)):
+    if kernel and not all(pallas_block.block_parts(d, m, a)):
         return _attention_kernel_cost(shape, fine)
     if kernel:  # XLA's matmuls: the output projection and the readout; the kernels count their own
-        matmul = 3 * 2 * b * t * (layers * d * d + d * v)  # forward + 2x backward
-        block_params = layers * (3 * (d * d + d) + 2 * d * m + m + d + 2 * d)
+        matmul = 3 * 2 * b * t * (layers * a * d + d * v)  # forward + 2x backward
+        block_params = layers * (3 * (d * a + a) + 2 * d * m + m + d + 2 * d)
         counts = [
             (KERNEL_WIDTH, layers * b * t * d),
             (KERNEL_PARAM, block_params),
@@ -181,7 +191,7 @@ def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = Fal
         k = kernels_cost(shape, fine)
         kernel_flops, kernel_bytes, kernel_dots = layers * k.flops, layers * k.bytes, layers * k.dot_flops
         return Cost(matmul + flops + kernel_flops, nbytes + kernel_bytes, matmul + kernel_dots, 0.0, kernel_bytes)
-    matmul = 3 * 2 * b * t * (layers * (4 * d * d + 2 * d * m + 2 * t * d) + d * v)  # forward + 2x backward
+    matmul = 3 * 2 * b * t * (layers * (4 * d * a + 2 * d * m + 2 * t * a) + d * v)  # forward + 2x backward
     scores, elements = layers * b * t * t, layers * b * fine * t * t
     counts = [
         (WIDTH, layers * b * t * d),
@@ -199,8 +209,9 @@ def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = Fal
 
 def _attention_kernel_cost(shape: Shape, heads: int) -> Cost:
     """member_cost under the attention kernel alone, the block's norms and MLP as XLA runs them."""
-    b, t, d, layers, m, v = shape
-    matmul = 3 * 2 * b * t * (layers * (4 * d * d + 2 * d * m) + d * v)
+    b, t, d, layers, m, v = shape[:6]
+    a = shape.attention
+    matmul = 3 * 2 * b * t * (layers * (4 * d * a + 2 * d * m) + d * v)
     counts = [
         (WIDTH, layers * b * t * d),
         (ATTENTION_KERNEL_WIDTH, layers * b * t * d),
@@ -208,7 +219,7 @@ def _attention_kernel_cost(shape: Shape, heads: int) -> Cost:
         (VOCAB, b * t * v),
         (PARAM, shape.params()),
     ]
-    k = kernel_cost(b, t, d, heads)
+    k = kernel_cost(b, t, a, heads)
     flops = matmul + sum(c[0] * n for c, n in counts) + layers * k.flops
     nbytes = sum(c[1] * n for c, n in counts) + layers * k.bytes
     return Cost(flops, nbytes, matmul + layers * k.dot_flops, 0.0, layers * k.bytes)
@@ -221,10 +232,11 @@ def kernels_cost(shape: Shape, heads: int) -> KernelCost:
     where both block kernels run (width up to 85, MLP up to 256), else the attention kernel's
     terms alone (a model where only one of the two runs is priced that way too: an
     approximation)."""
-    b, t, d, _, m, _ = shape
-    norm, mlp = pallas_block.block_parts(d, m)
-    parts = [kernel_cost(b, t, d, heads)]
-    parts += [pallas_block.norm_dense_cost(b * t, d, 3 * d)] if norm else []
+    b, t, d, _, m, _ = shape[:6]
+    a = shape.attention
+    norm, mlp = pallas_block.block_parts(d, m, a)
+    parts = [kernel_cost(b, t, a, heads)]
+    parts += [pallas_block.norm_dense_cost(b * t, d, 3 * a)] if norm else []
     parts += [pallas_block.mlp_block_cost(b * t, d, m)] if mlp else []
     return KernelCost(*(sum(column) for column in zip(*parts)))
 
@@ -248,7 +260,7 @@ def step_seconds(cost: Cost, device: Device) -> float:
 
 
 def sweep_cost(
-    shape: Shape, programs, device: Device, devices: int = 1, kernel: bool = False, scanned: bool = False
+    shape: Shape | list[Shape], programs, device: Device, devices: int = 1, kernel: bool = False, scanned: bool = False
 ) -> dict:
     """Predicted figures of a sweep whose programs run one after another.
 
@@ -261,13 +273,16 @@ def sweep_cost(
     head count, the step's compute and memory seconds and which bounds it. ``kernel``: static
     head counts run the Pallas kernel. ``scanned``: the layers run as one scanned block
     (SCAN_KERNEL_WIDTH, priced under the kernels only: the JAX path is not scanned on a GPU).
+    ``shape``: every program's, or a list of one per program (programs of other sizes: a sweep
+    over architecture fields, experiments/architecture.py).
     """
     members = sum(n for groups in programs for n, _, _ in groups)
     flops = nbytes = compiled = dots = rest = seconds = 0.0
     states = activations = 0.0
-    member_state = 16.0 * shape.params()  # params, gradients, Adam m and v
+    shapes = shape if isinstance(shape, list) else [shape] * len(programs)
     bound = {}
-    for groups in programs:
+    for shape, groups in zip(shapes, programs):
+        member_state = 16.0 * shape.params()  # params, gradients, Adam m and v
         size = sum(n for n, _, _ in groups)
         share = 1.0 / devices if size % devices == 0 else 1.0
         program_activations = 0.0
@@ -307,11 +322,12 @@ def activation_bytes(shape: Shape, fine: int, kernel: bool = False) -> float:
     norms, q/k/v and MLP rows and the (F, T, T) scores, probabilities and dropout mask (with
     the kernels, which recompute norms and the MLP: the block's input, q/k/v, the attention
     output and (F, T) row statistics, the MLP's input); plus the logits (fp32)."""
-    b, t, d, layers, m, v = shape
+    b, t, d, layers, m, v = shape[:6]
+    a = shape.attention
     if kernel:  # the block's input, q/k/v, the attention output and its row statistics, the MLP's input
-        per_layer = b * t * 6 * d + b * fine * t
+        per_layer = b * t * (2 * d + 4 * a) + b * fine * t
     else:
-        per_layer = b * t * (8 * d + 2 * m) + 3 * b * fine * t * t
+        per_layer = b * t * (5 * d + 3 * a + 2 * m) + 3 * b * fine * t * t
     return 4.0 * (layers * per_layer + 2 * b * t * v)
 
 

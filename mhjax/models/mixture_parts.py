@@ -123,9 +123,13 @@ def step_sums(rule, step_size: float, ks) -> np.ndarray:
     top = int(ks.max(initial=0))
     if top <= 0:
         return np.zeros(ks.shape)
+    if not step_size:
+        return np.full(ks.shape, math.nan)
     rates = np.asarray(jax.jit(jax.vmap(rule, (0, None)))(jnp.arange(top), jnp.float32(step_size)), np.float64)
-    cumulative = np.concatenate([[0.0], np.cumsum(np.broadcast_to(rates, (top,)))])
-    return cumulative[np.clip(ks, 0, top)]
+    # in units of the float32 step size, so that the constant rule gives step_size * k exactly
+    units = np.broadcast_to(rates, (top,)) / np.float64(np.float32(step_size))
+    cumulative = np.concatenate([[0.0], np.cumsum(units)])
+    return cumulative[np.clip(ks, 0, top)] * step_size
 
 
 def step_sum(rule, step_size: float, steps: int) -> float:

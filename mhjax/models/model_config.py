@@ -11,6 +11,9 @@ import dataclasses
 from mhjax.models.transformer import Transformer
 
 SIZE_KEYS = ("vocab_size", "max_len", "width", "num_layers", "mlp_dim")  # analysis.json's "model", in order
+# A size present only where it differs from the width (a fixed head size): sizes dicts of
+# parameter-matched models stay as they were.
+ATTENTION_WIDTH = "attention_width"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -21,6 +24,18 @@ class ModelConfig:
     num_layers: int
     mlp_dim: int
     dropout: float = 0.0
+    # q, k and v's width A = heads x head size; None: the width (parameter matching, head size
+    # width / heads). Normalised: never equal to ``width`` (see ``with_attention_width``).
+    attention_width: int | None = None
+
+    def __post_init__(self):
+        if self.attention_width == self.width:
+            object.__setattr__(self, "attention_width", None)
+
+    @property
+    def attention(self) -> int:
+        """The attention width A (the width under parameter matching)."""
+        return self.attention_width or self.width
 
     @classmethod
     def from_config(cls, model) -> ModelConfig:
@@ -37,10 +52,13 @@ class ModelConfig:
     @classmethod
     def from_sizes(cls, sizes: dict) -> ModelConfig:
         """From the sizes dict of :func:`mhjax.models.probe.model_sizes` (eval mode: no dropout)."""
-        return cls(**{k: int(sizes[k]) for k in SIZE_KEYS})
+        extra = {ATTENTION_WIDTH: int(sizes[ATTENTION_WIDTH])} if sizes.get(ATTENTION_WIDTH) else {}
+        return cls(**{k: int(sizes[k]) for k in SIZE_KEYS}, **extra)
 
     def sizes(self) -> dict[str, int]:
-        return {k: getattr(self, k) for k in SIZE_KEYS}
+        """SIZE_KEYS' values, and ``attention_width`` where it differs from the width."""
+        extra = {ATTENTION_WIDTH: self.attention_width} if self.attention_width else {}
+        return {**{k: getattr(self, k) for k in SIZE_KEYS}, **extra}
 
     def transformer(
         self, heads: int, *, layout=None, attention: str = "jax", interpret: bool = False, scan_layers: bool = False
@@ -58,4 +76,5 @@ class ModelConfig:
             attention=attention,
             interpret=interpret,
             scan_layers=scan_layers,
+            attention_width=self.attention_width,
         )

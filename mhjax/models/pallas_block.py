@@ -283,10 +283,11 @@ def fits(*dims: int) -> bool:
     return all(_pad(n) <= MAX_DIM for n in dims)
 
 
-def block_parts(width: int, mlp_dim: int) -> tuple[bool, bool]:
+def block_parts(width: int, mlp_dim: int, attention_width: int | None = None) -> tuple[bool, bool]:
     """Which of a Transformer block's parts run as kernels: (the pre-norm and q/k/v projection
-    as norm_dense, the MLP half as mlp_block), where their weights fit one program."""
-    return fits(width, 3 * width), fits(width, mlp_dim)
+    as norm_dense, the MLP half as mlp_block), where their weights fit one program.
+    ``attention_width``: q, k and v's width A (None: the width)."""
+    return fits(width, 3 * (attention_width or width)), fits(width, mlp_dim)
 
 
 def _check(fn: str, x, **arrays):

@@ -12,17 +12,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from mhjax.config import ConfigError
-from mhjax.models.model_config import ModelConfig
+from mhjax.models.model_config import ATTENTION_WIDTH, ModelConfig
 from mhjax.models.transformer import Transformer
 
 
 def model_sizes(params) -> dict[str, int]:
-    """vocab_size, max_len, width, num_layers, mlp_dim read off a Transformer param tree."""
+    """vocab_size, max_len, width, num_layers, mlp_dim (and attention_width where the query
+    projection's width differs from the width: a fixed head size) read off a Transformer param tree."""
     try:
         vocab, width = np.shape(params["token_emb"]["embedding"])
         max_len = np.shape(params["pos_emb"]["embedding"])[0]
         num_layers = sum(1 for k in params if re.fullmatch(r"block_\d+", k))
         mlp_dim = np.shape(params["block_0"]["mlp_in"]["kernel"])[1]
+        attention = np.shape(params["block_0"]["attn"]["query"]["kernel"])[1]
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise ConfigError(f"params: not a mhjax Transformer parameter tree ({type(exc).__name__}: {exc})") from None
     return {
@@ -31,6 +33,7 @@ def model_sizes(params) -> dict[str, int]:
         "width": int(width),
         "num_layers": int(num_layers),
         "mlp_dim": int(mlp_dim),
+        **({ATTENTION_WIDTH: int(attention)} if attention != width else {}),
     }
 
 

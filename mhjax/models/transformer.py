@@ -41,6 +41,7 @@ class Block(nn.Module):
     layout: Layout | None = None
     attention: str = "jax"
     interpret: bool = False
+    attention_width: int | None = None  # A = heads x head size; None: the width (parameter matching)
 
     @nn.compact
     def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None, keys=None):
@@ -55,7 +56,14 @@ class Block(nn.Module):
         attn_key, mlp_key = (None, None) if keys is None else keys
         fuse_norm, fuse_mlp = self._kernels()
         attention = CausalSelfAttention(
-            self.width, self.num_heads, self.dropout_rate, self.layout, self.attention, self.interpret, name="attn"
+            self.width,
+            self.num_heads,
+            self.dropout_rate,
+            self.layout,
+            self.attention,
+            self.interpret,
+            self.attention_width,
+            name="attn",
         )
         if fuse_norm:
             attn_out, probs = attention(
@@ -85,7 +93,7 @@ class Block(nn.Module):
             return False, False
         from mhjax.models import pallas_block
 
-        return pallas_block.block_parts(self.width, self.mlp_dim)
+        return pallas_block.block_parts(self.width, self.mlp_dim, self.attention_width)
 
 
 class NormScale(nn.Module):
@@ -125,6 +133,9 @@ class Transformer(nn.Module):
     # for slow compiles (config.model.scan_layers; on a TPU by default). Each step then copies the
     # layers' saved activations into and out of stacks (on a GPU 1.6x to 2x the bytes per step).
     scan_layers: bool = False
+    # The attention width A = heads x head size (q, k, v and the output projection's input); None:
+    # the width (parameter matching, head size width / heads). A fixed head size sets it per model.
+    attention_width: int | None = None
 
     def _block(self, **kwargs) -> Block:
         return Block(
@@ -135,6 +146,7 @@ class Transformer(nn.Module):
             self.layout,
             self.attention,
             self.interpret,
+            self.attention_width,
             **kwargs,
         )
 

@@ -3,9 +3,9 @@ where a member has no recorded ``loss_curve``); mixture_summary.md comes from mi
 
 What each figure measures (the init scheme and the loss are in every figure's title: numbers
 under "zero_plus_step" (identical heads) measure a learning-rate effect of H, not width):
-  * loss_vs_K.png: train loss L(theta_k) against k, log-log, a panel per (n, eta), a line per H
+  * loss_vs_K.png: train loss L(theta_k) against S_k = sum_{j<k} eta_j (= eta k for a constant step),
     (mean over seeds) with a band from the lowest to the highest seed, each H's last-decade slope
-    as mean ± std over seeds in the legend, and a 1/K line through the first H's first point.
+    as mean ± std over seeds in the legend, and a 1/S_k line through the first H's first point.
     Exact losses from ``loss_curve``; without it, TensorBoard chunk means at the chunk centre.
   * test_loss_vs_n.png: test loss at theta_K (mean, min-max over seeds) against n, a line per H
     with its fitted slope, a 1/n line, and c/(gamma^2 n) per H (gamma: that H's mean NTK margin
@@ -17,7 +17,7 @@ under "zero_plus_step" (identical heads) measure a learning-rate effect of H, no
     step size of the sweep's first n (line style).
   * ntk_margin_vs_H.png: NTK margin at theta_0, mean +- std over seeds against H (left), and
     margins divided by the feature radius against the linear baselines (right).
-The 1/K line, c/(gamma^2 n), sqrt(H) lambda_min / L and the slope verdict assume a loss with an
+The 1/S_k line, c/(gamma^2 n), sqrt(H) lambda_min / L and the slope verdict assume a loss with an
 exponential tail; for another loss (the squared loss) they are left out and the titles say so.
 Log axes carry major tick labels only (minor labels such as 3x10^1 and 4x10^1 overlap), except
 an axis spanning at most one power of 10, which gets about four plain labels (readable_ticks).
@@ -33,6 +33,7 @@ from mhjax.io import trace
 from mhjax.io.curves import train_window
 from mhjax.io.results import write_text
 from mhjax.io.workdir import Workdir
+from mhjax.models import mixture_parts
 from mhjax.plotting.mixture_summary import edge_crossings, group_by, kept, mean_of, summary_markdown, values_of
 
 SUMMARY = "mixture_summary.md"
@@ -43,13 +44,18 @@ class NothingToDraw(Exception):
 
 
 class Style:
-    """What every panel says: the init scheme, the loss, whether it has an exponential tail."""
+    """What every panel says: the init scheme, the loss, whether it has an exponential tail, and
+    the step rule whose S_k = sum_{j<k} eta_j is the clock of the rate figures."""
 
-    def __init__(self, init: str = "?", loss: str = "logistic", tail: bool = True):
-        self.init, self.loss, self.tail = init, loss, tail
+    def __init__(self, init: str = "?", loss: str = "logistic", tail: bool = True, step_rule: str = "constant"):
+        self.init, self.loss, self.tail, self.step_rule = init, loss, tail, step_rule
+
+    def clock(self, eta: float, steps):
+        """S_k at ``steps`` for step size ``eta`` (models/mixture_parts.step_sums)."""
+        return mixture_parts.step_sums(mixture_parts.get("step_rule", self.step_rule).fn, eta, steps)
 
     def suptitle(self, fig, what: str) -> None:
-        note = "" if self.tail else " (no exponential tail: 1/K and c/(gamma^2 n) left out)"
+        note = "" if self.tail else " (no exponential tail: 1/S_K and c/(gamma^2 n) left out)"
         fig.suptitle(f"{what}; init={self.init}, loss={self.loss}{note}", fontsize=10)
 
 
@@ -77,13 +83,14 @@ def write_figures_and_summary(
     loss: str = "logistic",
     exponential_tail: bool = True,
     generator: str | None = None,
+    step_rule: str = "constant",
 ) -> list[str]:
     """loss_vs_K.png, test_loss_vs_n.png, ntk_margin_vs_H.png, path.png and mixture_summary.md;
     returns the paths written. A figure that fails is skipped with a message (results are
     already saved). The members' TensorBoard runs are read once (``workdir`` keeps them)."""
     log = log or (lambda m: print(m, file=sys.stderr))
     workdir = Workdir.of(workdir)
-    style = Style(init, loss, exponential_tail)
+    style = Style(init, loss, exponential_tail, step_rule)
     written = []
     path = workdir.file(SUMMARY)
     crossings = edge_crossings(lambda name, tags: _curves(workdir, name, tags), kept(records))
@@ -155,7 +162,7 @@ def _plot_loss_vs_K(fig, workdir, records, chunk_steps, style):
             if not curves:
                 continue
             length = min(c[0].size for c in curves)
-            steps = curves[0][0][:length]
+            steps = style.clock(eta, curves[0][0][:length])  # the rate's clock S_k, not k
             stack = np.array([c[1][:length] for c in curves])
             values = np.mean(stack, axis=0)
             keep = (steps > 0) & np.isfinite(values) & (values > 0)
@@ -173,13 +180,14 @@ def _plot_loss_vs_K(fig, workdir, records, chunk_steps, style):
         if anchor is not None and style.tail:
             k0, l0, k1 = anchor
             ks = np.geomspace(k0, k1, 20)
-            ax.plot(ks, l0 * k0 / ks, "k--", lw=1, label="1/K")
+            ax.plot(ks, l0 * k0 / ks, "k--", lw=1, label="1/S_k")
         log_axes(ax)
         ax.set_title(f"n={n}, eta={eta:g}", fontsize=9)
-        ax.set_xlabel("GD step k")
+        constant = style.step_rule == "constant"
+        ax.set_xlabel("S_k = eta k (k: GD step)" if constant else f"S_k = sum of eta_j over j < k ({style.step_rule})")
         ax.set_ylabel("train loss (mean, band: seeds' range)")
         ax.legend(fontsize=7)
-    style.suptitle(fig, "train loss against k; slope: last decade, mean ± std over seeds")
+    style.suptitle(fig, "train loss against S_k; slope: last decade, mean ± std over seeds")
 
 
 def _plot_test_loss_vs_n(fig, records, style):

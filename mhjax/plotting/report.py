@@ -97,7 +97,8 @@ def _summary_metrics(members: list[dict], keys) -> list[str]:
         for k, v in m.items():
             if k in keys or k == "seed" or isinstance(v, bool) or not isinstance(v, (int, float, type(None))):
                 continue
-            if k in _LABELS or (k.endswith(_SUMMARY_ENDINGS) and "_over_" not in k):
+            sizes = k in ("params", "gflop_per_step") and "gflop_per_step" in m  # an architecture sweep's
+            if k in _LABELS or sizes or (k.endswith(_SUMMARY_ENDINGS) and "_over_" not in k):
                 seen[k] = None
     metrics = [k for k in _LABELS if k in seen and k != "program_wall_time_s"] + [k for k in seen if k not in _LABELS]
     return metrics + (["program_wall_time_s"] if "program_wall_time_s" in seen else [])

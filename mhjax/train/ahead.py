@@ -62,11 +62,17 @@ class ChunkPlan(NamedTuple):
 
 def chunk_plan(step: int, total: int, chunk: int, splits=()) -> ChunkPlan:
     """The chunks of a run from ``step`` to ``total``; the first chunk is cut at every step k of
-    ``splits`` with step < k < chunk, so that an evaluation can fall on those early steps."""
-    first_end = min(step + chunk, total)
+    ``splits`` with step < k < chunk, so that an evaluation or a snapshot can fall on those early
+    steps. Chunks end at multiples of ``chunk`` (and at ``total``) whatever ``step``: a run resumed
+    between two (after a piece, or trained longer from a ``total`` that is not one) first runs
+    the rest of that chunk as a piece, so later evaluations and snapshots fall where they would
+    have in the straight run."""
+    first_end = min((step // chunk + 1) * chunk, total)
     cuts = sorted({int(k) for k in splits if step < k < min(chunk, first_end)})
+    if not cuts and step % chunk and first_end < total:
+        cuts = [first_end]  # the partial first chunk as one piece (no chunk length of its own)
     pieces, previous = [], step
-    for bound in cuts + [first_end] if cuts else []:
+    for bound in sorted(set(cuts) | {first_end}) if cuts else []:
         pieces.append(bound - previous)
         previous = bound
     start = first_end if cuts else step

@@ -23,6 +23,7 @@ class Column(NamedTuple):
     title: str
     key: str  # results.json member field
     percent: bool = False  # a fraction shown as a percentage
+    fmt: str = "{:.4f}"  # how a mean is written otherwise (results.number_text)
 
 
 class SummaryTable(NamedTuple):
@@ -114,7 +115,9 @@ def summary_lines(table: SummaryTable | None, records: list[dict]) -> list[str]:
             if not math.isfinite(mean):
                 cells.append("-")
             else:
-                cells.append(number_text(100 * mean, "{:.2f}") + "%" if column.percent else number_text(mean, "{:.4f}"))
+                cells.append(
+                    number_text(100 * mean, "{:.2f}") + "%" if column.percent else number_text(mean, column.fmt)
+                )
         body.append(cells)
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
     key_count = len(table.fields)

@@ -17,7 +17,7 @@ from mhjax.io.trace import NoTrace, TraceWriter
 from mhjax.io.workdir import Workdir
 from mhjax.plotting import draw as draw_figures
 from mhjax.plotting.images import member_images, position_image
-from mhjax.train import ahead, engine
+from mhjax.train import ahead, engine, snapshots
 from mhjax.train import status as member_status
 from mhjax.train.console import Console
 from mhjax.train.interrupt import StopOnSignal
@@ -222,7 +222,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     checkpointer = workdir.checkpointer()
     latest = checkpointer.latest_step() if resuming else None
     step = int(latest or 0)
-    writers = NoWriters()
+    writers, snaps = NoWriters(), snapshots.Snapshots(sweep, workdir, snapshots.steps_of(config))
     stop = StopOnSignal(where="after the compile: nothing is trained before the programs are ready")
     try:
         stop.start()
@@ -239,7 +239,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         hparams = {m.name: m.flat_hparams() for m in members}
         writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
         evals = sorted(set(experiment.eval_steps()))
-        plan = ahead.chunk_plan(step, total, chunk, splits=evals)  # the first chunk cut at early evals
+        # the first chunk cut at early evaluations and snapshots (train/snapshots.py)
+        plan = ahead.chunk_plan(step, total, chunk, splits=evals + sorted(snaps.steps))
         _compile_ahead(sweep, console, plan, init=latest is None)
         stop.where = "at the end of the running chunk"
         if latest is None:
@@ -249,6 +250,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         started, trained = time.perf_counter(), 0
         if 0 in evals and step == 0:
             _log_eval(writers, members, sweep.evaluate(states), 0)
+        snaps.take(step, states)  # step 0, or a resumed step newly asked for
         console.start(total, step)
         for n, piece in plan.lengths():
             if stop.raised:  # before any chunk of this run: nothing to save
@@ -283,6 +285,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             if _crossed(previous, step, config.train.eval_every) or step == total or wanted_eval:
                 evaluation = sweep.evaluate(states)
                 _log_eval(writers, members, evaluation, step)
+            snaps.take(step, states)  # before the checkpoint: resumed, a step is taken again or kept
             due = _crossed(previous, step, config.train.checkpoint_every) or step == total
             if due or stop.raised:
                 sweep.save(checkpointer, step, states, seconds)
@@ -318,6 +321,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         stop.close()
         console.close()
         writers.close()
+        snaps.close()
         checkpointer.close()
         if jax.process_count() > 1:  # leave together, or the shutdown barrier times out
             multihost_utils.sync_global_devices("mhjax:run-end")

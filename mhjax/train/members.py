@@ -41,14 +41,28 @@ class Member:
         return out
 
 
-SHORT = {"heads": "h", "seed": "s", "learning_rate": "lr", "num_train": "n", "step_size": "eta", "init_tau": "tau"}
+SHORT = {
+    "heads": "h",
+    "seed": "s",
+    "learning_rate": "lr",
+    "num_train": "n",
+    "step_size": "eta",
+    "init_tau": "tau",
+    # architecture axes (experiments/architecture.py; docs/sweeps.md)
+    "width": "w",
+    "num_layers": "l",
+    "mlp_dim": "m",
+    "dropout": "p",
+    "head_dim": "d",
+}
 
 
 def member_name(hparams: dict[str, Any], swept_many: set[str], leading: str | None) -> str:
-    """e.g. copy-h8-s0; fields with a single value (other than heads/seed) are left out."""
+    """e.g. copy-h8-s0; fields with a single value (other than heads/seed) are left out, and so is
+    a value of None (a field's default mode, e.g. head_dim None: parameter matching)."""
     parts = [str(hparams[leading])] if leading else []
     for field, value in hparams.items():
-        if field == leading:
+        if field == leading or value is None:
             continue
         if field in ("heads", "seed") or field in swept_many:
             parts.append(

@@ -7,22 +7,27 @@ to the members' TensorBoard runs."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
+
+import jax
+import numpy as np
 
 from mhjax.analysis import tags
 from mhjax.analysis.metrics import analyze_checkpoint, analyze_params, one_line, task_sequences
 from mhjax.config import ConfigError
 from mhjax.data import tasks
-from mhjax.io.results import write_json, write_text
+from mhjax.io.results import json_ready, write_json, write_text
 from mhjax.io.tensorboard import log_to_run
 from mhjax.io.workdir import Workdir, analysis_paths
-from mhjax.models.probe import config_sizes
+from mhjax.models.probe import model_sizes
 from mhjax.plotting.analysis import format_analysis, plot_analysis
 from mhjax.plotting.images import attention_grid, sink_row_image
 from mhjax.train.engine import unstack
-from mhjax.train.loop import Sweep
+from mhjax.workflows.members import kept_steps
 from mhjax.workflows.workdir import Opened, open_workdir
 
 
@@ -45,9 +50,9 @@ def analyze_torch_checkpoint(
     return result
 
 
-def _restore_sweep(opened: Opened, allow_changed_task: bool = False):
-    """(experiment, Sweep, latest step, states) restored from a trained sweep workdir; a plug-in
-    task whose source file changed since training is refused unless ``allow_changed_task``."""
+def _experiment(opened: Opened, allow_changed_task: bool = False):
+    """The sweep's experiment, its plug-in tasks restored (a source changed since training is
+    refused unless ``allow_changed_task``), once the workdir is known to hold a checkpoint."""
     workdir = opened.files
     if not opened.kind.analyzable:  # before any plug-in code runs
         hint = "; run.analyze(steps=...) from Python analyzes its states" if opened.kind.analyzes_states else ""
@@ -58,18 +63,9 @@ def _restore_sweep(opened: Opened, allow_changed_task: bool = False):
     experiment = opened.experiment()  # plug-in tasks restored from where they came
     if not workdir.has_checkpoints():
         raise ConfigError(f"--workdir: {workdir} has no {os.path.basename(workdir.checkpoints_dir)}/; train it first")
-    checkpointer = workdir.checkpointer()
-    try:
-        step = checkpointer.latest_step()
-        if step is None:
-            raise ConfigError(f"--workdir: {workdir} has no checkpoint yet; train it first")
-        sweep = Sweep(experiment)
-        states, _ = sweep.restore(checkpointer, step)
-        return experiment, sweep, step, states
-    except ConfigError as exc:
-        raise ConfigError(f"--workdir: {one_line(exc)}") from None
-    finally:
-        checkpointer.close()
+    if workdir.latest_step() is None:
+        raise ConfigError(f"--workdir: {workdir} has no checkpoint yet; train it first")
+    return experiment
 
 
 def member_params(sweep, states) -> dict[int, Any]:
@@ -88,66 +84,153 @@ def analyze_workdir(
     plot: bool = True,
     log=None,
     allow_changed_task: bool = False,
+    steps=None,
     **kwargs,
 ) -> dict:
-    """Analyse every member of a trained sequence sweep (latest checkpoint); a plug-in task whose
-    source file changed since training is refused unless ``allow_changed_task``.
+    """Analyse every member of a trained sequence sweep at ``steps`` (None: the latest checkpoint;
+    else steps of kept checkpoints or snapshots, "last" and "all" among them: analysis_steps); a
+    plug-in task whose source file changed since training is refused unless ``allow_changed_task``.
 
-    Writes ``out/analysis.{json,md,png}`` (default ``out = W/analysis``) with one
-    object per member under ``"members"`` (keyed by member name), and, unless
-    ``tensorboard=False``, logs ``analysis/...`` scalars and per-layer attention
-    heatmaps (all heads + the combined operator, evaluation sequence 0) to each
-    member's run ``W/tb/<member>`` at the checkpoint's step.
+    Writes ``out/analysis.{json,md,png}`` (default ``out = W/analysis``): one object per member
+    under ``"members"`` (keyed by member name) at the latest step analysed (``"step"``), and
+    under ``"by_step"`` {step: members} every step analysed with these options, in this call or
+    an earlier one (a step already there with equal ``options`` is not computed again). Unless
+    ``tensorboard=False``, logs ``analysis/...`` scalars and per-layer attention heatmaps (all
+    heads + the combined operator, evaluation sequence 0) to each member's run ``W/tb/<member>``
+    at each step computed, so that they draw as curves over steps.
     """
     opened = open_workdir(workdir)
     workdir = opened.files
-    experiment, sweep, step, states = _restore_sweep(opened, allow_changed_task)
-    m = experiment.config.model
-    batches = {}  # {task_id: (its evaluation Batch, source)}: one per task and parameter values
-    sizes = config_sizes(m)
-    member_states = sweep.member_states(states)
-    members = {}
-    for member in experiment.members:
-        state = member_states[member.name]
-        task_id = int(experiment.member_constants(member).task_id)
-        task = experiment.tasks[task_id]  # the member's task with its parameters bound
-        if task_id not in batches:
-            batches[task_id] = task_sequences(task, sequences, num_sequences, seed, m.seq_len, m.vocab_size)
-        batch, source = batches[task_id]
-        res = analyze_params(state.params, member["heads"], task, batch, sizes, keep_attention=tensorboard, **kwargs)
-        attention, combined = res.pop("attention", None), res.pop("combined", None)
-        sink_rows = res.pop("rollout_sink_row", None)
-        entry = {
-            "name": member.name,
-            **{k: v for k, v in member.hparams.items()},
-            "status": "diverged" if bool(state.diverged) else "ok",
-            **res,
-        }
-        members[member.name] = entry
-        if log is not None:
-            log(f"{member.name}: accuracy {res['accuracy']:.4f}")
-        if tensorboard:
-            scalars, images = _tensorboard_entry(entry, attention, combined)
-            scalars.update(_head_scalars(entry))
-            if sink_rows is not None:
-                images[tags.ROLLOUT_SINK_ROW] = sink_row_image(sink_rows)
-            log_to_run(workdir.run_dir(member.name), scalars, images, step)
+    experiment = _experiment(opened, allow_changed_task)
+    wanted = analysis_steps(opened, steps)
     recorded = opened.recorded_tasks()
     hashes = {name: tasks.source_hashes(recorded.get(name)) for name in sorted({m["task"] for m in experiment.members})}
+    options = _options(sequences, num_sequences, seed, allow_changed_task, hashes, kwargs)
+    out = workdir.analysis_dir if out is None else str(out)
+    earlier = _earlier(out, options, workdir)
+    by_step, source = dict(earlier.get("by_step", {})), earlier.get("source")
+    batches = {}  # {task_id: (its evaluation Batch, source)}: one per task and parameter values
+    for step in wanted:
+        if step in by_step:
+            if log is not None:
+                log(f"step {step}: analysed before with these options, kept")
+            continue
+        states = workdir.member_states(step)
+        by_step[step] = {}
+        for member in experiment.members:
+            state = states[member.name]
+            task_id = int(experiment.member_constants(member).task_id)
+            if task_id not in batches:
+                m = experiment.config.model
+                task = experiment.tasks[task_id]  # the member's task with its parameters bound
+                batches[task_id] = task_sequences(task, sequences, num_sequences, seed, m.seq_len, m.vocab_size)
+            batch, source = batches[task_id]
+            entry = _member_entry(experiment, member, state, batch, workdir, step, tensorboard, kwargs)
+            by_step[step][member.name] = entry
+            if log is not None:
+                log(f"{member.name} at step {step}: accuracy {entry['accuracy']:.4f}")
+    latest = max(by_step)
+    members = by_step[latest]
     result = {
         "workdir": os.path.abspath(workdir.path),
-        "step": int(step),
-        "source": source if batches else None,
+        "step": int(latest),  # the latest step analysed: "members" are of it
+        "source": source,
         "conventions": next(iter(members.values()))["conventions"] if members else None,
         # whether a task source changed since training was allowed; each plug-in task's sha256
         # {"recorded": at training, "current": at this analysis}
         "allow_changed_task": bool(allow_changed_task),
         "task_sha256": {name: h for name, h in hashes.items() if h},
         "members": members,
+        "options": options,
+        "by_step": {str(k): by_step[k] for k in sorted(by_step)},
     }
-    out = workdir.analysis_dir if out is None else str(out)
     result["files"] = write_analysis(out, result, plot=plot)
     return result
+
+
+def _member_entry(experiment, member, state: dict, batch, workdir, step: int, tensorboard: bool, kwargs) -> dict:
+    """One member's analysis at ``step`` (``state``: its raw saved state, a snapshot's holding
+    ``params`` only), logged to its TensorBoard run at ``step`` when ``tensorboard``."""
+    sizes = model_sizes(state["params"])  # the member's own (architecture axes: experiments/architecture.py)
+    task = experiment.tasks[int(experiment.member_constants(member).task_id)]
+    res = analyze_params(state["params"], member["heads"], task, batch, sizes, keep_attention=tensorboard, **kwargs)
+    attention, combined = res.pop("attention", None), res.pop("combined", None)
+    sink_rows = res.pop("rollout_sink_row", None)
+    diverged = bool(state["diverged"]) if "diverged" in state else not _finite(state["params"])
+    entry = {"name": member.name, **dict(member.hparams), "status": "diverged" if diverged else "ok", **res}
+    if tensorboard:
+        scalars, images = _tensorboard_entry(entry, attention, combined)
+        scalars.update(_head_scalars(entry))
+        if sink_rows is not None:
+            images[tags.ROLLOUT_SINK_ROW] = sink_row_image(sink_rows)
+        log_to_run(workdir.run_dir(member.name), scalars, images, step)
+    return entry
+
+
+def _finite(params) -> bool:
+    return all(np.isfinite(np.asarray(x)).all() for x in jax.tree_util.tree_leaves(params))
+
+
+def analysis_steps(opened: Opened, steps) -> list[int]:
+    """The steps to analyse, ascending: None, the latest checkpoint; else a list (or a comma-separated
+    text, as --steps takes it) of kept steps (checkpoints and snapshots), "last" (the latest
+    checkpoint) and "all" (every snapshot and the latest checkpoint) among them; anything else a one-line ConfigError
+    naming --steps and the kept steps."""
+    latest = opened.files.latest_step()
+    if steps is None:
+        return [latest]
+    kept = kept_steps(opened)
+    items = steps.split(",") if isinstance(steps, str) else [steps] if isinstance(steps, int) else list(steps)
+    out = set()
+    for item in items:
+        word = item.strip() if isinstance(item, str) else item
+        if word == "all":  # the snapshots and the latest checkpoint (the rolling one before it by name only)
+            out.update([*opened.files.snapshot_steps(), latest])
+        elif word == "last":
+            out.add(latest)
+        else:
+            try:
+                step = int(word)
+            except (TypeError, ValueError):
+                step = None
+            if step is None or isinstance(word, bool) or step not in kept or str(step) != str(word).strip():
+                listed = ", ".join(map(str, kept))
+                raise ConfigError(f"--steps: {item!r} is not a kept step, last or all (kept: {listed})")
+            out.add(step)
+    if not out:
+        raise ConfigError(f"--steps: no step given (kept: {', '.join(map(str, kept))}; or last, all)")
+    return sorted(out)
+
+
+def _options(sequences, num_sequences, seed, allow_changed_task, hashes, kwargs) -> dict:
+    """What an analysis at a step depends on besides the parameters (analysis.json ``options``)."""
+    if sequences is None or isinstance(sequences, (str, os.PathLike)):
+        given = None if sequences is None else os.path.abspath(os.fspath(sequences))
+    else:  # an array: its bytes
+        array = np.ascontiguousarray(np.asarray(sequences))
+        given = f"array {array.shape} sha256 {hashlib.sha256(array.tobytes()).hexdigest()}"
+    if isinstance(given, str) and os.path.isfile(given):  # a file: its contents too
+        with open(given, "rb") as f:
+            given = f"{given} sha256 {hashlib.sha256(f.read()).hexdigest()}"
+    options = {"sequences": given, "num_sequences": num_sequences, "seed": seed, **kwargs}
+    options.update(allow_changed_task=bool(allow_changed_task), task_sha256=hashes)
+    return json.loads(json.dumps(json_ready(options)))
+
+
+def _earlier(out, options: dict, workdir) -> dict:
+    """The analysis.json already in ``out`` when it is of this workdir with equal ``options``
+    ({"by_step": {int step: members}, "source"}), else {}."""
+    path = analysis_paths(out)["json"]
+    try:
+        with open(path) as f:
+            earlier = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(earlier, dict) or earlier.get("options") != options:
+        return {}
+    if earlier.get("workdir") != os.path.abspath(workdir.path) or not isinstance(earlier.get("by_step"), dict):
+        return {}
+    return {"by_step": {int(k): v for k, v in earlier["by_step"].items()}, "source": earlier.get("source")}
 
 
 def _tensorboard_entry(entry: dict, attention, combined) -> tuple[dict, dict]:

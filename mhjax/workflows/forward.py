@@ -9,9 +9,11 @@ import warnings
 
 import numpy as np
 
-from mhjax.analysis.forward import Forward, forward, model_sizes
+from mhjax.analysis.forward import Forward, forward
 from mhjax.config import ConfigError
 from mhjax.data import tasks
+from mhjax.models import probe
+from mhjax.workflows.members import check_step
 from mhjax.workflows.workdir import open_workdir
 
 
@@ -49,14 +51,27 @@ def task_targets(opened, record: dict, tokens, allow_changed_task: bool = False)
 
 
 def member_forward(
-    workdir, member: str, tokens, targets=None, weights=None, heads_off=None, allow_changed_task: bool = False
+    workdir,
+    member: str,
+    tokens,
+    targets=None,
+    weights=None,
+    heads_off=None,
+    allow_changed_task: bool = False,
+    patch=None,
+    patch_tokens=None,
+    patch_positions=None,
+    step: int | None = None,
 ) -> Forward:
-    """:func:`mhjax.analysis.forward.forward` of ``member`` at the workdir's latest checkpoint.
+    """:func:`mhjax.analysis.forward.forward` of ``member`` at the workdir's latest checkpoint, or
+    at ``step`` (a kept checkpoint or a snapshot: workflows/members.check_step).
     Without ``targets``: its task's ``targets(tokens)`` when the task makes them (see
     :func:`task_targets`), else no loss; the Forward then says whether ``allow_changed_task``
-    was given and the task source's recorded and current sha256."""
+    was given and the task source's recorded and current sha256. ``patch``, ``patch_tokens``,
+    ``patch_positions``: activation patching (the forward's); the targets stay the clean tokens'."""
     opened = open_workdir(workdir)
     record = member_record(opened, member)
+    step = None if step is None else check_step(opened, step)  # before any task code runs
     tokens = np.asarray(tokens)
     stated = {}
     if targets is None:
@@ -67,7 +82,9 @@ def member_forward(
                 opened, record, tokens if tokens.ndim == 2 else tokens[None], allow_changed_task
             )
             stated = dict(allow_changed_task=bool(allow_changed_task), task_sha256=hashes)
-    params = opened.files.params(member)
-    sizes = model_sizes(opened.files.config_field("model"))
-    result = forward(params, record["heads"], sizes, tokens, targets, weights, heads_off)
+    params = opened.files.params(member, step)
+    sizes = probe.model_sizes(params)  # the member's own sizes (a swept width or head size included)
+    result = forward(
+        params, record["heads"], sizes, tokens, targets, weights, heads_off, patch, patch_tokens, patch_positions
+    )
     return dataclasses.replace(result, **stated)

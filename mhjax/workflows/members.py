@@ -10,8 +10,13 @@ the model) makes the experiment from the run's config with its plug-ins restored
 
 from __future__ import annotations
 
+import warnings
+
+import numpy as np
+
 from mhjax.config import ConfigError
 from mhjax.io import trace as traces
+from mhjax.plotting.ntk_steps import plot_margin_steps
 from mhjax.workflows.workdir import Opened
 
 
@@ -22,16 +27,26 @@ def member(opened: Opened, name: str) -> str:
     return name
 
 
+def kept_steps(opened: Opened) -> list[int]:
+    """The steps whose parameters are kept: the checkpoints' and the snapshots', ascending."""
+    return sorted(set(opened.files.checkpoint_steps()) | set(opened.files.snapshot_steps()))
+
+
+def check_step(opened: Opened, step: int) -> int:
+    """``step`` when a checkpoint or a snapshot holds it, else a one-line ConfigError listing the kept steps."""
+    kept = kept_steps(opened)
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or int(step) not in kept:
+        listed = ", ".join(map(str, kept)) or "none"
+        raise ConfigError(f"step: no checkpoint or snapshot at step {step} in {opened.path} (kept: {listed})")
+    return int(step)
+
+
 def raw_params(opened: Opened, name: str, step: int | None = None):
-    """Member ``name``'s parameter tree as checkpointed at ``step`` (None: the latest); a step
-    without a kept checkpoint is a one-line ConfigError listing the kept ones."""
+    """Member ``name``'s parameter tree as kept at ``step`` (None: the latest checkpoint; else a
+    kept checkpoint or a snapshot, train/snapshots.py); a step without either is a one-line
+    ConfigError listing the kept ones."""
     name = member(opened, name)
-    if step is not None:
-        kept = opened.files.checkpoint_steps()
-        if step not in kept:
-            listed = ", ".join(map(str, kept)) or "none"
-            raise ConfigError(f"step: no checkpoint at step {step} in {opened.path} (kept: {listed})")
-    return opened.files.params(name, step)
+    return opened.files.params(name, None if step is None else check_step(opened, step))
 
 
 def params(opened: Opened, name: str, step: int | None = None):
@@ -62,13 +77,25 @@ def ntk(opened: Opened, name: str, step: int = 0):
 
 
 def analyze_steps(opened: Opened, steps=None) -> list[dict]:
-    """Every member at ``steps`` (0 and kept checkpoints; None: 0 and the latest), one record per
-    (member, step) (Experiment.analyze_states)."""
+    """Every member at ``steps`` (0, kept checkpoints and snapshots; "all": 0, the snapshots and the latest;
+    None: 0 and the latest), one record per (member, step) (Experiment.analyze_states). With more
+    than one step, W/ntk_margin_steps.png draws the NTK margin against them, one line per head count."""
     latest = opened.files.latest_step()
+    if steps == "all":  # step 0, the snapshots and the latest checkpoint
+        steps = [0, *opened.files.snapshot_steps(), *([latest] if latest is not None else [])]
     wanted = sorted({0, *([latest] if latest is not None else [])} if steps is None else set(steps))
     names = opened.files.member_names()
     states = {step: {n: None if step == 0 else raw_params(opened, n, step) for n in names} for step in wanted}
-    return opened.experiment().analyze_states(states)
+    records = opened.experiment().analyze_states(states)
+    members = opened.files.results()["members"]
+    try:  # W/ntk_margin_steps.png, which the report shows with the experiment's figures
+        plot_margin_steps(records, members, opened.files.sweep_fields(), opened.files.file(MARGIN_FIGURE))
+    except Exception as exc:  # noqa: BLE001 -- a figure never costs the records
+        warnings.warn(f"analyze: {MARGIN_FIGURE} not drawn ({type(exc).__name__}: {exc})", stacklevel=3)
+    return records
+
+
+MARGIN_FIGURE = "ntk_margin_steps.png"  # the NTK margin against the steps analysed, one line per H
 
 
 def trace(opened: Opened, name: str) -> dict:

@@ -10,7 +10,9 @@ Reads ``W/results.json`` (required), the members' TensorBoard scalars ``W/tb/<me
 * ``mixing_fidelity.png``: mixing time and minimax fidelity per layer, per head count
   (mean over seeds);
 * ``synergy.png``: the share of sequences on which the combined operator's fidelity beats the
-  best single head, per layer and head count.
+  best single head, per layer and head count;
+* after ``mhjax analyze --steps``, the same over training steps, per-head importance and held-out
+  accuracy against steps (plotting/steps.py).
 
 Any other experiment (e.g. the mixture sweep) gets the generic tables and the curves; the
 PNG figures an experiment writes at the top of ``W`` are embedded as they are.
@@ -31,6 +33,14 @@ from mhjax.plotting.report import (
     plot_mixing_fidelity,
     plot_synergy,
     summary_table,
+)
+from mhjax.plotting.steps import (
+    by_step,
+    chosen_member,
+    plot_accuracy_steps,
+    plot_head_importance_steps,
+    plot_mixing_fidelity_steps,
+    plot_synergy_steps,
 )
 from mhjax.workflows.analyze import changed_task_note
 from mhjax.workflows.reproduction import reproduction_markdown
@@ -115,6 +125,7 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
             link = figure(name, fn, analysis)
             if link:
                 lines += [link, ""]
+        lines += _steps_section(analysis, members, curves, figure)
 
     if reference is not None:
         more, paths = reproduction_markdown(workdir, reference, out_dir, link_dir)
@@ -139,6 +150,32 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
         # {"analysis": its step, "results": theirs} when analysis.json is of another step, else None
         "stale_analysis": {"analysis": analysis.get("step"), "results": results.get("steps")} if stale else None,
     }
+
+
+def _steps_section(analysis: dict, members: list[dict], curves: dict, figure) -> list[str]:
+    """ "Heads along training": the figures over the steps analysed (plotting/steps.py), when more
+    than one step was (``mhjax analyze --steps``)."""
+    steps = by_step(analysis)
+    if len(steps) < 2:
+        return []
+    lines = [
+        "## Heads along training",
+        "",
+        f"Analysed at steps {', '.join(map(str, steps))} (`mhjax analyze --steps`); one line per head count, "
+        "mean over seeds. Per-head importance: the loss with each head removed, for "
+        f"`{chosen_member(analysis)}`.",
+        "",
+    ]
+    for name, fn, args in (
+        ("steps_mixing_fidelity.png", plot_mixing_fidelity_steps, (analysis,)),
+        ("steps_synergy.png", plot_synergy_steps, (analysis,)),
+        ("steps_head_importance.png", plot_head_importance_steps, (analysis,)),
+        ("steps_accuracy.png", plot_accuracy_steps, (members, curves)),
+    ):
+        link = figure(name, fn, *args)
+        if link:
+            lines += [link, ""]
+    return lines
 
 
 def _stale(analysis: dict, results: dict) -> bool:

@@ -14,7 +14,8 @@ from mhjax.config import ConfigError
 from mhjax.io import plugin_log
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.workdir import Workdir
-from mhjax.train.loop import run
+from mhjax.train import snapshots
+from mhjax.train.loop import Sweep, run
 
 
 def describe(experiment, backend: str) -> str:
@@ -24,7 +25,9 @@ def describe(experiment, backend: str) -> str:
     count, kinds = jax.device_count(), ", ".join(sorted({d.device_kind for d in jax.devices()}))
     cores = f", {os.cpu_count()} cores" if backend == "cpu" else ""
     machine = f"this machine: {backend}, {count} device{'s' * (count != 1)} ({kinds}{cores})"
-    return "\n".join([header, machine] + experiment.notes() + experiment.describe(backend))
+    snapshot_steps = snapshots.steps_of(config)
+    disk = [snapshots.disk_line(Sweep(experiment), snapshot_steps)] if snapshot_steps else []
+    return "\n".join([header, machine] + experiment.notes() + experiment.describe(backend) + disk)
 
 
 def default_workdir(config_path: str) -> str:

@@ -1,0 +1,140 @@
+"""Snapshots: every member's parameters (not its optimizer state) at chosen steps, kept for good
+under W/snapshots/<step>/ beside the two rolling resume checkpoints (io/workdir.py reads them).
+
+``config.train.snapshot_steps`` (optional; absent or empty: none) is a tuple of steps or
+``"log:N"``: step 0 plus N-1 steps log-spaced from 1 up to train.steps, which is included.
+A snapshot is taken where the host loop stops, so no step of it needs a program of its own:
+- steps below train.chunk_steps are exact: the first chunk is cut there into pieces, all run by
+  ONE program (train/ahead.py's pieces, as for early evaluations: none more when evaluations
+  already cut the first chunk);
+- later steps fall at chunk ends: "log:N" rounds them to the nearest multiple of
+  train.chunk_steps (or train.steps), a listed step must be one (a one-line error otherwise).
+Chunk ends stay multiples of train.chunk_steps across resumes (ahead.chunk_plan), so a resumed or
+longer run takes the snapshots of the straight run. A snapshot already on disk is not written
+again (a run killed after writing it and resumed from an earlier checkpoint retrains the same
+parameters), and orbax writes each one into a temporary folder renamed into place when complete:
+a kill loses none that was written.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+
+from mhjax.config import ConfigError
+from mhjax.io.checkpoint import member_key
+from mhjax.io.workdir import Workdir
+from mhjax.train.engine import unstack
+
+FIELD = "train.snapshot_steps"
+ALLOWED = 'a tuple of steps in [0, train.steps] or "log:N" (N >= 2)'
+
+
+def resolve(value, total: int, chunk: int) -> tuple[int, ...]:
+    """The snapshot steps of ``value`` (config.train.snapshot_steps) for a run of ``total`` steps
+    in chunks of ``chunk``, ascending; bad values raise ConfigError naming the field."""
+    if value is None:
+        return ()
+    if isinstance(value, (tuple, list)) and len(value) == 1 and isinstance(value[0], str):
+        value = value[0]  # "--config.train.snapshot_steps=log:4" over a tuple in the file
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("log:"):
+            return _log_steps(text, total, chunk)
+        if text.lower() in ("none", "off"):
+            return ()
+        try:  # "0,100,1000" or "()" as typed on the command line over a "log:N" in the file
+            value = tuple(int(part) for part in text.strip("()[] ").split(",") if part.strip())
+        except ValueError:
+            raise ConfigError(f"config.{FIELD}: must be {ALLOWED}; got {value!r}") from None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,)
+    if not isinstance(value, (tuple, list)):
+        raise ConfigError(f"config.{FIELD}: must be {ALLOWED}; got {value!r}")
+    steps = set()
+    for k in value:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= total:
+            raise ConfigError(f"config.{FIELD}: each step must be an integer in [0, train.steps={total}]; got {k!r}")
+        if k >= chunk and k % chunk and k != total:
+            raise ConfigError(
+                f"config.{FIELD}: step {k} is not at a chunk end: steps from train.chunk_steps={chunk} on must be "
+                f'multiples of it or train.steps={total} (or use "log:N", which rounds them)'
+            )
+        steps.add(int(k))
+    return tuple(sorted(steps))
+
+
+def _log_steps(text: str, total: int, chunk: int) -> tuple[int, ...]:
+    count = text[4:].strip()
+    if not count.isdigit() or int(count) < 2:
+        raise ConfigError(f'config.{FIELD}: "log:N" needs an integer N >= 2 (step 0 and N-1 more); got {text!r}')
+    n = int(count) - 1
+    ends = [total] if n == 1 else [float(x) for x in np.geomspace(1, total, n)]
+    steps = {0, total}
+    for k in ends:
+        k = int(round(k))
+        steps.add(k if k < chunk else min(total, int(round(k / chunk)) * chunk))
+    return tuple(sorted(steps))
+
+
+def steps_of(config) -> tuple[int, ...]:
+    """config.train.snapshot_steps resolved for its run (``resolve``)."""
+    return resolve(config.train.get("snapshot_steps"), config.train.steps, config.train.chunk_steps)
+
+
+def params_bytes(sweep) -> int:
+    """Bytes of one member's parameters as a snapshot stores them (every member is padded to
+    its program's shapes), the largest over the programs."""
+    out = 0
+    for shapes in sweep.abstract_states().values():
+        leaves = jax.tree_util.tree_leaves(shapes.params)
+        out = max(out, sum(math.prod(x.shape[1:]) * np.dtype(x.dtype).itemsize for x in leaves))
+    return out
+
+
+def disk_line(sweep, steps) -> str:
+    """The dry run's line: what the snapshots will take on disk."""
+    if not steps:
+        return f"snapshots: none (config.{FIELD})"
+    members, each = len(sweep.experiment.members), params_bytes(sweep)
+    total = each * members * len(steps)
+    listed = ", ".join(map(str, steps))
+    return (
+        f"snapshots: {len(steps)} (steps {listed}) x {members} members x {_size(each)} of parameters = "
+        f"{_size(total)} on disk under W/{Workdir.SNAPSHOTS}/"
+    )
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{int(n)} B"
+
+
+class Snapshots:
+    """The host loop's writer: ``take(step, states)`` at each chunk end writes every member's
+    parameters when ``step`` is a snapshot step that is not on disk yet."""
+
+    def __init__(self, sweep, workdir, steps):
+        self.sweep, self.steps = sweep, set(steps)
+        self.store = workdir.snapshotter() if self.steps else None
+        self.written = set(workdir.snapshot_steps()) if self.steps else set()
+
+    def take(self, step: int, states) -> bool:
+        if step not in self.steps or step in self.written:
+            return False
+        sweep = self.sweep
+        host = sweep.host({name: state.params for name, state in states.items()})
+        params = unstack(sweep.programs, host)
+        members = sweep.experiment.members
+        tree = {"members": {member_key(members[i].name): {"params": p} for i, p in params.items()}}
+        self.store.save(step, tree)
+        self.written.add(step)
+        return True
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
