@@ -56,6 +56,9 @@ def get_config():
     config.init.tau = 0.1  # std of the random decoders (chosen with configs/mixture_init.py; 1.0 before)
     # One GD step of this size after the draw; None = none (zero_plus_step: the member's step size).
     config.init.first_step = ml_collections.FieldReference(None, field_type=float)
+    # True: head h's draw from (seed, h) only, so every H of a seed starts from the first H heads of one
+    # draw (paired comparisons across H; docs/mixture.md "Nested heads" measures it). Off: the bundled numbers.
+    config.init.nested_heads = False
 
     config.analysis = ml_collections.ConfigDict()
     config.analysis.lanczos_iters = 16  # Hessian extreme eigenvalues, every train.eval_every steps
@@ -70,6 +73,7 @@ def get_config():
     config.train.eval_points = 0  # evaluations at log-spaced k (and k = 0) besides every eval_every steps
     config.train.steps_per_example = 0.0  # > 0: a member's own K = this * n (then step size 0 up to train.steps)
     config.train.loss_points = 30  # exact L(theta_k) at ~30 log-spaced k (results field loss_curve)
+    config.train.trace = True  # L, margin, ||grad L||/L, ||theta|| per step to W/trace (run.trace; docs/mixture.md)
     # theta_k of every member kept at k = 0 and 7 log-spaced k up to K (32 KiB per member, 10.5 MiB
     # in all): run.ntk(member, k) and run.analyze(steps="all") at each, the NTK margin along training
     config.train.snapshot_steps = "log:8"

@@ -208,7 +208,7 @@ def test_lanczos_64_steps_match_the_dense_hessian():
     assert flat.size == 2 * (36 + 12)  # 96 parameters: 64 Lanczos steps span most of the space
     dense = np.asarray(jax.jit(jax.hessian(lambda z: recipe.train_loss(unravel(z), consts)))(flat), np.float64)
     eigs = np.linalg.eigvalsh((dense + dense.T) / 2)
-    out = jax.jit(recipe.evaluate)(params, consts)
+    out = jax.jit(recipe.evaluate)(params, consts, 0)
     scale = np.abs(eigs).max()
     assert float(out["hessian_max"]) == pytest.approx(eigs[-1], abs=1e-3 * scale)
     assert float(out["hessian_min"]) == pytest.approx(eigs[0], abs=1e-3 * scale)

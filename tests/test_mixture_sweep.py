@@ -195,6 +195,36 @@ def test_member_alone_equals_member_in_the_sweep(swept):
         np.testing.assert_allclose(np.asarray(params[key]), np.asarray(theta[key]), rtol=1e-5, atol=1e-5, err_msg=key)
 
 
+def initial_params(experiment) -> dict:
+    """{member name: theta_0 (padded to the sweep's H_max)}."""
+    recipe = experiment.programs("auto", "cpu")[0].recipe
+    consts = lambda m: jax.tree_util.tree_map(jnp.asarray, experiment.member_constants(m))  # noqa: E731
+    return {m.name: jax.tree_util.tree_map(np.asarray, recipe.init_params(consts(m))) for m in experiment.members}
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_nested_heads_start_every_member_with_the_first_heads_of_a_wider_one(nested):
+    """init.nested_heads: head h's draw depends on (seed, h) only, so h2's two heads are h8's first
+    two; without it each head count has its own draw. Either way a member equals itself trained
+    alone, in a sweep with another H_max and head counts beside it."""
+    config = tiny_mixture_config(heads=(2, 8), num_train=(8,), seed=(0, 1))
+    config.init.scheme, config.init.nested_heads = "random_decoders", nested
+    experiment = make_experiment(config)
+    theta0 = initial_params(experiment)
+    for seed in (0, 1):
+        narrow, wide = theta0[f"h2-s{seed}"]["U"][:2], theta0[f"h8-s{seed}"]["U"][:2]
+        assert np.array_equal(narrow, wide) == nested and np.std(narrow) > 0.05
+    assert not np.array_equal(theta0["h2-s0"]["U"][:2], theta0["h2-s1"]["U"][:2])  # seeds still differ
+    sweep = Sweep(experiment)
+    in_sweep = sweep.member_states(sweep.train(sweep.init_states(), STEPS, 10))["h2-s1"].params
+    config.sweep.heads, config.sweep.seed = (2,), (1,)
+    alone = Sweep(make_experiment(config))
+    params = alone.member_states(alone.train(alone.init_states(), STEPS, 10))["h2-s1"].params
+    for key in ("W", "U"):
+        np.testing.assert_allclose(params[key], in_sweep[key][:2], rtol=1e-5, atol=1e-6, err_msg=key)
+        assert not np.any(in_sweep[key][2:])
+
+
 def test_random_init_of_a_head_does_not_depend_on_the_padding():
     config = tiny_mixture_config(heads=(2, 8), num_train=(8,))
     config.init.scheme = "random"
@@ -239,6 +269,8 @@ def test_smaller_training_set_is_a_prefix_and_test_data_are_fresh():
         ("model.query", "last", "config.model.query"),
         ("init.scheme", "orthogonal", "config.init.scheme"),
         ("init.first_step", -0.5, "config.init.first_step"),
+        ("init.nested_heads", 1, "config.init.nested_heads"),
+        ("train.trace", "yes", "config.train.trace"),
         ("data.dim", 4, "config.data.dim"),
         ("data.relevant_fraction", 0.0, "config.data.relevant_fraction"),
         ("analysis.margin_tol", 2.0, "config.analysis.margin_tol"),

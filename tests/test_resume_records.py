@@ -7,10 +7,13 @@ import json
 import os
 import signal
 
+import numpy as np
 import pytest
 
 from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
+from mhjax.io import trace
+from mhjax.io.workdir import Workdir
 from mhjax.train import loop
 from mhjax.train.loop import Interrupted, Sweep, run
 from tests.conftest import tiny_sequence_config, tiny_train
@@ -84,6 +87,7 @@ def reference(tmp_path_factory):
         workdir = str(tmp_path_factory.mktemp(kind))
         run(make_experiment(config), workdir, progress=False, log=lambda m: None)
         out[kind] = results(workdir)
+        out[f"{kind} workdir"] = workdir
     return out
 
 
@@ -95,6 +99,7 @@ def reference(tmp_path_factory):
         pytest.param("sequence", "sigint", 2, 3, marks=pytest.mark.slow),  # Ctrl-C after steps 0-3 (test_cli too)
         # mixture: 1 program, chunks of 5 steps, checkpoints at 10 and 20, loss points up to 20
         ("mixture", "kill", 3, 10),  # killed after the first checkpoint
+        ("mixture", "kill", 4, 10),  # killed with steps 10-14 traced past the checkpoint
         ("mixture", "sigint", 3, 15),  # Ctrl-C after the first checkpoint
     ],
 )
@@ -109,11 +114,22 @@ def test_an_interrupted_sweep_resumed_writes_the_uninterrupted_results(
         with pytest.raises(Killed if how == "kill" else Interrupted):
             run(make_experiment(config), workdir, progress=False, log=lines.append)
     assert not os.path.exists(os.path.join(workdir, "results.json"))
+    names = [m.name for m in make_experiment(config).members]
+    if kind == "mixture":  # a kill in the middle of writing the trace leaves a partial record
+        with open(os.path.join(Workdir(workdir).trace_dir, f"{names[0]}.bin"), "ab") as f:
+            f.write(b"\x00" * 5)
     run(make_experiment(config), workdir, progress=False, log=lines.append)
     assert f"resuming from checkpoint at step {resumed_from}" in lines
     got = results(workdir)
     assert got["resumed_from_step"] == resumed_from
     assert_same(comparable(reference[kind]), comparable(got))
+    if kind == "mixture":  # the trace: every step once, the values of the uninterrupted run
+        for name in names:
+            got_trace = trace.read(Workdir(workdir).trace_dir, name)
+            want_trace = trace.read(Workdir(reference["mixture workdir"]).trace_dir, name)
+            assert list(got_trace["step"]) == list(range(20))
+            for field, values in want_trace.items():
+                np.testing.assert_allclose(got_trace[field], values, rtol=1e-6, err_msg=field)
     if kind == "mixture":  # the points before the checkpoint are there, as in the uninterrupted run
         for member in got["members"]:
             assert member["loss_curve"]["steps"][0] == 0 and len(member["loss_curve"]["steps"]) > 5

@@ -35,6 +35,9 @@ class Experiment:
     # Why a finished workdir cannot train longer (a larger config.train.steps); None: it can.
     cannot_extend: str | None = None
     analyzes_states: bool = False  # Run.analyze(steps=...) evaluates kept states (analyze_states)
+    # TensorBoard's train/... scalars at every step W/trace keeps (io/trace.kept: every step up to
+    # 10^4, log-spaced beyond) instead of means over windows of a chunk (io/curves.train_window)
+    log_every_step: bool = False
     # report/curves.png: the member field told apart by line style, and the tags (substrings) drawn
     # on log-log axes, where a rate is a slope
     curve_style: str = "seed"

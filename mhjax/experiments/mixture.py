@@ -42,10 +42,10 @@ name (models/mixture_parts.py, data/mixture_data.py): the data generator ``data.
 margin ``train.loss`` (logistic: softplus(-y Phi)) and the step rule ``train.step_rule``
 (constant: the member's ``step_size``). W/mhjax.json records where each came from. Before the
 first step every member's loss, gradient and NTK Gram at theta_0 must be finite
-(mixture_checks.py). The exact train loss
-L(theta_k) is recorded at ``train.loss_points`` log-spaced k (plus k = 0 and k = K) from the
-per-step losses the program already returns (results field ``loss_curve``): one compiled
-program, no extra device work.
+(mixture_checks.py). The exact train loss L(theta_k) is recorded at ``train.loss_points``
+log-spaced k (plus 0 and K) from the per-step losses the program returns (``loss_curve``), and
+``MixtureRecipe.trace`` adds L, the normalised margin, ||grad L||/L and ||theta|| per step in-graph
+(W/trace: every step up to 10^4, log-spaced beyond; ``train.trace = False``: none).
 
 Per-member results (``mixture_results``): NTK margin at theta_0 and linear baselines,
 param_distance, head_spread, loss_slope, margin_loss_product; ``evaluate`` adds test loss and
@@ -97,7 +97,8 @@ def init_tau(config, member: Member) -> float:
 
 
 # Members differing only in these start from the same random draws (train/members.py: key_names):
-# the same theta_0 directions at every step size and training-set size, scaled by each tau.
+# the same theta_0 directions at every step size and training-set size, scaled by each tau. With
+# init.nested_heads, ``heads`` joins them: head h's draw then depends on (seed, h) only.
 SHARED_DRAWS = ("init_tau", "step_size", "num_train")
 
 
@@ -120,6 +121,7 @@ class MixtureRecipe(Recipe):
         self.takes_step = self.scheme == "zero_plus_step" or (first is not None and first > 0)
         self.lanczos_iters = int(setting(config, "analysis.lanczos_iters"))
         self.divergence_factor = float(setting(config, "train.divergence_factor"))
+        self.traced = setting(config, "train.trace")  # MixtureRecipe.trace on
         self.max_heads, self.max_train = int(max_heads), int(max_train)
         self.shape = types.SimpleNamespace(dim=int(config.data.dim), seq_len=int(config.data.seq_len))
 
@@ -175,6 +177,16 @@ class MixtureRecipe(Recipe):
     def loss(self, params, consts, step):
         return self.train_loss(params, consts), {}
 
+    def trace(self, params, consts, loss, grads):
+        """Per step (W/trace, ``run.trace``): L, the normalised margin min_i y_i Phi_i / ||theta||
+        over the member's own examples, ||grad L|| / L and ||theta|| (padded heads are zero)."""
+        if not self.traced:
+            return {}
+        theta, margins = jnp.linalg.norm(ravel_pytree(params)[0]), consts.y * self.phi(params, consts.X, consts)
+        margin = jnp.min(jnp.where(consts.weights > 0, margins, jnp.inf)) / theta
+        grad_ratio = jnp.linalg.norm(ravel_pytree(grads)[0]) / loss
+        return {"loss": loss, "margin": margin, "grad_norm_over_loss": grad_ratio, "param_norm": theta}
+
     def evaluate(self, params, consts, step):
         """The member at theta_step: test and train loss and accuracy, the Hessian's extreme
         eigenvalues, eta_step lambda_max (the step rule's rate at this step), the distance from
@@ -214,7 +226,7 @@ class MixtureExperiment(Experiment):
         "a mixture sweep cannot train longer, as its K (train.steps, or steps_per_example * n) and recorded "
         "loss steps are set by the total; use a new workdir"
     )
-    analyzes_states = True
+    analyzes_states, log_every_step = True, True  # TensorBoard's train/loss: every step W/trace keeps
     curve_style, log_curves = "step_size", ("loss", "hessian")  # rates as slopes, step sizes apart
 
     def __init__(self, config):
@@ -227,7 +239,8 @@ class MixtureExperiment(Experiment):
             )
             for m in expand(dict(config.sweep))
         ]
-        self._key_names = key_names(config.sweep, self.members, shared=SHARED_DRAWS)
+        nested = ("heads",) if setting(config, "init.nested_heads") else ()  # head h's draw: (seed, h) only
+        self._key_names = key_names(config.sweep, self.members, shared=SHARED_DRAWS + nested)
         self.max_heads = max(m["heads"] for m in self.members)
         self.max_train = max(m["num_train"] for m in self.members)
         self._train_data, self._test_data = {}, {}  # seed -> (X, y): sampled once per experiment

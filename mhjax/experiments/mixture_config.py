@@ -33,12 +33,14 @@ DEFAULTS = {
     "model.phi": mixture_parts.DEFAULTS["phi"],
     "init.scheme": "random_decoders",
     "init.first_step": None,
+    "init.nested_heads": False,
     "train.loss": mixture_parts.DEFAULTS["loss"],
     "train.step_rule": mixture_parts.DEFAULTS["step_rule"],
     "train.loss_points": 0,
     "train.eval_points": 0,
     "train.steps_per_example": 0.0,
     "train.divergence_factor": 1e3,
+    "train.trace": True,
     "train.snapshot_steps": None,  # none (train/snapshots.py)
     "analysis.lanczos_iters": 16,
     "analysis.margin_iters": 20000,
@@ -64,7 +66,7 @@ FIELDS = {
     "sweep": None,
     "data": None,
     "model": {"query", "phi"},
-    "init": {"scheme", "first_step", "tau"},
+    "init": {"scheme", "first_step", "tau", "nested_heads"},
     "train": {
         "steps",
         "chunk_steps",
@@ -76,6 +78,7 @@ FIELDS = {
         "loss",
         "step_rule",
         "divergence_factor",
+        "trace",
         "snapshot_steps",
     },
     "analysis": {"lanczos_iters", "margin_iters", "margin_tol"},
@@ -138,6 +141,9 @@ def validate(config) -> None:
     first = setting(config, "init.first_step")
     if first is not None and not (is_number(first) and first >= 0 and math.isfinite(first)):
         raise cfg.ConfigError(f"config.init.first_step: must be None or a number >= 0 (0 = no step); got {first!r}")
+    for field in ("init.nested_heads", "train.trace"):
+        if not isinstance(setting(config, field), bool):
+            raise cfg.ConfigError(f"config.{field}: must be True or False; got {setting(config, field)!r}")
     tau = cfg._get(config, "init.tau")  # 0: every random draw is zero (W = 0, U = 0)
     if not (is_number(tau) and 0 <= tau < math.inf):
         raise cfg.ConfigError(f"config.init.tau: must be a finite number >= 0; got {tau!r}")

@@ -4,14 +4,32 @@ from __future__ import annotations
 
 import numpy as np
 
+from mhjax.io.trace import kept_rows
+
 # The trainer logs train/... scalars for every step of a chunk of up to this many steps, else
-# means over windows of train_window(chunk) steps (mhjax.train.loop._log_chunk).
+# means over windows of train_window(chunk) steps (train_points; an experiment with
+# log_every_step logs every step io/trace.kept keeps instead).
 TRAIN_POINTS_PER_CHUNK = 50
 
 
 def train_window(chunk_steps: int) -> int:
     """Steps per train/... point in TensorBoard for chunks of ``chunk_steps`` steps."""
     return max(1, -(-int(chunk_steps) // TRAIN_POINTS_PER_CHUNK))
+
+
+def train_points(metrics: dict, start: int, every_step: bool):
+    """(steps, {"train/<metric>": (points, members)}) that TensorBoard gets of a chunk's per-step
+    rows (metrics: (steps, members) host arrays; row t is the step from theta_{start+t}, logged at
+    step start + t): ``every_step``, the rows io/trace.kept keeps, as they are; else one point
+    per window of ``train_window(n)`` rows, their mean at the window's last row's step (NaNs
+    skipped, and infinities for the loss)."""
+    n = len(next(iter(metrics.values())))
+    if every_step:
+        rows = kept_rows(start, n)
+        return [start + int(t) for t in rows], {f"train/{k}": np.asarray(v)[rows] for k, v in metrics.items()}
+    window = train_window(n)
+    steps = [start + min(end, n) - 1 for end in range(window, n + window, window)]
+    return steps, {f"train/{k}": window_means(v, window, finite_only=k == "loss") for k, v in metrics.items()}
 
 
 def window_means(values, window: int, finite_only: bool):

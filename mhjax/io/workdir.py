@@ -7,6 +7,7 @@
     W/checkpoints/<step>/     orbax step directories: member states and host records (io/checkpoint.py)
     W/snapshots/<step>/       every member's parameters at config.train.snapshot_steps, kept for good
     W/tb/<member>/            each member's TensorBoard run (io/tensorboard.py)
+    W/trace/<member>.bin      per-step scalars a recipe traces, and format.json (io/trace.py)
     W/results.json, .md       written when training ends (io/results.py)
     W/analysis/analysis.*     `mhjax analyze --workdir W`
     W/report.md, W/report/    `mhjax report --workdir W`
@@ -44,6 +45,7 @@ class Workdir:
     CHECKPOINTS = "checkpoints"
     SNAPSHOTS = "snapshots"
     TENSORBOARD = "tb"
+    TRACE = "trace"
     RESULTS = "results.json"
     RESULTS_TABLE = "results.md"
     ANALYSIS = "analysis"
@@ -97,6 +99,10 @@ class Workdir:
     @property
     def tensorboard_dir(self) -> str:
         return self.file(self.TENSORBOARD)
+
+    @property
+    def trace_dir(self) -> str:
+        return self.file(self.TRACE)
 
     def run_dir(self, member: str) -> str:
         """The TensorBoard run of ``member``."""

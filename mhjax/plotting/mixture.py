@@ -29,6 +29,7 @@ import sys
 
 import numpy as np
 
+from mhjax.io import trace
 from mhjax.io.curves import train_window
 from mhjax.io.results import write_text
 from mhjax.io.workdir import Workdir
@@ -134,17 +135,20 @@ def _colors(heads):
 
 
 def _curve(workdir, record, chunk_steps):
-    """(steps, values) of a member's train loss: the exact recorded curve, else TensorBoard's
-    train/loss (at step s the mean of L(theta_k), k = s-w..s-1 for the trainer's window w, placed
-    at s - (w+1)/2)."""
+    """(steps, values) of a member's train loss: the exact recorded curve, else the per-step trace
+    (W/trace), else (a workdir of before the trace) TensorBoard's train/loss (at step s the mean
+    of L(theta_k) over the trainer's window w up to s, placed at s - (w-1)/2)."""
     curve = record.get("loss_curve")
     if curve:
         values = np.array([np.nan if v is None else v for v in curve["values"]], float)
         return np.asarray(curve["steps"], float), values
+    if trace.has_trace(workdir.trace_dir):
+        found = trace.read(workdir.trace_dir, record["name"])
+        return found["step"].astype(float), found["loss"].astype(float)
     found = _curves(workdir, record["name"], ["train/loss"]).get("train/loss")
     if found is None:
         return np.zeros(0), np.zeros(0)
-    return found[0] - (train_window(chunk_steps) + 1) / 2, found[1]
+    return found[0] - (train_window(chunk_steps) - 1) / 2, found[1]
 
 
 def _plot_loss_vs_K(fig, workdir, records, chunk_steps, style):

@@ -55,6 +55,12 @@ class Recipe(Protocol):
         """{metric: scalar} of the member's evaluation at theta_step (logged as eval/<metric>)."""
         ...
 
+    def trace(self, params, consts, loss, grads) -> dict:
+        """{name: scalar} of the member at theta_step, recorded per step in W/trace (io/trace.py)
+        and not in TensorBoard: ``loss`` and ``grads`` are the step's own, handed over by the
+        engine, so a trace needs no second gradient. {} (this default): nothing traced."""
+        return {}
+
 
 class Program(NamedTuple):
     """One compiled program of a sweep: its name, the indices of its members in
@@ -221,6 +227,9 @@ def apply_gradients(recipe, state: MemberState, consts, loss, aux, grads):
         jnp.where(above & (state.exceeded_at < 0), state.step, state.exceeded_at),
     )
     metrics = {"loss": jnp.where(live, loss, jnp.nan), **aux}
+    trace = recipe.trace(state.params, consts, loss, grads)  # of theta_step, like the loss
+    if trace:
+        metrics["trace"] = {k: jnp.where(live, v, jnp.nan).astype(jnp.float32) for k, v in trace.items()}
     return new_state, metrics
 
 

@@ -11,8 +11,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from mhjax.io.checkpoint import member_key
-from mhjax.io.curves import train_window, window_means
+from mhjax.io.curves import train_points
 from mhjax.io.tensorboard import MemberWriters, NoWriters
+from mhjax.io.trace import NoTrace, TraceWriter
 from mhjax.io.workdir import Workdir
 from mhjax.plotting import draw as draw_figures
 from mhjax.plotting.images import member_images, position_image
@@ -234,6 +235,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                 log(f"checkpoint {latest} predates the loss-path records: divergence is checked from step {latest} on")
         names = [m.name for m in members]
         writers = MemberWriters(workdir.tensorboard_dir, names, log=log) if primary else NoWriters()
+        traces = TraceWriter(workdir.trace_dir, step) if primary else NoTrace()  # W/trace, from ``step`` on
         hparams = {m.name: m.flat_hparams() for m in members}
         writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
         evals = sorted(set(experiment.eval_steps()))
@@ -244,7 +246,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         if latest is None:
             states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
         reported_divergence, evaluation = set(), None
-        factor = experiment.divergence_factor()
+        factor, every = experiment.divergence_factor(), experiment.log_every_step  # train/... at every step?
         started, trained = time.perf_counter(), 0
         if 0 in evals and step == 0:
             _log_eval(writers, members, sweep.evaluate(states), 0)
@@ -270,7 +272,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                 for i in idx:  # a program's members share its wall time
                     seconds[members[i].name] += elapsed
                 chunk_time += elapsed
-                _log_chunk(writers, members, idx, metrics, status, step + n, reported_divergence, log, factor)
+                traces.append([members[i].name for i in idx], metrics.pop("trace", None), step)
+                _log_chunk(writers, members, idx, metrics, status, step + n, reported_divergence, log, factor, every)
                 sweep.record(program, metrics["loss"], step)
             rate = n * len(members) / max(chunk_time, 1e-9)
             for m in members:
@@ -350,22 +353,21 @@ def _crossed(previous: int, step: int, every: int) -> bool:
     return every > 0 and previous // every != step // every
 
 
-def _log_chunk(writers, members, idx, metrics, status, step, reported, log, factor):
+def _log_chunk(writers, members, idx, metrics, status, step, reported, log, factor, every_step=False):
     """TensorBoard scalars of a chunk that ended at ``step``: ``train/...`` from the scan's per-step
-    rows, every step for chunks of up to io.curves.TRAIN_POINTS_PER_CHUNK steps, else means over
-    windows of ``train_window(n)`` steps. Row t of a chunk of n steps is the step that takes
-    theta_{step-n+t} to the next: its loss is the loss of theta_{step-n+t}, logged at that step
-    (a window's mean at its last row's step), so train/loss at s is the loss of theta_s.
+    rows (io/curves.train_points: every step for chunks of up to io.curves.TRAIN_POINTS_PER_CHUNK
+    steps, else means over windows of ``train_window(n)`` steps; ``every_step``, the experiment's
+    log_every_step: every step io/trace.kept keeps). Row t of a chunk of n steps is the step that
+    takes theta_{step-n+t} to the next: its loss is the loss of theta_{step-n+t}, logged at that
+    step (a window's mean at its last row's step), so train/loss at s is the loss of theta_s.
     ``train/learning_rate`` at the chunk's end. Members that newly diverged are said on ``log``."""
     lr = status.get("learning_rate")
     n = metrics["loss"].shape[0]
-    window = train_window(n)
-    ends = [min(end, n) for end in range(window, n + window, window)]
-    means = {f"train/{k}": window_means(v, window, finite_only=k == "loss") for k, v in metrics.items()}
-    means = {"train/loss": means.pop("train/loss"), **means}
+    steps, points = train_points(metrics, step - n, every_step)
+    points = {"train/loss": points.pop("train/loss"), **points}
     for j, i in enumerate(idx):
-        for w, end in enumerate(ends):
-            writers.scalars(members[i].name, {tag: float(m[w, j]) for tag, m in means.items()}, step - n + end - 1)
+        for w, at in enumerate(steps):
+            writers.scalars(members[i].name, {tag: float(m[w, j]) for tag, m in points.items()}, at)
         if lr is not None:
             writers.scalars(members[i].name, {"train/learning_rate": float(lr[j])}, step)
     for name, line in member_status.chunk_messages([m.name for m in members], idx, status, reported, factor):

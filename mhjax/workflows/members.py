@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 
 from mhjax.config import ConfigError
+from mhjax.io import trace as traces
 from mhjax.plotting.ntk_steps import plot_margin_steps
 from mhjax.workflows.workdir import Opened
 
@@ -95,3 +96,8 @@ def analyze_steps(opened: Opened, steps=None) -> list[dict]:
 
 
 MARGIN_FIGURE = "ntk_margin_steps.png"  # the NTK margin against the steps analysed, one line per H
+
+
+def trace(opened: Opened, name: str) -> dict:
+    """Member ``name``'s per-step trace (W/trace, io/trace.py): {"step": ..., field: ...} numpy arrays."""
+    return traces.read(opened.files.trace_dir, member(opened, name))
