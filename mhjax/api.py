@@ -138,6 +138,7 @@ ANALYZE_OPTIONS = (
     "tensorboard",
     "plot",
     "allow_changed_task",
+    "members",
 )
 
 
@@ -235,10 +236,11 @@ class Run:
     def analyze(self, steps=None, **options):
         """Sequence sweeps: ``mhjax analyze --workdir W`` with its options as keywords
         (ANALYZE_OPTIONS: out, sequences, num_sequences, seed, horizon, max_steps, chain,
-        include_sink, batch_size, ablate, tensorboard, plot, allow_changed_task); returns the
-        analysis dict. ``steps``: kept checkpoints and snapshots (``checkpoint_steps``,
-        ``snapshot_steps``), "last" and "all" (the snapshots and the latest) among them, as
-        ``--steps`` (default: the latest);
+        include_sink, batch_size, ablate, tensorboard, plot, allow_changed_task, members); returns the
+        analysis dict. ``members``: globs of member names (``"copy-*"`` or a list), analysed and
+        merged into analysis.json, the other members' entries kept. ``steps``: kept checkpoints
+        and snapshots (``checkpoint_steps``, ``snapshot_steps``), "last" and "all" (the snapshots
+        and the latest) among them, as ``--steps`` (default: the latest);
         the dict's ``by_step`` holds each step analysed, its top level the latest.
 
         Mixture sweeps: margins and Hessian quantities at ``steps`` (0, kept checkpoints and

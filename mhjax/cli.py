@@ -156,6 +156,14 @@ def register_analyze(subparsers) -> argparse.ArgumentParser:
         "a step analysed before with the same "
         "options is kept, not computed again",
     )
+    p.add_argument(
+        "--members",
+        metavar="GLOB",
+        action="append",
+        default=None,
+        help="with --workdir: analyse only the members whose names match (e.g. 'copy-*'; repeatable) and merge "
+        "them into analysis.json, the other members' entries kept",
+    )
     p.add_argument("--heads", type=int, default=None, help="number of attention heads of --torch-checkpoint")
     p.add_argument(
         "--task", default=None, help="task of --torch-checkpoint: a registered task (copy, cycle, zero, ...)"
@@ -170,7 +178,8 @@ def register_analyze(subparsers) -> argparse.ArgumentParser:
         "--sequences",
         metavar="FILE.npy",
         default=None,
-        help="evaluate these (N, T) integer token sequences instead of random ones",
+        help="evaluate these (N, T) integer token sequences instead of random ones (tasks with targets(tokens); "
+        "the others' members are named and analysed on their own sampled sequences)",
     )
     p.add_argument("--num-sequences", type=int, default=50, help="number of random evaluation sequences")
     p.add_argument("--seed", type=int, default=0, help="seed of the random evaluation sequences")

@@ -343,3 +343,60 @@ def test_workdir_rejects_heads_and_missing_checkpoint(sweep_workdir, tmp_path, c
     assert_one_line_error(capsys, cli(["analyze", "--workdir", str(sweep_workdir), "--heads", "2"]), "--heads")
     (tmp_path / "mhjax.json").write_text((sweep_workdir / "mhjax.json").read_text())
     assert_one_line_error(capsys, cli(["analyze", "--workdir", str(tmp_path)]), "--workdir")
+
+
+# ------------------------------ some members (--members) ------------------------
+def test_members_merge_keeps_the_other_entries_byte_for_byte(sweep_workdir, tmp_path, capsys):
+    out = tmp_path / "some"
+    common = ["analyze", "--workdir", str(sweep_workdir), "--out", str(out), "--num-sequences", "3"]
+    common += ["--no-tensorboard", "--no-plot"]
+    assert cli([*common, "--members", "copy-h1-s0"]) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "copy-h1-s0:" in printed and "copy-h2-s0:" not in printed
+    first = json.loads((out / "analysis.json").read_text())
+    assert set(first["members"]) == {"copy-h1-s0"} and set(first["by_step"]["4"]) == {"copy-h1-s0"}
+    before = json.dumps(first["by_step"]["4"]["copy-h1-s0"])
+    assert cli([*common, "--members", "*-h2-*", "--members", "nothing-but-a-second-glob*"]) == 2
+    assert "--members: 'nothing-but-a-second-glob*' matches no member" in capsys.readouterr().err
+    assert cli([*common, "--members", "*-h2-*"]) == 0, capsys.readouterr().err
+    second = json.loads((out / "analysis.json").read_text())
+    assert list(second["members"]) == ["copy-h1-s0", "copy-h2-s0"] and second["step"] == 4
+    assert json.dumps(second["members"]["copy-h1-s0"]) == before
+    assert json.dumps(second["by_step"]["4"]["copy-h1-s0"]) == before
+    assert second["members"]["copy-h2-s0"]["heads"] == 2 and "copy-h2-s0" in (out / "analysis.md").read_text()
+    # other options with some members: refused in one line (the kept entries would mix options)
+    assert_one_line_error(capsys, cli([*common[:-4], "--num-sequences", "2", "--members", "copy-h1*"]), "--members")
+
+
+def test_members_glob_matching_nothing_is_one_line(sweep_workdir, tmp_path, capsys):
+    import mhjax
+
+    argv = ["analyze", "--workdir", str(sweep_workdir), "--out", str(tmp_path), "--members", "cycle-*"]
+    rc = cli(argv)
+    err = capsys.readouterr().err
+    assert_one_line_error(SimpleNamespace(readouterr=lambda: SimpleNamespace(err=err)), rc, "--members")
+    assert "copy-h1-s0, copy-h2-s0" in err
+    with pytest.raises(
+        ConfigError, match=r"^members: 'cycle-\*' matches no member \(members: copy-h1-s0, copy-h2-s0\)"
+    ):
+        mhjax.load(sweep_workdir).analyze(members=["cycle-*"], out=tmp_path, plot=False, tensorboard=False)
+    assert not (tmp_path / "analysis.json").exists()
+
+
+def test_sequences_apply_to_tasks_with_targets_the_others_named(tmp_path, capsys):
+    import mhjax
+    from tests.conftest import tiny_sequence_config, tiny_train
+
+    config = tiny_train(tiny_sequence_config(task=("copy", "recall"), heads=(1,)), 3, 3, 0, 3)
+    mhjax.sweep(config, tmp_path / "w", progress=False)
+    tokens = np.random.default_rng(0).integers(0, 16, (4, 8)).astype(np.int32)
+    np.save(tmp_path / "seq.npy", tokens)
+    argv = ["analyze", "--workdir", str(tmp_path / "w"), "--sequences", str(tmp_path / "seq.npy")]
+    assert cli([*argv, "--num-sequences", "3", "--no-tensorboard", "--no-plot"]) == 0, capsys.readouterr().err
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("--sequences")]
+    assert len(lines) == 1 and "task recall: recall-h1-s0" in lines[0] and "copy-h1-s0" not in lines[0]
+    data = json.loads((tmp_path / "w" / "analysis" / "analysis.json").read_text())
+    assert data["members"]["copy-h1-s0"]["num_sequences"] == 4  # the given file
+    assert data["members"]["recall-h1-s0"]["num_sequences"] == 3  # its sampler's, --num-sequences
+    assert data["source"]["sequences"].endswith("seq.npy") and data["sequences_note"] == lines[0]
+    assert lines[0] in (tmp_path / "w" / "analysis" / "analysis.md").read_text()

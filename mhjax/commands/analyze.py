@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import sys
 
@@ -41,6 +42,8 @@ def _run(args) -> int:
             raise ConfigError("--out: required with --torch-checkpoint")
         if args.steps is not None:
             raise ConfigError("--steps: only with --workdir (a released checkpoint has one step)")
+        if args.members is not None:
+            raise ConfigError("--members: only with --workdir (a released checkpoint is one model)")
         result = analyze_torch_checkpoint(args.torch_checkpoint, args.heads, args.task, args.out, **common)
         entries = [(os.path.basename(args.torch_checkpoint), result)]
     else:
@@ -55,9 +58,12 @@ def _run(args) -> int:
                 tensorboard=not args.no_tensorboard,
                 allow_changed_task=args.allow_changed_task,
                 steps=args.steps,
+                members=args.members,
                 **common,
             )
-        entries = list(result["members"].items())
+        entries = [(name, e) for name, e in result["members"].items() if _matches(name, args.members)]
+        if result.get("sequences_note"):
+            print(result["sequences_note"])
     if entries:
         e = entries[0][1]
         # copy, cycle and zero read targets from random tokens; other tasks' samplers draw whole sequences
@@ -81,6 +87,10 @@ def _run(args) -> int:
         print(held_out_note(workdir))
     print("wrote " + ", ".join(result["files"].values()))
     return 0
+
+
+def _matches(name: str, patterns) -> bool:
+    return patterns is None or any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
 def run_analyze(args) -> int:

@@ -7,6 +7,7 @@ to the members' TensorBoard runs."""
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
@@ -17,7 +18,7 @@ import jax
 import numpy as np
 
 from mhjax.analysis import tags
-from mhjax.analysis.metrics import analyze_checkpoint, analyze_params, one_line, task_sequences
+from mhjax.analysis.metrics import analyze_checkpoint, analyze_params, check_task, one_line, task_sequences
 from mhjax.config import ConfigError
 from mhjax.data import tasks
 from mhjax.io.results import json_ready, write_json, write_text
@@ -85,16 +86,22 @@ def analyze_workdir(
     log=None,
     allow_changed_task: bool = False,
     steps=None,
+    members=None,
     **kwargs,
 ) -> dict:
-    """Analyse every member of a trained sequence sweep at ``steps`` (None: the latest checkpoint;
+    """Analyse the members of a trained sequence sweep (``members``: globs of member names, a
+    text or a list, e.g. ``"copy-*"``; None: every member) at ``steps`` (None: the latest checkpoint;
     else steps of kept checkpoints or snapshots, "last" and "all" among them: analysis_steps); a
     plug-in task whose source file changed since training is refused unless ``allow_changed_task``.
 
     Writes ``out/analysis.{json,md,png}`` (default ``out = W/analysis``): one object per member
     under ``"members"`` (keyed by member name) at the latest step analysed (``"step"``), and
     under ``"by_step"`` {step: members} every step analysed with these options, in this call or
-    an earlier one (a step already there with equal ``options`` is not computed again). Unless
+    an earlier one: a member already there at a step with equal ``options`` is not computed again,
+    and the entries of members not analysed now stay as they are (an earlier analysis with other
+    options is replaced, or with ``members`` refused: its other entries would mix options).
+    ``sequences`` apply to the tasks with ``targets(tokens)``; the members of other tasks are
+    analysed on sequences from their task's sampler and named in ``"sequences_note"``. Unless
     ``tensorboard=False``, logs ``analysis/...`` scalars and per-layer attention heatmaps (all
     heads + the combined operator, evaluation sequence 0) to each member's run ``W/tb/<member>``
     at each step computed, so that they draw as curves over steps.
@@ -106,35 +113,50 @@ def analyze_workdir(
     recorded = opened.recorded_tasks()
     hashes = {name: tasks.source_hashes(recorded.get(name)) for name in sorted({m["task"] for m in experiment.members})}
     options = _options(sequences, num_sequences, seed, allow_changed_task, hashes, kwargs)
+    selected = select_members(experiment.members, members)
     out = workdir.analysis_dir if out is None else str(out)
-    earlier = _earlier(out, options, workdir)
-    by_step, source = dict(earlier.get("by_step", {})), earlier.get("source")
+    earlier = _earlier(out, options, workdir, partial=members is not None)
+    by_step, source = {k: dict(v) for k, v in earlier.get("by_step", {}).items()}, earlier.get("source")
     batches = {}  # {task_id: (its evaluation Batch, source)}: one per task and parameter values
     for step in wanted:
-        if step in by_step:
+        todo = [member for member in selected if member.name not in by_step.get(step, {})]
+        if not todo:
             if log is not None:
                 log(f"step {step}: analysed before with these options, kept")
             continue
         states = workdir.member_states(step)
-        by_step[step] = {}
-        for member in experiment.members:
+        by_step.setdefault(step, {})
+        for member in todo:
             state = states[member.name]
             task_id = int(experiment.member_constants(member).task_id)
+            task = experiment.tasks[task_id]  # the member's task with its parameters bound
+            own = sequences is not None and check_task(task).targets is None
             if task_id not in batches:
                 m = experiment.config.model
-                task = experiment.tasks[task_id]  # the member's task with its parameters bound
-                batches[task_id] = task_sequences(task, sequences, num_sequences, seed, m.seq_len, m.vocab_size)
-            batch, source = batches[task_id]
+                given = None if own else sequences
+                batches[task_id] = task_sequences(task, given, num_sequences, seed, m.seq_len, m.vocab_size)
+            batch, task_source = batches[task_id]
+            if not own:
+                source = task_source
             entry = _member_entry(experiment, member, state, batch, workdir, step, tensorboard, kwargs)
             by_step[step][member.name] = entry
             if log is not None:
                 log(f"{member.name} at step {step}: accuracy {entry['accuracy']:.4f}")
     latest = max(by_step)
+    order = {member.name: i for i, member in enumerate(experiment.members)}
+    by_step = {
+        k: dict(sorted(v.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))) for k, v in by_step.items()
+    }
     members = by_step[latest]
+    sampled = {}  # {task name: [member names]}: given sequences, but their task has no targets(tokens)
+    for member in experiment.members if sequences is not None else ():
+        task = experiment.tasks[int(experiment.member_constants(member).task_id)]
+        if member.name in members and check_task(task).targets is None:
+            sampled.setdefault(member["task"], []).append(member.name)
     result = {
         "workdir": os.path.abspath(workdir.path),
         "step": int(latest),  # the latest step analysed: "members" are of it
-        "source": source,
+        "source": source if source is not None else {"sequences": "random", "seed": int(seed)},
         "conventions": next(iter(members.values()))["conventions"] if members else None,
         # whether a task source changed since training was allowed; each plug-in task's sha256
         # {"recorded": at training, "current": at this analysis}
@@ -144,8 +166,40 @@ def analyze_workdir(
         "options": options,
         "by_step": {str(k): by_step[k] for k in sorted(by_step)},
     }
+    note = sampled_note(sampled, seed)
+    if note:
+        result["sequences_note"] = note
+        if log is not None:
+            log(note)
     result["files"] = write_analysis(out, result, plot=plot)
     return result
+
+
+def select_members(all_members, patterns) -> list:
+    """The members whose names match any of ``patterns`` (globs: a text or a list; None: all), in
+    sweep order; a glob matching none is a one-line ConfigError naming --members and the members."""
+    if patterns is None:
+        return list(all_members)
+    patterns = [patterns] if isinstance(patterns, (str, os.PathLike)) else list(patterns)
+    names = [member.name for member in all_members]
+    if not patterns or not all(isinstance(p, str) and p for p in patterns):
+        raise ConfigError(f"--members: expected globs of member names, got {patterns!r} (members: {', '.join(names)})")
+    for pattern in patterns:
+        if not fnmatch.filter(names, pattern):
+            raise ConfigError(f"--members: {pattern!r} matches no member (members: {', '.join(names)})")
+    return [m for m in all_members if any(fnmatch.fnmatchcase(m.name, p) for p in patterns)]
+
+
+def sampled_note(sampled: dict, seed) -> str | None:
+    """One line naming the members analysed on their task's own sequences although --sequences
+    was given (their task defines no targets(tokens)); None when there are none."""
+    if not sampled:
+        return None
+    named = "; ".join(f"task {task}: {', '.join(names)}" for task, names in sorted(sampled.items()))
+    return (
+        f"--sequences applies to tasks with targets(tokens); these members were analysed on sequences "
+        f"drawn by their task's sampler (--seed {seed}): {named}"
+    )
 
 
 def _member_entry(experiment, member, state: dict, batch, workdir, step: int, tensorboard: bool, kwargs) -> dict:
@@ -217,18 +271,27 @@ def _options(sequences, num_sequences, seed, allow_changed_task, hashes, kwargs)
     return json.loads(json.dumps(json_ready(options)))
 
 
-def _earlier(out, options: dict, workdir) -> dict:
+def _earlier(out, options: dict, workdir, partial: bool = False) -> dict:
     """The analysis.json already in ``out`` when it is of this workdir with equal ``options``
-    ({"by_step": {int step: members}, "source"}), else {}."""
+    ({"by_step": {int step: members}, "source"}), else {}; ``partial`` (some members only): one of
+    other options is a ConfigError (merging would mix options)."""
     path = analysis_paths(out)["json"]
     try:
         with open(path) as f:
             earlier = json.load(f)
     except (OSError, ValueError):
         return {}
-    if not isinstance(earlier, dict) or earlier.get("options") != options:
+    if not isinstance(earlier, dict):
         return {}
     if earlier.get("workdir") != os.path.abspath(workdir.path) or not isinstance(earlier.get("by_step"), dict):
+        return {}
+    if earlier.get("options") != options:
+        if partial and isinstance(earlier.get("options"), dict):
+            differ = sorted(k for k in {**options, **earlier["options"]} if options.get(k) != earlier["options"].get(k))
+            raise ConfigError(
+                f"--members: {path} was analysed with other options ({', '.join(differ)}); "
+                "use the same options, another --out, or analyse every member"
+            )
         return {}
     return {"by_step": {int(k): v for k, v in earlier["by_step"].items()}, "source": earlier.get("source")}
 
@@ -268,7 +331,8 @@ def write_analysis(out, result: dict, plot: bool = True) -> dict[str, str]:
     if not plot:
         del files["png"]
     write_json(files["json"], {**{k: v for k, v in result.items() if k != "files"}, "files": files})
-    markdown, note = format_analysis(result), changed_task_note(result)
+    markdown = format_analysis(result)
+    note = "\n\n".join(n for n in (changed_task_note(result), result.get("sequences_note")) if n)
     if note:  # under the title
         title, sep, rest = markdown.partition("\n\n")
         markdown = f"{title}{sep}{note}\n\n{rest}"
