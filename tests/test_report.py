@@ -132,3 +132,16 @@ def test_error_bars_stay_inside_a_percentage():
 
     np.testing.assert_allclose(clipped_sd([2.0, 50.0, 99.0], [5.0, 5.0, 5.0], 0, 100), [[2, 5, 5], [5, 5, 1]])
     assert clipped_sd([1.0], None) is None
+
+
+def test_an_analysis_of_some_members_names_the_others_and_the_sequences_note():
+    from mhjax.workflows.report import analysis_notes
+
+    results = {"steps": 4, "members": [{"name": "copy-h1-s0"}, {"name": "copy-h2-s0"}, {"name": "recall-h1-s0"}]}
+    note = "--sequences applies to tasks with targets(tokens); ...: task recall: recall-h1-s0"
+    analysis = {"step": 4, "members": {"copy-h1-s0": {}, "recall-h1-s0": {}}, "sequences_note": note}
+    notes = analysis_notes(analysis, results, "W")
+    assert notes[0].startswith("**Some members analysed:** 2 of 3; not yet copy-h2-s0 (")
+    assert "--members GLOB" in notes[0] and notes[1] == note
+    full = {"step": 4, "members": {m["name"]: {} for m in results["members"]}}
+    assert analysis_notes(full, results, "W") == []

@@ -194,13 +194,24 @@ def stale_line(analysis_step, results_step, workdir, interface: str = "cli") -> 
 
 def analysis_notes(analysis: dict, results: dict, workdir) -> list[str]:
     """report.md's lines above the analysis tables: an analysis of another step than the results
-    (stale_line, with both interfaces' ways to refresh it), a changed task allowed."""
+    (stale_line, with both interfaces' ways to refresh it), a changed task allowed, the members not
+    analysed yet (an analysis of some members, ``--members``), tasks --sequences did not apply to."""
     notes = []
     if _stale(analysis, results):
         line = stale_line(analysis.get("step"), results.get("steps"), workdir)
         notes.append(f"**Stale analysis:** {line[:-1]} (Python: `run.analyze()`).")
     note = changed_task_note(analysis)
-    return notes + ([note] if note else [])
+    notes += [note] if note else []
+    missing = [m["name"] for m in results.get("members", []) if m.get("name") not in analysis.get("members", {})]
+    if missing and analysis.get("members"):  # analysed with --members: some only
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        notes.append(
+            f"**Some members analysed:** {len(analysis['members'])} of {len(results['members'])}; not yet {shown} "
+            f"(`mhjax analyze --workdir {workdir} --members GLOB` merges more)."
+        )
+    if analysis.get("sequences_note"):
+        notes.append(analysis["sequences_note"])
+    return notes
 
 
 def is_analyzable(results: dict) -> bool:
