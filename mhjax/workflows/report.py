@@ -11,6 +11,9 @@ Reads ``W/results.json`` (required), the members' TensorBoard scalars ``W/tb/<me
   (mean over seeds);
 * ``synergy.png``: the share of sequences on which the combined operator's fidelity beats the
   best single head, per layer and head count;
+* a sweep over architecture axes (plotting/architecture.py): accuracy, fidelity and synergy
+  against heads, one line per value of the first axis and one panel per value of the second,
+  and accuracy against parameters;
 * after ``mhjax analyze --steps``, the same over training steps, per-head importance and held-out
   accuracy against steps (plotting/steps.py).
 
@@ -25,6 +28,7 @@ import os
 
 from mhjax.io.results import diverged_lines, markdown_table, write_text
 from mhjax.io.workdir import Workdir
+from mhjax.plotting.architecture import architecture_figures
 from mhjax.plotting.heads import head_tables
 from mhjax.plotting.report import (
     analysis_tables,
@@ -106,6 +110,13 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
     link = figure("accuracy_by_position.png", plot_accuracy_by_position, members)
     if link:
         lines += ["## Held-out accuracy by position", "", "Mean over seeds; position 0 first.", "", link, ""]
+
+    links = []  # a sweep over architecture axes: heads on the x-axis, a line per head size (...)
+    for name, fn, args, caption in architecture_figures(members, analysis, workdir.sweep_fields()):
+        link = figure(name, fn, *args)
+        links += [f"{caption}.", "", link, ""] if link else []
+    if links:
+        lines += ["## Heads across architecture axes", "", "Mean ± std over seeds.", "", *links]
 
     analyzable = is_analyzable(results)
     if analyzable or analysis is not None:
