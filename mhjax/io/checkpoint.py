@@ -69,13 +69,7 @@ class SweepCheckpointer:
 
     def member_keys(self, step: int) -> list[str]:
         """The member keys (``member_key``) checkpoint ``step`` holds, from its metadata alone."""
-        where = epath.Path(self.directory) / str(step) / "default"
-        try:
-            stored = ocp.StandardCheckpointHandler().metadata(where)
-        except Exception as exc:
-            raise ConfigError(f"checkpoint {where}: unreadable, corrupt or truncated ({_one_line(exc)})") from None
-        members = getattr(stored, "tree", stored).get("members", {})
-        return list(members) if isinstance(members, dict) else []
+        return stored_member_keys(self.directory, step)
 
     def has_records(self, step: int) -> bool:
         """Whether checkpoint ``step`` holds host records (checkpoints of mhjax before them do not)."""
@@ -133,6 +127,18 @@ class SweepCheckpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+def stored_member_keys(directory: str, step: int) -> list[str]:
+    """The member keys a checkpoint step folder holds, from orbax's metadata alone: no
+    CheckpointManager, whose creation is a barrier every process of a distributed run must reach."""
+    where = epath.Path(directory) / str(step) / "default"
+    try:
+        stored = ocp.StandardCheckpointHandler().metadata(where)
+    except Exception as exc:
+        raise ConfigError(f"checkpoint {where}: unreadable, corrupt or truncated ({_one_line(exc)})") from None
+    members = getattr(stored, "tree", stored).get("members", {})
+    return list(members) if isinstance(members, dict) else []
 
 
 def _one_line(exc: BaseException) -> str:

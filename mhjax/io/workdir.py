@@ -218,14 +218,12 @@ class Workdir:
         its latest checkpoint (a run stopped before its first results); [] for a new workdir."""
         if os.path.isfile(self.results_path):
             return self.member_names()
-        step = self.latest_step() if self.has_checkpoints() else None
-        if step is None:
-            return []
-        checkpointer = self.checkpointer()
-        try:
-            return checkpointer.member_keys(step)
-        finally:
-            checkpointer.close()
+        # From the step folders and their metadata, no CheckpointManager: each process of a
+        # distributed run calls this, and creating a manager is a barrier the others do not reach.
+        from mhjax.io.checkpoint import stored_member_keys  # orbax imports slowly: only here
+
+        steps = self.checkpoint_steps()
+        return stored_member_keys(self.checkpoints_dir, steps[-1]) if steps else []
 
     def has_analysis(self) -> bool:
         return os.path.exists(self.analysis_path)
