@@ -125,11 +125,10 @@ def test_api_errors_name_python_arguments_and_list_the_options(recall_run, tmp_p
         run.analyze(num_sequences=0, plot=False, tensorboard=False)
     # every flag a shared message names, in Python's words (not only its leading one)
     with pytest.raises(mhjax.ConfigError) as exc:
-        run.analyze(sequences=np.zeros((2, 8), np.int32), plot=False, tensorboard=False)
-    assert str(exc.value).startswith("sequences: task 'recall' defines no targets(tokens)") and "--" not in str(
+        run.analyze(steps=[12345], plot=False, tensorboard=False)
+    assert str(exc.value).startswith("steps: 12345 is not a kept step, last or all (kept: ") and "--" not in str(
         exc.value
     )
-    assert str(exc.value).endswith("(leave out sequences)")
     message = "results.json: train it first (mhjax train --config ... --workdir W); run `mhjax analyze --workdir W`"
     assert (
         mhjax.api.python_wording(message)
