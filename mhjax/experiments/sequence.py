@@ -45,6 +45,9 @@ class SequenceExperiment(Experiment):
         self._key_names = key_names(config.sweep, self.members, shared=shared, leading="task")
         self.groups = architecture.shape_groups(config, self.members)
 
+    def regroup(self) -> None:
+        self.groups = architecture.shape_groups(self.config, self.members)
+
     def divergence_factor(self) -> float:
         return divergence_factor(self.config)
 
