@@ -176,3 +176,23 @@ def test_a_kill_while_growing_resumes(tmp_path):
         for a, b in zip(_leaves(Workdir(killed).params(name)), _leaves(Workdir(whole).params(name)), strict=True):
             np.testing.assert_array_equal(a, b)
     assert list(_entries(killed)) == ["copy-h1-s0", "copy-h2-s0"]
+
+
+@pytest.mark.slow  # ~60 s of mixture compiles and end-of-run analysis; the sequence tests cover the path
+def test_a_mixture_sweep_grows_too(tmp_path):
+    """The mixture experiment through the same path: seeds 0 -> 0,1 trains the seed-1 members
+    alone; the seed-0 entries stay byte-identical and the new ones equal a seed-1 run."""
+    from tests.test_mixture_sweep import tiny_mixture_config
+
+    workdir, alone = str(tmp_path / "w"), str(tmp_path / "alone")
+    _train(tiny_mixture_config(heads=(2,), num_train=(8,)), workdir)
+    before = _entries(workdir)
+    payload = _train(tiny_mixture_config(heads=(2,), num_train=(8,), seed=(0, 1)), workdir)
+    assert len(payload["members"]) == 2
+    entries = _entries(workdir)
+    assert {n: entries[n] for n in before} == before
+    _train(tiny_mixture_config(heads=(2,), num_train=(8,), seed=(1,)), alone)
+    for name, text in _entries(alone).items():
+        got, want = json.loads(entries[name]), json.loads(text)
+        assert got["test_accuracy"] == pytest.approx(want["test_accuracy"], abs=1e-6)
+        assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-5)
