@@ -168,3 +168,30 @@ def test_jax_plugin_errors_stay_off_the_console_and_go_to_mhjax_log(tmp_path, ca
     with library_logs(str(log)):
         pass
     assert "Jax plugin configuration error" in log.read_text() and "Unable to load cuPTI" in log.read_text()
+
+
+@NEEDS_COMPILER
+def test_the_python_api_is_as_quiet_as_the_cli_with_the_gpu_compiler_installed(tmp_path):
+    """A fresh `python -c` of mhjax.sweep with jax[cuda13] and no GPU: JAX's cuPTI traceback is
+    held from `import mhjax` on (mhjax/__init__.py) and lands in the workdir's mhjax.log."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    workdir = tmp_path / "w"
+    script = (
+        "import sys, mhjax\n"
+        'config = mhjax.load_config("quick", {"sweep.task": ("copy",), "sweep.heads": (1,), "train.steps": 2,\n'
+        '    "train.chunk_steps": 2, "model.seq_len": 8, "model.width": 16, "data.num_eval": 8})\n'
+        "mhjax.sweep(config, sys.argv[1], progress=False)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}  # JAX starts its GPU plugin
+    env["PYTHONPATH"] = ROOT
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(workdir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "plugin configuration" not in result.stderr, result.stderr[-3000:]
+    assert "Jax plugin configuration error" in (workdir / "mhjax.log").read_text()
