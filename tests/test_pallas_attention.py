@@ -261,11 +261,15 @@ def test_kernel_dropout_keeps_the_jax_paths_elements(length):
 
 
 def test_the_block_size_rule_and_the_lowerings_constraints_are_checked_before_interpreting():
-    """Tiles: the sequence padded to a power of two >= 16, capped at 64 rows (32 backward at
-    head dims over 32); columns the head dim padded to a power of two >= 16."""
+    """Tiles: the sequence padded to a power of two >= 16, capped by the head's padded columns
+    (a power of two >= 16): 64 rows up to 32 columns, 64 forward and 32 backward at 64, smaller
+    beyond; 4 warps up to 32 columns, 8 beyond."""
     sizes = pallas_attention.block_sizes
-    assert sizes(100, 4) == (64, 64, 16) and sizes(32, 64) == (32, 32, 64) and sizes(12, 8) == (16, 16, 16)
-    assert sizes(1000, 16) == (64, 64, 16) and sizes(1000, 64) == (64, 32, 64) and sizes(300, 33) == (64, 32, 64)
+    assert sizes(100, 4) == (64, 64, 16, 4) and sizes(32, 64) == (32, 32, 64, 8) and sizes(12, 8) == (16, 16, 16, 4)
+    assert (
+        sizes(1000, 16) == (64, 64, 16, 4) and sizes(1000, 64) == (64, 32, 64, 8) and sizes(300, 33) == (64, 32, 64, 8)
+    )
+    assert sizes(1024, 128) == (32, 16, 128, 8) and sizes(1024, 256) == (16, 16, 256, 8)
     seeds = jnp.zeros((2, 2), jnp.uint32)
     half = jnp.zeros((1, 8, 3 * 32), jnp.bfloat16)
     with pytest.raises(ValueError, match="float32"):

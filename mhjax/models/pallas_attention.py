@@ -41,36 +41,38 @@ from jax.experimental.pallas import triton as plgpu
 from mhjax.models.pallas_flash import backward_kernel, forward_kernel
 
 MIN_DOT = 16  # every dimension of a Triton matmul
-# Tile rows: the forward holds a (block, block) score tile beside (block, C) q and output
+# The tile rule, by padded head columns C: (largest C, forward tile rows, backward tile rows,
+# warps). The forward holds a (tile, tile) score tile beside (tile, C) q and an output
 # accumulator; the backward holds dk, dv accumulators, this tile's k and v, a query tile's q,
-# dout and out (block, C) each and three (block, block) tiles (p, dp, ds), so it takes smaller
-# tiles at wide heads. The sizes keep every thread's share within sm_90's registers (ptxas
-# reports no spills, benchmarks/RESULTS.md).
-FORWARD_TILE = 64
-BACKWARD_TILE = 64  # up to 32 columns (head dims up to 32); wider heads take WIDE_BACKWARD_TILE
-WIDE_BACKWARD_TILE = 32
-NUM_WARPS = 4
+# dout and out (tile, C) each and three (tile, tile) tiles (p, dp, ds), so it takes smaller
+# tiles and more warps (threads to share them) at wide heads. Chosen so that ptxas reports no
+# spill for sm_90 at T = 100 and 1,024 and head dims up to 128 (benchmarks/attention_ptxas.py,
+# with dropout; benchmarks/RESULTS.md). Beyond 128 columns the backward spills ~1 KB per thread
+# even at 16-row tiles (no wider head arises at mhjax's widths under parameter matching).
+TILE_RULE = ((32, 64, 64, 4), (64, 64, 32, 8), (128, 32, 16, 8), (None, 16, 16, 8))
 NUM_STAGES = 2  # software pipelining of the tile loops' loads
 
 
 class Blocks(NamedTuple):
     """A program's tile rows (forward: a query tile and each key tile it loops over; backward:
-    the tile of keys for dk, dv and of queries for dq) and the padded head columns."""
+    the tile of keys for dk, dv and of queries for dq), the padded head columns and the warps
+    of both kernels."""
 
     forward: int
     backward: int
     cols: int
+    warps: int
 
 
 def block_sizes(length: int, head_dim: int) -> Blocks:
     """Tiles for sequences of ``length`` and heads of ``head_dim``: the rule. Columns: D/H padded
-    to a power of two >= 16. Rows: the sequence padded to a power of two >= 16, capped at
-    FORWARD_TILE (64) forward and, backward, at BACKWARD_TILE (64) for up to 32 columns and
-    WIDE_BACKWARD_TILE (32) beyond. Short sequences are thus one tile (T = 32: 32 rows)."""
+    to a power of two >= 16. Rows: the sequence padded to a power of two >= 16, capped by
+    TILE_RULE's row for those columns (forward 64 up to 64 columns, backward 64 up to 32 and 32
+    at 64; wider heads smaller tiles). A short sequence is one tile (T = 32: 32 rows)."""
     cols = max(MIN_DOT, pl.next_power_of_2(head_dim))
     rows = max(MIN_DOT, pl.next_power_of_2(length))
-    backward = BACKWARD_TILE if cols <= 32 else WIDE_BACKWARD_TILE
-    return Blocks(min(rows, FORWARD_TILE), min(rows, backward), cols)
+    _, forward, backward, warps = next(rule for rule in TILE_RULE if rule[0] is None or cols <= rule[0])
+    return Blocks(min(rows, forward), min(rows, backward), cols, warps)
 
 
 def check_lowering(length: int, width: int, heads: int, dtype) -> Blocks:
@@ -81,7 +83,7 @@ def check_lowering(length: int, width: int, heads: int, dtype) -> Blocks:
     if jnp.dtype(dtype) != jnp.float32:
         raise ValueError(f"pallas attention: float32 inputs only, got {jnp.dtype(dtype)}")
     blocks = block_sizes(length, width // heads)
-    for size in blocks:
+    for size in blocks[:3]:
         if size < MIN_DOT or size & (size - 1):
             raise ValueError(f"pallas attention: block {blocks} not powers of two >= {MIN_DOT}")
     return blocks
@@ -144,7 +146,7 @@ def _call(kernel, name, seeds, args, outs, group, threshold, inv_keep, interpret
         out_specs=[specs[kind] for kind in outs],
         out_shape=[jax.ShapeDtypeStruct(shapes[kind], jnp.float32) for kind in outs],
         input_output_aliases={1 + len(args) + i: i for i in range(len(into))},
-        compiler_params=plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES),
+        compiler_params=plgpu.CompilerParams(num_warps=blocks.warps, num_stages=NUM_STAGES),
         interpret=interpret,
         name=name,
     )(seeds, *(x.reshape(shapes[kind]) for x, kind in inputs))
@@ -230,7 +232,7 @@ def kernel_cost(batch: int, length: int, width: int, heads: int) -> KernelCost:
     the (query tile, key tile) pairs the causal loops visit (n (n + 1) / 2 of n tiles) at the
     padded tile sizes: 2 forward, 7 backward (4 in the dk/dv loop, 3 in the dq loop), plus ~20
     elementwise operations per tile element and loop (scale, mask, exp, dropout hash)."""
-    forward, backward, cols = block_sizes(length, width // heads)
+    forward, backward, cols, _ = block_sizes(length, width // heads)
 
     def pairs(block):  # tile elements the causal loops compute
         tiles = -(-length // block)
