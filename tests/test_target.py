@@ -128,7 +128,7 @@ def test_target_needs_dry_run(tmp_path, capsys):
 def test_a_small_pallas_sweep_compiles_for_the_h200_with_the_kernel_and_no_attention_map(tmp_path, capsys):
     """The Pallas kernel through Triton and ptxas for sm_90, on this CPU: every executable
     compiles, the training program calls the kernel forward and backward for each head count,
-    and no f32 (..., T, T) value is left (the JAX path has them: the check can fail)."""
+    and no (..., T, T) value of any type is left (the JAX path has them: the check can fail)."""
     length = 12  # no other dimension of the model is 12
     config = set_field(set_field(tiny_sequence_config(), "model.seq_len", length), "attention", "pallas")
     set_field(config, "strategy", "one_program")
