@@ -36,9 +36,9 @@ def _ptxas() -> str:
     raise SystemExit("no ptxas in the nvidia wheels: pip install 'jax[cuda13]'")
 
 
-def compile_once(length: int, head_dim: int, dump: str) -> None:
+def compile_once(length: int, head_dim: int) -> None:
     """The kernels' forward and backward at (B = 2, T = length, one member of WIDTH / head_dim
-    heads of ``head_dim``), compiled for the H200, the module dumped to ``dump``."""
+    heads of ``head_dim``), compiled for the H200 (the module dumped where XLA_FLAGS says)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -58,10 +58,10 @@ def compile_once(length: int, head_dim: int, dump: str) -> None:
     jax.jit(jax.grad(loss)).lower(qkv, seeds).compile()
 
 
-def report(dump: str) -> dict:
-    """{kernel: (registers, stack bytes, spill store bytes, spill load bytes)} of ``dump``'s PTX."""
+def report(paths) -> dict:
+    """{kernel: (registers, stack bytes, spill store bytes, spill load bytes)} of the PTX files."""
     out = {}
-    for path in glob.glob(os.path.join(dump, "*.ptx")):
+    for path in paths:
         text = subprocess.run(
             [_ptxas(), "-v", "--gpu-name", "sm_90a", path, "-o", os.devnull], capture_output=True, text=True
         ).stderr
@@ -109,13 +109,11 @@ def main(argv=None) -> int:
         pa.NUM_STAGES = stages or pa.NUM_STAGES
         try:
             blocks, used = pa.block_sizes(length, head_dim), pa.NUM_STAGES
-            compile_once(length, head_dim, root)
+            compile_once(length, head_dim)
         finally:
             pa.TILE_RULE, pa.NUM_STAGES = saved
-        with tempfile.TemporaryDirectory() as new:
-            for path in set(glob.glob(os.path.join(root, "*.ptx"))) - before:
-                os.symlink(path, os.path.join(new, os.path.basename(path)))
-            print(_line(length, head_dim, blocks, used, report(new)), flush=True)
+        added = set(glob.glob(os.path.join(root, "*.ptx"))) - before
+        print(_line(length, head_dim, blocks, used, report(added)), flush=True)
 
     lengths = [int(t) for t in args.lengths.split(",")]
     dims = [int(d) for d in args.head_dims.split(",")]
