@@ -8,7 +8,7 @@ another, with JAX's persistent cache off, so that each time is a real compile. N
 
 For each executable: compile seconds, memory per device against the target's, and the
 Triton kernels in it. For the training chunk: the attention path actually in the program
-(kernel calls; f32 (..., T, T) tensors, i.e. attention maps in memory) and the bytes per
+(kernel calls; (..., T, T) values of any type, i.e. attention maps or masks in memory) and the bytes per
 member-step its top-level kernels move (train/hlo.py), beside models/cost.py's estimate.
 """
 
@@ -33,7 +33,7 @@ class Executable(NamedTuple):
     temp: int
     alias: int  # outputs that reuse (donated) argument buffers
     kernels: dict  # {Triton kernel name: calls}
-    square: int  # lines with an f32 (..., T, T) value
+    square: int  # lines with a (..., T, T) value of any type
     bytes_per_member_step: float | None  # training chunks only, besides the Pallas kernels
     kernel_bytes_per_member_step: float | None  # the Pallas kernels' calls, each charged its whole operands
 
@@ -143,7 +143,7 @@ def lines(report: Report) -> list[str]:
     for e in report.executables:
         kernels = ", ".join(f"{k} x{n}" for k, n in sorted(e.kernels.items())) or "no Triton kernel"
         if length and e.key[0] in ("chunk", "piece"):
-            kernels += f"; {e.square} f32 (..., {length}, {length}) value(s)" if e.square else "; no (T, T) map"
+            kernels += f"; {e.square} (..., {length}, {length}) value(s)" if e.square else "; no (T, T) map"
         out.append(
             f"  {' '.join(str(k) for k in e.key):<18} {e.seconds:>7.1f}s {_size(e.arguments):>12} "
             f"{_size(e.outputs):>12} {_size(e.temp):>12} {_size(e.total):>12} {e.total / t.memory_bytes:>9.1%}  "

@@ -9,8 +9,9 @@
   Approximate (a fusion that reads a static slice of an operand is charged the whole
   operand). On a GPU target, where ``cost_analysis()`` is None, this is the only count there is.
 - ``triton_kernels``: the Pallas/Triton kernels in the program, by name.
-- ``square_tensors``: f32 tensors whose last two dimensions are (T, T), i.e. attention maps
-  that reached memory (the fused kernel keeps them on chip).
+- ``square_tensors``: values of any type (f32 scores and probabilities, pred dropout masks,
+  u32 hash bits, bf16) whose last two dimensions are (T, T), i.e. attention maps that reached
+  memory (the fused kernel keeps them on chip).
 """
 
 from __future__ import annotations
@@ -159,6 +160,7 @@ def triton_kernels(text: str) -> Counter:
 
 
 def square_tensors(text: str, length: int) -> int:
-    """How many lines of the program mention an f32 value of type (..., length, length)."""
-    pattern = re.compile(rf"\bf32\[(?:[0-9]+,)*{length},{length}\]")
+    """How many lines of the program mention a value of any element type (f32, pred, u32, ...)
+    of shape (..., length, length)."""
+    pattern = re.compile(rf"\b[a-z]+[0-9]*\[(?:[0-9]+,)*{length},{length}\]")
     return sum(1 for line in text.splitlines() if pattern.search(line))
