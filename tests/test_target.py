@@ -215,3 +215,29 @@ def test_the_python_api_is_as_quiet_as_the_cli_with_the_gpu_compiler_installed(t
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr and "plugin configuration" not in result.stderr, result.stderr[-3000:]
     assert "Jax plugin configuration error" in (workdir / "mhjax.log").read_text()
+
+
+@NEEDS_COMPILER
+def test_the_block_kernels_rule_is_what_the_h200_compiles():
+    """pallas_block.fits against the compiler, both sides of each budget: a shape the rule gives
+    the kernel compiles for the H200; one it leaves to XLA runs out of shared memory."""
+    import importlib.util
+    import os
+
+    from mhjax.models import pallas_block
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("block_fit", os.path.join(ROOT, "benchmarks", "block_fit.py"))
+    block_fit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(block_fit)
+    for kind, width, hidden in (
+        ("norm_dense", 128, 256),
+        ("norm_dense", 256, 256),
+        ("mlp_block", 64, 128),
+        ("mlp_block", 64, 256),
+    ):
+        verdict = block_fit.compiles(kind, width, hidden)
+        if pallas_block.fits(width, hidden, kind):
+            assert verdict == "ok", (kind, width, hidden, verdict)
+        else:
+            assert "Shared memory size limit exceeded" in verdict, (kind, width, hidden, verdict)
