@@ -13,7 +13,15 @@ import numpy as np
 from mhjax.analysis import tags
 from mhjax.analysis.metrics import learned_head_weights
 from mhjax.data import tasks
-from mhjax.experiments import architecture, optimizer, sequence_programs, sequence_results, target_range, task_params
+from mhjax.experiments import (
+    architecture,
+    optimizer,
+    path_memory,
+    sequence_programs,
+    sequence_results,
+    target_range,
+    task_params,
+)
 from mhjax.experiments.base import Experiment
 from mhjax.experiments.constants import SequenceConstants
 from mhjax.experiments.sequence_config import divergence_factor, requested_attention, validate
@@ -69,7 +77,13 @@ class SequenceExperiment(Experiment):
         strategy's programs (experiments/sequence_programs.py); auto: see auto_strategy."""
         if strategy == "auto":
             strategy = self.auto_strategy(backend)
-        return sequence_programs.programs(self.config, self.members, self.groups, strategy, self.attention(backend))
+        choice = self.attention(backend)
+        path_memory.check(self, choice, choice.core(self._traced(strategy)), self._devices())
+        return sequence_programs.programs(self.config, self.members, self.groups, strategy, choice)
+
+    def _traced(self, strategy: str) -> bool:
+        """Whether ``strategy`` traces head counts (fused over several in one shape group)."""
+        return strategy == "fused" and any(len({self.members[i]["heads"] for i in g.members}) > 1 for g in self.groups)
 
     def attention(self, backend: str) -> AttentionChoice:
         """What config.attention runs on ``backend`` (this process's or a target's), and why;
@@ -91,10 +105,7 @@ class SequenceExperiment(Experiment):
     def attention_used(self, backend: str) -> str:
         """What computes the attention core of this sweep's programs: ``fused`` over several
         head counts traces them (AttentionChoice.core)."""
-        mixed = self.resolved_strategy(backend) == "fused" and any(
-            len({self.members[i]["heads"] for i in g.members}) > 1 for g in self.groups
-        )
-        return self.attention(backend).core(traced_heads=mixed)
+        return self.attention(backend).core(traced_heads=self._traced(self.resolved_strategy(backend)))
 
     def resolved_strategy(self, backend: str, devices: int | None = None) -> str:
         """config.strategy, with ``auto`` resolved for ``backend`` (auto_strategy)."""
@@ -131,6 +142,9 @@ class SequenceExperiment(Experiment):
             long_run = self.config.train.steps >= UNROLL_MIN_STEPS and len(self.members) <= UNROLL_MAX_MEMBERS
             return "unrolled" if long_run and devices == 1 else "fused"
         candidates = ("fused", "one_program", "grouped") if devices == 1 else ("fused", "grouped")
+        choice = self.attention(backend)  # a strategy whose JAX path would not fit is no candidate
+        fitting = [s for s in candidates if path_memory.fits(self, choice, choice.core(self._traced(s)), devices)]
+        candidates = tuple(fitting) or candidates  # none fits: programs() says so in one line
         rate = {s: self.predict(s, backend, devices)["member_steps_per_s"] for s in candidates}
         return max(candidates, key=rate.__getitem__)  # max keeps the first of equals
 
@@ -258,5 +272,6 @@ class SequenceExperiment(Experiment):
             *sequence_programs.group_lines(self, programs, backend),
             *self.estimate_lines(backend),
             f"attention: {self.attention_used(backend)} (config.attention={requested_attention(config)} on {backend})",
-            *sequence_programs.member_lines(self),
+            *path_memory.lines(self, self.attention_used(backend)),
+            *sequence_programs.member_lines(self, self.attention_used(backend)),
         ]

@@ -18,7 +18,7 @@ one_program: fused's single vmapped program with members listed head count by he
 
 from __future__ import annotations
 
-from mhjax.experiments import architecture
+from mhjax.experiments import architecture, path_memory
 from mhjax.experiments.architecture import ShapeGroup
 from mhjax.experiments.sequence_recipe import SequenceRecipe
 from mhjax.models import flops
@@ -107,8 +107,9 @@ def step_gflop(config, member) -> dict:
     return {"gflop_per_step": flops.train_step_flops(*sizes, model.attention_width) / 1e9}
 
 
-def member_lines(experiment) -> list[str]:
-    """Per member: parameters, analytic GFLOP per step and estimated memory; then the totals."""
+def member_lines(experiment, running: str = "jax") -> list[str]:
+    """Per member: parameters, analytic GFLOP per step and estimated memory on the attention path
+    the run takes (``running``: path_memory.PATHS); then the totals."""
     config = experiment.config
     m, d = config.model, config.data
     lines = [f"{'member':<24} {'params':>9} {'GFLOP/step':>11} {'est. memory':>12}"]
@@ -118,8 +119,7 @@ def member_lines(experiment) -> list[str]:
         sizes = (d.batch_size, m.seq_len, model.width, model.num_layers, model.mlp_dim)
         step_flops = flops.train_step_flops(*sizes, m.vocab_size, model.attention_width)
         params = experiment.member_info(member)["params"]
-        act = flops.activation_bytes(*sizes, member["heads"], m.vocab_size, attention_width=model.attention_width)
-        mem = 4 * params * 4 + act  # params, grads, Adam m and v in fp32, activations
+        mem = path_memory.member_bytes(experiment, member, running)  # params, grads, Adam m and v; activations
         total_mem, total_flops = total_mem + mem, total_flops + step_flops
         lines.append(f"{member.name:<24} {params:>9,} {step_flops / 1e9:>11.3f} {mem / 2**20:>10.1f} MiB")
     total = total_flops * config.train.steps
