@@ -64,7 +64,8 @@ class SequenceExperiment(Experiment):
         strategy's programs (experiments/sequence_programs.py); auto: see auto_strategy."""
         if strategy == "auto":
             strategy = self.auto_strategy(backend)
-        return sequence_programs.programs(self.config, self.members, self.groups, strategy, self.attention(backend))
+        choice = self.attention(backend)
+        return sequence_programs.programs(self.config, self.members, self.groups, strategy, choice, self._devices())
 
     def attention(self, backend: str) -> AttentionChoice:
         """What config.attention runs on ``backend`` (this process's or a target's), and why;
@@ -112,21 +113,24 @@ class SequenceExperiment(Experiment):
         """On a CPU: unrolled for long runs of few members on one device, else fused. Paper
         model on 2 cores (benchmarks/RESULTS.md): unrolled steps 12-20 % faster than fused,
         but compiles ~20 s longer per member; a short run would lose the difference.
-        Elsewhere: the strategy the cost model (models/cost.py) predicts fastest. With
-        several devices only vmapped programs (fused, grouped), whose member axis shards
-        evenly; one_program's groups would slice a sharded axis. Ties go to the fewest
-        programs (fused, then one_program, then grouped). ``devices``: default, this
-        machine's (config.devices caps them)."""
+        Elsewhere: the strategy the cost model (models/cost.py) predicts fastest; over several
+        devices each device runs its shard of one_program's groups (models/member_layout.py).
+        Ties go to the fewest programs (fused, then one_program, then grouped). ``devices``:
+        default, the planned ones (a target's, ``planned_devices``) or this machine's
+        (config.devices caps them)."""
         devices = devices or self._devices()
         if backend == "cpu":
             long_run = self.config.train.steps >= UNROLL_MIN_STEPS and len(self.members) <= UNROLL_MAX_MEMBERS
             return "unrolled" if long_run and devices == 1 else "fused"
-        candidates = ("fused", "one_program", "grouped") if devices == 1 else ("fused", "grouped")
+        candidates = ("fused", "one_program", "grouped")
         rate = {s: self.predict(s, backend, devices)["member_steps_per_s"] for s in candidates}
         return max(candidates, key=rate.__getitem__)  # max keeps the first of equals
 
     def _devices(self) -> int:
-        """Devices the member axis is sharded over (config.devices caps them; 0 = all)."""
+        """Devices the member axis is sharded over: a compile target's (``planned_devices``), else
+        this machine's (config.devices caps them; 0 = all)."""
+        if self.planned_devices:
+            return self.planned_devices
         count = int(self.config.get("devices", 0) or 0)
         return min(count, jax.device_count()) if count else jax.device_count()
 
