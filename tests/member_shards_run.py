@@ -58,14 +58,19 @@ def main(strategy: str, attention: str, out: str) -> None:
     params = sweep.member_states(states)
     names = [sweep.experiment.members[i].name for i in program.members]
     flat = {f"{name}/loss": losses[:, j] for j, name in enumerate(names)}
-    flat |= {f"{name}/{jax.tree_util.keystr(path)}": np.asarray(leaf) for name, state in params.items()
-            for path, leaf in jax.tree_util.tree_leaves_with_path(state.params)}
+    flat |= {
+        f"{name}/{jax.tree_util.keystr(path)}": np.asarray(leaf)
+        for name, state in params.items()
+        for path, leaf in jax.tree_util.tree_leaves_with_path(state.params)
+    }
     np.savez(out, **flat)
     facts = {
         "devices": jax.device_count(),
         "members": len(program.members),
         "all_gathers": len(re.findall(r"\ball-gather(?:-start)?\(", text)),
-        "collectives": len(re.findall(r"\b(?:all-reduce|all-to-all|collective-permute|reduce-scatter)(?:-start)?\(", text)),
+        "collectives": len(
+            re.findall(r"\b(?:all-reduce|all-to-all|collective-permute|reduce-scatter)(?:-start)?\(", text)
+        ),
         "cpu_kernel_members": kernel_members,
         "pallas_members": pallas,
     }

@@ -177,7 +177,8 @@ class SequenceExperiment(Experiment):
         if backend in cost.BACKEND_DEVICE:
             devices = self._devices()
             p = self.predict(self.resolved_strategy(backend), backend, devices)
-            where = f"this machine ({devices} x {backend}, priced as {devices} x {p['device'].name})"
+            machine = "the target" if self.planned_devices else "this machine"  # train/deviceless.py's
+            where = f"{machine} ({devices} x {backend}, priced as {devices} x {p['device'].name})"
             return [f"estimate for {where}, roofline of models/cost.py: " + cost.prediction_text(p, work)]
         backends = {}
         for b, d in sorted(cost.BACKEND_DEVICE.items()):

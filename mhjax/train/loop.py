@@ -158,13 +158,17 @@ class Sweep:
     def chunk_fn(self, program, length: int):
         fn = self._chunks.get((program.name, length))
         if fn is None:
-            fn = self._chunks[(program.name, length)] = engine.make_train_chunk(program.recipe, length, self._mesh(program))
+            fn = self._chunks[(program.name, length)] = engine.make_train_chunk(
+                program.recipe, length, self._mesh(program)
+            )
         return fn
 
     def piece_fn(self, program, length: int):
         fn = self._pieces.get((program.name, length))
         if fn is None:
-            fn = self._pieces[(program.name, length)] = engine.make_partial_chunk(program.recipe, length, self._mesh(program))
+            fn = self._pieces[(program.name, length)] = engine.make_partial_chunk(
+                program.recipe, length, self._mesh(program)
+            )
         return fn
 
     def run_chunk(self, program, states, length: int):
