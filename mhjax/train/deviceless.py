@@ -97,7 +97,9 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
     plan = ahead.chunk_plan(0, config.train.steps, config.train.chunk_steps, splits=experiment.eval_steps())
     lengths, pieces = plan.chunk_lengths, plan.piece_length
     description = ahead.describe(sweep, lengths, True, pieces)
+    # The members one device computes: the compiled program is one device's (per member-step figures)
     members = {p.name: len(p.members) for p in sweep.programs}
+    here = {name: n // placement.size if placement.sharded(n) else n for name, n in members.items()}
     out = []
     with persistent_cache_off():
         for job in ahead.jobs(sweep, lengths, True, pieces):
@@ -105,7 +107,7 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
                 continue
             log(f"compiling {' '.join(str(k) for k in job.key)} for {target.device}")
             executables, seconds, _ = ahead.compile_all([job])
-            described = _describe(job.key, executables[job.key], seconds, members, config.model.get("seq_len"))
+            described = _describe(job.key, executables[job.key], seconds, here, config.model.get("seq_len"))
             out.append(described._replace(replicated=placement.size > 1 and not placement.sharded(members[job.key[1]])))
     return Report(target, description, out, _estimate(experiment, sweep), config.model.get("seq_len"))
 
