@@ -17,7 +17,6 @@ import ml_collections
 
 from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
-from mhjax.io import plugin_log
 from mhjax.io.lock import WorkdirLock
 from mhjax.train.status import check_fail
 from mhjax.workflows import members
@@ -28,11 +27,6 @@ from mhjax.workflows.forward import member_forward
 from mhjax.workflows.report import stale_line, write_report
 from mhjax.workflows.train import train
 from mhjax.workflows.workdir import open_workdir
-
-# As quiet as the command line (cli.quiet_backends): with jax[cuda13] installed on a machine without a
-# GPU, JAX's ~20-line plugin traceback at backend start goes to the workdir's mhjax.log, not the
-# notebook. This module is imported on the first use of the API, before any backend starts.
-plugin_log.hold()
 
 # Flags whose Python argument is not the flag's name in snake case.
 PYTHON_ARGUMENTS = {

@@ -193,9 +193,7 @@ def layout_attention(
     with ``kernel`` not None, (qkv,) the fused (B, T, 3D) projection, which the Pallas kernel
     (pallas_attention.members_attention, in interpret mode if ``kernel`` is True) reads for
     every group at its head count on the member axis itself: no per-group slice,
-    concatenation or padded gradient, no q/k/v split. Where the step runs per device on its shard
-    of the member axis (train/engine.py), the groups are those of the device's members
-    (member_layout.on_shard). Reverse mode differentiates a
+    concatenation or padded gradient, no q/k/v split. Reverse mode differentiates a
     custom_vmap function only from outside the vmap (neither inside it nor unbatched): such a
     model's gradient is taken of the summed member losses
     (engine.members_step); for one member alone, use the plain model at its head count."""
