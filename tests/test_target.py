@@ -194,29 +194,6 @@ def test_a_small_pallas_sweep_compiles_for_the_h200_with_the_kernel_and_no_atten
     assert not chunk.kernels and chunk.square > 0
 
 
-def test_jax_plugin_errors_stay_off_the_console_and_go_to_mhjax_log(tmp_path, caplog):
-    """With jax[cuda13] on a machine without a GPU, JAX logs a cuPTI traceback at backend start:
-    held by io/plugin_log.py (installed by the CLI) and written to the workdir's mhjax.log."""
-    import logging
-
-    from mhjax.io import plugin_log
-    from mhjax.workflows.train import library_logs
-
-    plugin_log.hold()
-    logger = logging.getLogger(plugin_log.LOGGER)
-    try:
-        raise RuntimeError("Unable to load cuPTI. Is it installed?")
-    except RuntimeError:
-        logger.exception("Jax plugin configuration error: Exception when calling %s.initialize()", "xla_cuda13")
-    logger.warning("another record of that logger still shows")
-    shown = " ".join(caplog.messages)  # what reached the root logger's handlers (the console)
-    assert "plugin configuration" not in shown and "still shows" in shown
-    log = tmp_path / "mhjax.log"
-    with library_logs(str(log)):
-        pass
-    assert "Jax plugin configuration error" in log.read_text() and "Unable to load cuPTI" in log.read_text()
-
-
 @NEEDS_COMPILER
 @pytest.mark.slow  # two sharded compiles through Triton: ~1 minute on 2 cores
 def test_a_sweep_compiled_for_two_h200s_splits_its_kernels_and_has_no_collective():
@@ -239,3 +216,26 @@ def test_a_sweep_compiled_for_two_h200s_splits_its_kernels_and_has_no_collective
     report = deviceless.compile_for(make_experiment(odd), targets.load("h200x2"), log=lambda m: None, only=("chunk",))
     (chunk,) = report.executables
     assert chunk.replicated and chunk.kernel_members == (3,)
+
+
+def test_jax_plugin_errors_stay_off_the_console_and_go_to_mhjax_log(tmp_path, caplog):
+    """With jax[cuda13] on a machine without a GPU, JAX logs a cuPTI traceback at backend start:
+    held by io/plugin_log.py (installed by the CLI) and written to the workdir's mhjax.log."""
+    import logging
+
+    from mhjax.io import plugin_log
+    from mhjax.workflows.train import library_logs
+
+    plugin_log.hold()
+    logger = logging.getLogger(plugin_log.LOGGER)
+    try:
+        raise RuntimeError("Unable to load cuPTI. Is it installed?")
+    except RuntimeError:
+        logger.exception("Jax plugin configuration error: Exception when calling %s.initialize()", "xla_cuda13")
+    logger.warning("another record of that logger still shows")
+    shown = " ".join(caplog.messages)  # what reached the root logger's handlers (the console)
+    assert "plugin configuration" not in shown and "still shows" in shown
+    log = tmp_path / "mhjax.log"
+    with library_logs(str(log)):
+        pass
+    assert "Jax plugin configuration error" in log.read_text() and "Unable to load cuPTI" in log.read_text()
