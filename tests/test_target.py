@@ -195,10 +195,11 @@ def test_a_small_pallas_sweep_compiles_for_the_h200_with_the_kernel_and_no_atten
 
 
 @NEEDS_COMPILER
-@pytest.mark.slow  # two sharded compiles through Triton: ~1 minute on 2 cores
+@pytest.mark.slow  # three compiles through Triton: ~1.5 minutes on 2 cores
 def test_a_sweep_compiled_for_two_h200s_splits_its_kernels_and_has_no_collective():
     """h200x2: the training chunk's Pallas calls compute 2 of the 4 members each, nothing is
-    gathered; with 3 members (not dividing 2 devices) the program is replicated and says so."""
+    gathered, also where one_program's groups do not split evenly; with 3 members (not dividing
+    2 devices) the program is replicated and says so."""
     from mhjax.experiments import make_experiment
 
     config = set_field(
@@ -211,6 +212,14 @@ def test_a_sweep_compiled_for_two_h200s_splits_its_kernels_and_has_no_collective
     (chunk,) = report.executables
     assert chunk.kernel_members == (2,) and chunk.collectives == {} and not chunk.replicated
     assert chunk.kernels["mhjax_attention_fwd"] == 2  # one call per head-count group, on each device
+    # groups of 3 over 2 devices: each device runs its own group (a switch on the device index)
+    set_field(config, "sweep.seed", (0, 1, 2))
+    set_field(config, "strategy", "one_program")
+    report = deviceless.compile_for(
+        make_experiment(config), targets.load("h200x2"), log=lambda m: None, only=("chunk",)
+    )
+    (chunk,) = report.executables
+    assert chunk.kernel_members == (3,) and chunk.collectives == {} and chunk.kernels["mhjax_attention_fwd"] == 2
     odd = set_field(tiny_sequence_config(heads=(1,), seed=(0, 1, 2)), "attention", "pallas")
     set_field(odd, "model.seq_len", 12)
     report = deviceless.compile_for(make_experiment(odd), targets.load("h200x2"), log=lambda m: None, only=("chunk",))
