@@ -13,7 +13,7 @@ import numpy as np
 from mhjax.analysis import tags
 from mhjax.analysis.metrics import learned_head_weights
 from mhjax.data import tasks
-from mhjax.experiments import architecture, sequence_programs, sequence_results, target_range, task_params
+from mhjax.experiments import architecture, optimizer, sequence_programs, sequence_results, target_range, task_params
 from mhjax.experiments.base import Experiment
 from mhjax.experiments.constants import SequenceConstants
 from mhjax.experiments.sequence_config import divergence_factor, requested_attention, validate
@@ -44,6 +44,11 @@ class SequenceExperiment(Experiment):
         shared = ("learning_rate", *architecture.FIELDS)
         self._key_names = key_names(config.sweep, self.members, shared=shared, leading="task")
         self.groups = architecture.shape_groups(config, self.members)
+        self.optimizer = optimizer.Settings.from_config(config)
+        self.cannot_extend = optimizer.cannot_extend(self.optimizer)
+
+    def regroup(self) -> None:
+        self.groups = architecture.shape_groups(self.config, self.members)
 
     def divergence_factor(self) -> float:
         return divergence_factor(self.config)
@@ -98,7 +103,11 @@ class SequenceExperiment(Experiment):
 
     def results_fields(self, backend: str) -> dict:
         fallback = self.attention(backend).fallback
-        return {"attention": self.attention_used(backend), **({"attention_fallback": fallback} if fallback else {})}
+        return {
+            "attention": self.attention_used(backend),
+            **({"attention_fallback": fallback} if fallback else {}),
+            "optimizer": self.optimizer.recorded(),
+        }
 
     def _kernel_priced(self, backend: str) -> bool:
         """Whether the cost model prices static head counts at the Pallas kernel's cost: on a

@@ -14,7 +14,7 @@ For each executable: compile seconds, memory per device against the target's, wh
 program is split over the devices or replicated on each, the collectives in it (a training
 chunk should have none: members are independent), and the Triton kernels in it with the
 members each call computes. For the training chunk: the attention path actually in the program
-(kernel calls; f32 (..., T, T) tensors, i.e. attention maps in memory) and the bytes per
+(kernel calls; (..., T, T) values of any type, i.e. attention maps or masks in memory) and the bytes per
 member-step its top-level kernels move (train/hlo.py), beside models/cost.py's estimate.
 """
 
@@ -39,7 +39,7 @@ class Executable(NamedTuple):
     temp: int
     alias: int  # outputs that reuse (donated) argument buffers
     kernels: dict  # {Triton kernel name: calls}
-    square: int  # lines with an f32 (..., T, T) value
+    square: int  # lines with a (..., T, T) value of any type
     bytes_per_member_step: float | None  # training chunks only, besides the Pallas kernels
     kernel_bytes_per_member_step: float | None  # the Pallas kernels' calls, each charged its whole operands
     collectives: dict = {}  # {kind: instructions}, hlo.collectives
@@ -170,7 +170,7 @@ def lines(report: Report) -> list[str]:
         if e.kernel_members:
             kernels += f" of {'/'.join(map(str, e.kernel_members))} members"
         if length and e.key[0] in ("chunk", "piece"):
-            kernels += f"; {e.square} f32 (..., {length}, {length}) value(s)" if e.square else "; no (T, T) map"
+            kernels += f"; {e.square} (..., {length}, {length}) value(s)" if e.square else "; no (T, T) map"
         out.append(
             f"  {' '.join(str(k) for k in e.key):<18} {e.seconds:>7.1f}s {_size(e.arguments):>12} "
             f"{_size(e.outputs):>12} {_size(e.temp):>12} {_size(e.total):>12} {e.total / t.memory_bytes:>9.1%}  "

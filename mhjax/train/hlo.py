@@ -11,8 +11,9 @@
 - ``triton_kernels``: the Pallas/Triton kernels in the program, by name; ``kernel_members``:
   the leading dimension of their results (the members one call computes: members / N per
   device where the member axis is split over N).
-- ``square_tensors``: f32 tensors whose last two dimensions are (T, T), i.e. attention maps
-  that reached memory (the fused kernel keeps them on chip).
+- ``square_tensors``: values of any type (f32 scores and probabilities, pred dropout masks,
+  u32 hash bits, bf16) whose last two dimensions are (T, T), i.e. attention maps that reached
+  memory (the fused kernel keeps them on chip).
 - ``collectives``: the cross-device operations (all-gather, all-reduce, ...), by kind: a
   sweep's members are independent, so a training program split over devices needs none.
 """
@@ -173,8 +174,9 @@ def kernel_members(text: str) -> list[int]:
 
 
 def square_tensors(text: str, length: int) -> int:
-    """How many lines of the program mention an f32 value of type (..., length, length)."""
-    pattern = re.compile(rf"\bf32\[(?:[0-9]+,)*{length},{length}\]")
+    """How many lines of the program mention a value of any element type (f32, pred, u32, ...)
+    of shape (..., length, length)."""
+    pattern = re.compile(rf"\b[a-z]+[0-9]*\[(?:[0-9]+,)*{length},{length}\]")
     return sum(1 for line in text.splitlines() if pattern.search(line))
 
 

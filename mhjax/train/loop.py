@@ -313,19 +313,18 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         if evaluation is None:  # else the loop's last evaluation is of this very state
             evaluation = sweep.evaluate(states)
         payload = results_payload(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
-        if primary:
-            workdir.write_results(payload)
+        written = workdir.write_results(payload) if primary else payload  # with any other part's members
         description = f"{payload['title']}: {len(members)} members, {step} steps"
         writers.finish(payload["members"], hparams, experiment.metric_tags(), step, description)
         # Host copies are gathered by EVERY process (a collective); then only process 0 draws.
         member_states = sweep.member_states(states)
         if primary:
             _images(experiment, writers, member_states, step, log, payload["members"])
-            for request in experiment.figures(payload):  # experiment-specific figures and summaries
+            for request in experiment.figures(written):  # experiment-specific figures and summaries
                 draw_figures(workdir, request, log)
-            for line in member_status.diverged_lines(payload["members"]):
+            for line in member_status.diverged_lines(written["members"]):
                 log(line)
-        return payload
+        return written
     finally:
         stop.close()
         console.close()
