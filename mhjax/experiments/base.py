@@ -45,6 +45,9 @@ class Experiment:
     log_curves: tuple[str, ...] = ()
     config: Any
     members: list[Member]
+    # The devices the sweep is planned for where they are not this machine's (a compile target's,
+    # train/deviceless.py): programs and ``auto`` choices are made for them. None: this machine's.
+    planned_devices: int | None = None
 
     # -- required ----------------------------------------------------------------
     def programs(self, strategy: str, backend: str) -> list[Program]:

@@ -79,7 +79,7 @@ class SequenceExperiment(Experiment):
             strategy = self.auto_strategy(backend)
         choice = self.attention(backend)
         path_memory.check(self, choice, choice.core(self._traced(strategy)), self._devices())
-        return sequence_programs.programs(self.config, self.members, self.groups, strategy, choice)
+        return sequence_programs.programs(self.config, self.members, self.groups, strategy, choice, self._devices())
 
     def _traced(self, strategy: str) -> bool:
         """Whether ``strategy`` traces head counts (fused over several in one shape group)."""
@@ -132,16 +132,16 @@ class SequenceExperiment(Experiment):
         """On a CPU: unrolled for long runs of few members on one device, else fused. Paper
         model on 2 cores (benchmarks/RESULTS.md): unrolled steps 12-20 % faster than fused,
         but compiles ~20 s longer per member; a short run would lose the difference.
-        Elsewhere: the strategy the cost model (models/cost.py) predicts fastest. With
-        several devices only vmapped programs (fused, grouped), whose member axis shards
-        evenly; one_program's groups would slice a sharded axis. Ties go to the fewest
-        programs (fused, then one_program, then grouped). ``devices``: default, this
-        machine's (config.devices caps them)."""
+        Elsewhere: the strategy the cost model (models/cost.py) predicts fastest; over several
+        devices each device runs its shard of one_program's groups (models/member_layout.py).
+        Ties go to the fewest programs (fused, then one_program, then grouped). ``devices``:
+        default, the planned ones (a target's, ``planned_devices``) or this machine's
+        (config.devices caps them)."""
         devices = devices or self._devices()
         if backend == "cpu":
             long_run = self.config.train.steps >= UNROLL_MIN_STEPS and len(self.members) <= UNROLL_MAX_MEMBERS
             return "unrolled" if long_run and devices == 1 else "fused"
-        candidates = ("fused", "one_program", "grouped") if devices == 1 else ("fused", "grouped")
+        candidates = ("fused", "one_program", "grouped")
         choice = self.attention(backend)  # a strategy whose JAX path would not fit is no candidate
         fitting = [s for s in candidates if path_memory.fits(self, choice, choice.core(self._traced(s)), devices)]
         candidates = tuple(fitting) or candidates  # none fits: programs() says so in one line
@@ -149,7 +149,10 @@ class SequenceExperiment(Experiment):
         return max(candidates, key=rate.__getitem__)  # max keeps the first of equals
 
     def _devices(self) -> int:
-        """Devices the member axis is sharded over (config.devices caps them; 0 = all)."""
+        """Devices the member axis is sharded over: a compile target's (``planned_devices``), else
+        this machine's (config.devices caps them; 0 = all)."""
+        if self.planned_devices:
+            return self.planned_devices
         count = int(self.config.get("devices", 0) or 0)
         return min(count, jax.device_count()) if count else jax.device_count()
 
@@ -196,7 +199,8 @@ class SequenceExperiment(Experiment):
         if backend in cost.BACKEND_DEVICE:
             devices = self._devices()
             p = self.predict(self.resolved_strategy(backend), backend, devices)
-            where = f"this machine ({devices} x {backend}, priced as {devices} x {p['device'].name})"
+            machine = "the target" if self.planned_devices else "this machine"  # train/deviceless.py's
+            where = f"{machine} ({devices} x {backend}, priced as {devices} x {p['device'].name})"
             return [f"estimate for {where}, roofline of models/cost.py: " + cost.prediction_text(p, work)]
         backends = {}
         for b, d in sorted(cost.BACKEND_DEVICE.items()):

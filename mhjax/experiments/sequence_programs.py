@@ -21,7 +21,7 @@ from __future__ import annotations
 from mhjax.experiments import architecture, path_memory
 from mhjax.experiments.architecture import ShapeGroup
 from mhjax.experiments.sequence_recipe import SequenceRecipe
-from mhjax.models import flops
+from mhjax.models import flops, member_layout
 from mhjax.train.engine import Program, Unrolled
 
 
@@ -33,8 +33,9 @@ def by_heads(members, indices) -> dict[int, list[int]]:
     return dict(sorted(groups.items()))
 
 
-def group_programs(config, members, group: ShapeGroup, strategy: str, attention) -> list[Program]:
-    """The programs of one shape group under ``strategy`` (not auto), named without the group."""
+def group_programs(config, members, group: ShapeGroup, strategy: str, attention, devices: int = 1) -> list[Program]:
+    """The programs of one shape group under ``strategy`` (not auto), named without the group,
+    for a member axis split over ``devices``."""
     heads = [members[i]["heads"] for i in group.members]
 
     def recipe(fine: int, **kwargs) -> SequenceRecipe:
@@ -49,19 +50,20 @@ def group_programs(config, members, group: ShapeGroup, strategy: str, attention)
         # Only the attention core is per head count; the rest of the model, the optimiser
         # and the data are one vmapped copy (an Unrolled group per head count compiled the
         # whole step once per group: ~1 minute for the 64-member paper sweep on 2 cores).
-        layout = tuple((len(idx), h) for h, idx in groups.items())
-        order = [i for idx in groups.values() for i in idx]
+        # Over several devices, each device's shard holds the same groups where they split
+        # evenly (models/member_layout.py): one program, the same work on every device.
+        order, layout = member_layout.spread(groups, devices)
         return [Program("all", order, recipe(finest, static_heads=False, layout=layout))]
     if strategy == "fused":
         return [Program("all", list(group.members), recipe(finest, static_heads=len(set(heads)) == 1))]
     return [Program(f"h{h}", idx, recipe(h, static_heads=True)) for h, idx in groups.items()]
 
 
-def programs(config, members, groups: list[ShapeGroup], strategy: str, attention) -> list[Program]:
+def programs(config, members, groups: list[ShapeGroup], strategy: str, attention, devices: int = 1) -> list[Program]:
     """Every group's programs, each name prefixed by its group's (when the sweep has several)."""
     out = []
     for group in groups:
-        for p in group_programs(config, members, group, strategy, attention):
+        for p in group_programs(config, members, group, strategy, attention, devices):
             out.append(p._replace(name=f"{group.name}-{p.name}") if group.name else p)
     return out
 
