@@ -297,17 +297,11 @@ def block_parts(width: int, mlp_dim: int, attention_width: int | None = None) ->
     as norm_dense, the MLP half as mlp_block), where their weights fit one program (``fits``);
     the others are XLA's. ``attention_width``: q, k and v's width A (None: the width).
 
-    Beyond the budget the norms and MLP are XLA's: tiled weights are not built. What tiling
-    would buy, from the deviceless H200 compile of the paper's model (heads 16, mlp 2 x width,
-    T 100, batch 50; benchmarks/block_rule.py, docs/performance.md "The block kernels' rule"), GB per
-    member-step with the attention kernel: width 64 kernels 0.36 against XLA 0.77 (the kernels
-    save 53 %); XLA alone at width 256 2.84 and at 1,024 8.75. At 64 and 256 the step is
-    memory-bound on the H200 (19 and 79 GFLOP per member-step: 25 and 28 FLOP per byte, under its
-    159 of TF32 dots to calibrated bandwidth), so a tiled kernel saving a like share would about
-    halve the step at width 128-512; at 1,024 (121 FLOP per byte, 1,054 GFLOP of dots) the
-    matmuls' 2.1 ms sit beside 2.8 ms of traffic, and halving the bytes would save ~20 %. So: the
-    kernels within the budget, XLA beyond; a tiled block kernel is worth building for widths
-    128-512 (not done)."""
+    Beyond the budget the norms and MLP are XLA's; tiled weights are not built. Decided from the
+    deviceless H200 compile (benchmarks/block_rule.py; docs/performance.md, "The block kernels'
+    rule"): GB per member-step, kernels 0.36 against XLA 0.77 at width 64; XLA 2.84 at 256 and 8.75
+    at 1,024. The step stays memory-bound to width ~512 (28 FLOP per byte at 256), so tiling is
+    worth building for widths 128-512; at 1,024 the dots bound it (~20 % to gain)."""
     return fits(width, 3 * (attention_width or width)), fits(width, mlp_dim, "mlp_block")
 
 
