@@ -1,9 +1,9 @@
 """What the sequence experiment adds to results.json at the end of training: held-out loss and
 accuracy per position (``eval_loss_by_position``, ``eval_accuracy_by_position``), evaluated on
 the same held-out sequences as the loop's scalar evaluation, with the plain eval-mode model at
-each member's own head count; a text member's bits (``eval_bits_per_token``, and
-``eval_bits_per_byte`` for a byte file: the mean of its per-position held-out loss over ln 2,
-the loop's eval_loss up to float32 rounding) beside its ``heldout_unigram_entropy_bits``; and a
+each member's own head count; a text member's bits (``eval_bits_per_byte`` for a byte file,
+``eval_bits_per_token`` for a .bin: the mean of its per-position held-out loss over ln 2, the
+loop's eval_loss up to float32 rounding) beside its ``heldout_unigram_entropy_bits``; and a
 member's model rebuilt from its results entry."""
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def position_metrics(experiment, member, params) -> dict[str, list]:
     facts = experiment.tasks[int(experiment.member_constants(member).task_id)].facts
     if "heldout_unigram_entropy_bits" in facts:  # text: every position weighted, so the plain mean
         bits = float(np.mean(metrics["loss_by_position"])) / math.log(2)
-        per = ("token", "byte") if facts.get("text_format") == "bytes" else ("token",)
-        out.update({f"eval_bits_per_{p}": bits for p in per}, **facts)
+        per = "byte" if facts.get("text_format") == "bytes" else "token"
+        out.update({f"eval_bits_per_{per}": bits}, **facts)
     return out
 
 
