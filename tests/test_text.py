@@ -104,11 +104,21 @@ def test_members_differing_in_heads_and_learning_rate_draw_the_same_windows(tmp_
     assert not np.array_equal(draws[0][0][0], draws[1][0][0])  # another seed: other windows
 
 
-def test_the_on_device_limit_refuses_a_larger_file(tmp_path, monkeypatch):
+def test_a_file_above_the_on_device_limit_is_read_by_the_host_with_equal_results(tmp_path, monkeypatch):
+    data = bytes(np.random.default_rng(2).integers(0, 64, 4000, dtype=np.uint8))
+    config = tiny_train(text_config(write(tmp_path / "c.txt", data), heads=(1, 2), seed=(0, 1)), 4, 2, 2, 4)
+    config.strategy = "fused"  # one program, members vmapped: the callback reads every member's windows at once
+    on_device = mhjax.sweep(config, tmp_path / "device", progress=False).results
     monkeypatch.setattr(text, "ON_DEVICE_LIMIT", 1000)
-    path = write(tmp_path / "big.txt", b"x" * 1001)
-    with pytest.raises(ConfigError, match=r"config.data.path: .* keeps at most 0 MiB .*not supported yet"):
-        text.load(path)
+    text._LOADED.clear(), text._BOUND.clear()
+    assert isinstance(text.load(config.data.path).train, np.memmap)
+    try:
+        from_host = mhjax.sweep(config, tmp_path / "host", progress=False).results
+    finally:
+        text._LOADED.clear(), text._BOUND.clear()
+    for a, b in zip(on_device, from_host):
+        for field in ("train_loss", "eval_loss", "eval_accuracy", "eval_bits_per_byte", "heldout_unigram_entropy_bits"):
+            assert a[field] == b[field], (a["name"], field)
 
 
 BAD_FILES = [

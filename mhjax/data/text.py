@@ -11,11 +11,13 @@ weighted. Training draws from the training part with the member's data key (the 
 data/sequences.py), so members that differ only in heads or learning rate see the same
 windows; evaluation and analysis draw from the held-out part (the task's ``heldout`` form).
 
-The corpus lives on the device: the task's forms close over it, so it is a constant of each
-compiled step. Measured on 2 loaded CPU cores (docs/text.md): a gather from a 1 MiB constant
-compiles in ~1.1 s, 8 MiB in ~1.3 s, 32 MiB in ~2.7 s; ``ON_DEVICE_LIMIT`` caps it at 16 MiB of
-token ids (16 Mi bytes of a byte file, 8 Mi tokens of a .bin). A larger file is refused in one
-line: feeding a memory-mapped corpus from the host is not implemented.
+Where the corpus lives: a file up to ``ON_DEVICE_LIMIT`` (16 MiB: 16 Mi bytes, 8 Mi tokens of a
+.bin) goes to the device, and the task's forms close over it, a constant of each compiled step
+(measured on 2 loaded CPU cores, docs/text.md: a gather from a 1 MiB constant compiles in ~1.1 s,
+8 MiB in ~1.3 s, 32 MiB in ~2.7 s). A larger file is memory-mapped: the offsets are drawn in the
+step from the same keys, and a host callback (``jax.pure_callback``) reads the windows, so both
+give equal batches. The callback runs once per step (not per chunk) and a program holding one
+is not kept in the persistent compile cache.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ class Corpus:
     def unigram_entropy_bits(self) -> float:
         """Entropy (bits per token) of the held-out tokens' own frequencies: what a model that
         knows the held-out unigram distribution, and nothing of context, would score."""
-        counts = np.bincount(self.heldout.astype(np.int64))
+        counts = np.zeros(self.max_id + 1, np.int64)
+        for i in range(0, self.heldout.size, 2**24):  # in blocks: a memory-mapped file stays on disk
+            counts += np.bincount(self.heldout[i : i + 2**24], minlength=self.max_id + 1)
         p = counts[counts > 0] / self.heldout.size
         return float(-(p * np.log2(p)).sum())
 
@@ -88,19 +92,14 @@ def load(path, holdout=HOLDOUT) -> Corpus:
         raise ConfigError(
             f"config.data.path: {path} is a .bin (uint16 token ids, 2 bytes each) of an odd size ({stat.st_size} bytes)"
         )
-    if stat.st_size > ON_DEVICE_LIMIT:
-        raise ConfigError(
-            f"config.data.path: {path} is {stat.st_size / 2**20:.1f} MiB; the text task keeps at most "
-            f"{ON_DEVICE_LIMIT // 2**20} MiB of token ids on the device (a memory-mapped corpus is not supported yet)"
-        )
-    with open(path, "rb") as f:
-        raw = f.read()
-    ids = np.frombuffer(raw, np.dtype("<u2") if kind == "uint16" else np.uint8)
+    ids = np.memmap(path, np.dtype("<u2") if kind == "uint16" else np.uint8, mode="r")
+    if stat.st_size <= ON_DEVICE_LIMIT:
+        ids = np.array(ids)  # read: it goes to the device
     held = int(round(ids.size * float(holdout)))
     corpus = Corpus(
         os.path.abspath(path),
         stat.st_size,
-        hashlib.sha256(raw).hexdigest(),
+        _sha256(path),
         kind,
         ids[: ids.size - held],
         ids[ids.size - held :],
@@ -108,6 +107,14 @@ def load(path, holdout=HOLDOUT) -> Corpus:
     )
     _LOADED[memo] = corpus
     return corpus
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**24), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def check(corpus: Corpus, seq_len: int, vocab_size: int, holdout=HOLDOUT) -> None:
@@ -128,11 +135,27 @@ def check(corpus: Corpus, seq_len: int, vocab_size: int, holdout=HOLDOUT) -> Non
 
 
 def windows(ids, key, num: int, length: int):
-    """``num`` windows of ``length + 1`` tokens of ``ids`` (a device array) at offsets drawn
-    uniformly from ``key``: (inputs, targets, weights), each (num, length)."""
+    """``num`` windows of ``length + 1`` tokens of ``ids`` at offsets drawn uniformly from
+    ``key``: (inputs, targets, weights), each (num, length). ``ids``: a device array, gathered
+    in the step; or a numpy memmap, gathered on the host (a callback) at the same offsets."""
     starts = jax.random.randint(key, (num,), 0, ids.shape[0] - length)  # every window inside ids
-    w = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(ids, s, length + 1))(starts).astype(jnp.int32)
+    if isinstance(ids, np.ndarray):
+        w = host_windows(ids, starts, length)
+    else:
+        w = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(ids, s, length + 1))(starts).astype(jnp.int32)
     return w[:, :-1], w[:, 1:], jnp.ones((num, length), jnp.float32)
+
+
+def host_windows(ids: np.ndarray, starts, length: int):
+    """The windows at ``starts`` (num,) read from the memory-mapped ``ids`` by the host: (num,
+    length + 1) int32. Vmapped (members), the callback gets every member's starts at once."""
+
+    def read(starts):
+        starts = np.asarray(starts, np.int64)
+        return np.asarray(ids[starts[..., None] + np.arange(length + 1)], np.int32)
+
+    shape = jax.ShapeDtypeStruct((*starts.shape, length + 1), jnp.int32)
+    return jax.pure_callback(read, shape, starts, vmap_method="expand_dims")
 
 
 def text(key, length: int, vocab_size: int):
@@ -158,7 +181,9 @@ _BOUND: dict[tuple, Task] = {}
 
 
 def _task(corpus: Corpus) -> Task:
-    train, heldout = jnp.asarray(corpus.train), jnp.asarray(corpus.heldout)
+    train, heldout = corpus.train, corpus.heldout  # memory-mapped: read by the host
+    if not isinstance(train, np.memmap):  # within ON_DEVICE_LIMIT: on the device
+        train, heldout = jnp.asarray(train), jnp.asarray(heldout)
 
     def sample(key, length, vocab_size):
         inputs, targets, weights = windows(train, key, 1, length)
