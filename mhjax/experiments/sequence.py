@@ -218,8 +218,12 @@ class SequenceExperiment(Experiment):
         return task_params.notice(self.config)  # task_params of tasks not in the sweep: ignored
 
     def metadata(self) -> dict:
-        """W/mhjax.json's ``tasks``: where each task came from, so later commands find it again."""
-        return {"tasks": tasks.sources(self.config.sweep.task)}
+        """W/mhjax.json's ``tasks``: where each task came from, so later commands find it again;
+        ``data_files``: the files the sweep's data was read from (text: config.data.path), whose
+        change refuses a resume (io/metadata.py)."""
+        recorded = {"tasks": tasks.sources(self.config.sweep.task, self.tasks)}
+        data = {f"task {t.name}": t.source["data"] for t in self.tasks if "data" in t.source}
+        return {**recorded, "data_files": data} if data else recorded
 
     def member_info(self, member: Member) -> dict:
         """Static facts for results.json."""
@@ -232,7 +236,8 @@ class SequenceExperiment(Experiment):
     check_chunk = target_range.check_chunk  # a target outside the vocabulary stops the run
 
     def extra_results(self, trained, loss_curves) -> dict[int, dict]:
-        """Loss and accuracy per position, evaluated at the end of training (sequence_results.py)."""
+        """Loss and accuracy per position, evaluated at the end of training, and a task's own
+        facts (text: bits per byte, the held-out unigram entropy; sequence_results.py)."""
         return sequence_results.by_position(self, trained)
 
     def summary_table(self) -> SummaryTable:
@@ -241,6 +246,13 @@ class SequenceExperiment(Experiment):
             Column("held-out loss", "eval_loss"),
             Column("held-out accuracy", "eval_accuracy", percent=True),
         )
+        text = [t.facts["text_format"] for t in self.tasks if "text_format" in t.facts]
+        if text:  # bits against the held-out unigram entropy (data/text.py)
+            per = "byte" if set(text) == {"bytes"} else "token"
+            columns += (
+                Column(f"held-out bits/{per}", f"eval_bits_per_{per}"),
+                Column("held-out unigram bits", "heldout_unigram_entropy_bits"),
+            )
         if architecture.swept(self.config):  # sizes differ between rows
             columns += (Column("params", "params", fmt="{:,.0f}"), Column("GFLOP/step", "gflop_per_step", fmt="{:.4g}"))
         return SummaryTable(self.swept_fields("task", "heads"), columns)

@@ -22,6 +22,8 @@ DEFAULTS = {
     "train.snapshot_steps": None,  # none (train/snapshots.py)
     **{f"sweep.{field}": () for field in architecture.FIELDS},
     **optimizer.DEFAULTS,  # constant-rate Adam, no weight decay, no clipping
+    "data.path": "",  # the text task's corpus file (data/text.py)
+    "data.holdout": 0.1,  # the fraction of it held out, at its end
 }
 SCAN_LAYERS = ("auto", "on", "off")
 
@@ -109,7 +111,7 @@ FIELDS = {
     "sweep": None,
     "task_params": None,  # {task: {parameter: value or tuple}} (experiments/task_params.py)
     "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout", "scan_layers", "head_dim"},
-    "data": {"protocol", "num_train", "batch_size", "num_eval"},
+    "data": {"protocol", "num_train", "batch_size", "num_eval", "path", "holdout"},
     "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every", "snapshot_steps", "divergence_factor"}
     | set(optimizer.FIELDS),
 }

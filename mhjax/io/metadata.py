@@ -19,6 +19,21 @@ HISTORY = "sweep_history"
 HOW_NOT_WHAT = ("attention", "strategy", "devices", "train.snapshot_steps")
 
 
+# mhjax.json's record of the files a sweep's data was read from (the text task's corpus):
+# {label: {"path", "size", "sha256", ...}}; a resume refuses a file whose sha256 changed.
+DATA_FILES = "data_files"
+
+
+def _check_data_files(workdir, stored, now) -> None:
+    for label, record in (stored or {}).items():
+        current = (now or {}).get(label)
+        if isinstance(record, dict) and isinstance(current, dict) and record.get("sha256") != current.get("sha256"):
+            raise ConfigError(
+                f"--workdir: {workdir.path} was trained on {record.get('path')} ({label}); {current.get('path')} "
+                "differs from it now (sha256 differs): put the file back or use a new workdir"
+            )
+
+
 def what(config):
     if not isinstance(config, dict):
         return config
@@ -63,6 +78,7 @@ def check_or_write(workdir, config_dict: dict, kind: str, extra: dict | None = N
                 f"--workdir: {workdir.path} was written by mhjax {stored.get('mhjax_version')}, this is "
                 f"{__version__}; use a new workdir"
             )
+        _check_data_files(workdir, stored.get(DATA_FILES), current.get(DATA_FILES))
         stored_config, config_now = what(stored.get("config", {})), what(json.loads(json.dumps(config_dict)))
         if stored_config != config_now:
             diff = first_difference(stored_config, config_now)
