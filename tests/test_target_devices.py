@@ -5,6 +5,7 @@ compiler (jax[cuda13]), as tests/test_target.py's."""
 import pytest
 
 from mhjax.config import ConfigError
+from mhjax.experiments import make_experiment
 from mhjax.train import deviceless, hlo
 from mhjax.train import target as targets
 from tests.conftest import set_field, tiny_sequence_config
@@ -89,3 +90,29 @@ def test_a_sweep_compiled_for_two_h200s_splits_its_kernels_and_has_no_collective
     report = deviceless.compile_for(make_experiment(odd), targets.load("h200x2"), log=lambda m: None, only=("chunk",))
     (chunk,) = report.executables
     assert chunk.replicated and chunk.kernel_members == (3,)
+
+
+def test_tpu_slices_are_targets_and_a_missing_tpu_compiler_is_one_line(capsys, monkeypatch):
+    """v5e-4 and v5e-8: libtpu's compile-only devices, planned for 4 and 8 chips of 16 GiB."""
+    from mhjax import cli
+
+    four, eight = targets.load("v5e-4"), targets.load("v5e-8")
+    assert (four.backend, four.count, four.topology, four.compiler) == ("tpu", 4, "v5e:2x2", "TPU")
+    assert (eight.count, eight.topology, eight.memory_bytes) == (8, "v5e:2x4", 16 * 2**30)
+    monkeypatch.setattr(targets, "tpu_compiler_available", lambda: False)
+    code = cli.main(["train", "--config", "quick", "--dry-run", "--target", "v5e-8"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith('mhjax: error: --target: the TPU compiler is not installed; pip install "jax[tpu]==')
+
+
+@pytest.mark.slow  # ~100 s on 2 cores; needs jax[tpu] (libtpu), which CI does not install
+@pytest.mark.skipif(not targets.tpu_compiler_available(), reason=f"no TPU compiler here; {targets.install_hint('tpu')}")
+def test_a_sweep_compiled_for_a_v5e_slice_is_split_over_its_chips_with_the_tpu_cost_analysis():
+    config = set_field(tiny_sequence_config(heads=(1, 4), seed=(0, 1)), "strategy", "auto")
+    report = deviceless.compile_for(make_experiment(config), targets.load("v5e-4"), log=lambda m: None)
+    chunks = [e for e in report.executables if e.key[0] == "chunk"]
+    assert chunks and all(not e.collectives and not e.replicated for e in chunks)
+    assert all(e.cost.get("flops", 0) > 0 and e.cost.get("bytes accessed", 0) > 0 for e in chunks)
+    text = "\n".join(deviceless.lines(report))
+    assert "4 x TPU v5 lite (v5e-4)" in text and "TPU compiler's cost analysis" in text

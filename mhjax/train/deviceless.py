@@ -45,6 +45,7 @@ class Executable(NamedTuple):
     collectives: dict = {}  # {kind: instructions}, hlo.collectives
     kernel_members: tuple = ()  # leading dimensions of the Triton calls' results (members per call)
     replicated: bool = False  # every device computes every member (members do not divide the devices)
+    cost: dict = {}  # the compiler's cost analysis where it gives one (a TPU's: flops, bytes accessed)
 
     @property
     def total(self) -> int:
@@ -57,6 +58,7 @@ class Report(NamedTuple):
     executables: list[Executable]
     estimate_bytes: float | None  # models/cost.py's bytes per member-step, where the experiment has it
     length: int | None  # model.seq_len, where the experiment has one: the (T, T) maps looked for
+    members: dict = {}  # {program: members one device computes}
 
 
 def step_bytes(text: str, length: int) -> float:
@@ -107,16 +109,16 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
                 continue
             log(f"compiling {' '.join(str(k) for k in job.key)} for {target.device}")
             executables, seconds, _ = ahead.compile_all([job])
-            described = _describe(job.key, executables[job.key], seconds, here, config.model.get("seq_len"))
+            described = _describe(job.key, executables[job.key], seconds, here, config.model.get("seq_len"), target)
             out.append(described._replace(replicated=placement.size > 1 and not placement.sharded(members[job.key[1]])))
-    return Report(target, description, out, _estimate(experiment, sweep), config.model.get("seq_len"))
+    return Report(target, description, out, _estimate(experiment, sweep), config.model.get("seq_len"), here)
 
 
-def _describe(key, executable, seconds: float, members: dict, length) -> Executable:
+def _describe(key, executable, seconds: float, members: dict, length, target) -> Executable:
     memory = executable.memory_analysis()
     text = executable.as_text()
     per_step = kernel_step = None
-    if key[0] == "chunk":
+    if key[0] == "chunk" and target.backend == "gpu":  # train/hlo.py reads a GPU program's kernels
         # one step's, per member: besides the Pallas calls, and the calls (loop bodies per trip)
         per_step, kernel_step = (b / key[2] / members[key[1]] for b in hlo.split_bytes(text, weighted=True))
     return Executable(
@@ -132,7 +134,21 @@ def _describe(key, executable, seconds: float, members: dict, length) -> Executa
         kernel_step,
         dict(hlo.collectives(text)),
         tuple(hlo.kernel_members(text)),
+        cost=_cost(executable),
     )
+
+
+def _cost(executable) -> dict:
+    """{"flops", "bytes accessed"} of the compiler's cost analysis; {} where it has none (the
+    GPU compiler's is None)."""
+    try:
+        analysis = executable.cost_analysis()
+    except Exception:  # noqa: BLE001  (a backend without one)
+        return {}
+    analysis = analysis[0] if isinstance(analysis, (list, tuple)) and analysis else analysis
+    if not isinstance(analysis, dict):
+        return {}
+    return {k: float(analysis[k]) for k in ("flops", "bytes accessed") if k in analysis}
 
 
 def _estimate(experiment, sweep) -> float | None:
@@ -161,7 +177,7 @@ def lines(report: Report) -> list[str]:
     devices = f"{t.count} x {t.device}" if t.count > 1 else t.device
     out = [
         f"target: {devices} ({t.name}), {_gib(t.memory_bytes)} GiB per device, compiled here with "
-        f"jax {jax.__version__}'s GPU compiler; {report.description}",
+        f"jax {jax.__version__}'s {t.compiler} compiler; {report.description}",
         f"  {'executable':<18} {'compile':>8} {'arguments':>12} {'outputs':>12} {'temp':>12} "
         f"{'total':>12} {'of device':>9}  {'members':<10} {'collectives':<16} attention",
     ]
@@ -199,6 +215,13 @@ def lines(report: Report) -> list[str]:
         + f" in {_gib(t.memory_bytes)} GiB"
     )
     for e in report.executables:
+        if e.key[0] == "chunk" and e.cost:  # per device and step, over the members one device computes
+            steps = max(report.members.get(e.key[1], 1), 1)  # XLA's analysis counts a loop body (one step) once
+            flops, accessed = (e.cost.get(k, 0.0) / steps / 1e9 for k in ("flops", "bytes accessed"))
+            out.append(
+                f"{t.compiler} compiler's cost analysis ({' '.join(str(k) for k in e.key)}): "
+                f"{flops:.2f} GFLOP and {accessed:.2f} GB accessed per member-step"
+            )
         if e.bytes_per_member_step is not None:
             estimate = f"; models/cost.py: {report.estimate_bytes / 1e9:.2f} GB in all" if report.estimate_bytes else ""
             kernels = ""

@@ -34,9 +34,21 @@ class Target(NamedTuple):
     memory_bytes: int  # device_memory_size
     backend: str = "gpu"  # what mhjax plans for (experiments' programs, attention)
     count: int = 1  # devices on the host (NAMExN), the member axis split over them
+    topology: str = ""  # a TPU slice's topology name (libtpu's compile-only devices)
+
+    @property
+    def compiler(self) -> str:
+        return "TPU" if self.backend == "tpu" else "GPU"
+
+
+# TPU slices compiled with libtpu's compile-only devices (jax[tpu]): name -> (topology, chips).
+# v5e: 16 GiB of HBM per chip (Cloud TPU v5e docs).
+TPUS = {"v5e-4": ("v5e:2x2", 4), "v5e-8": ("v5e:2x4", 8)}
+TPU_MEMORY = 16 * 2**30
 
 
 def bundled() -> list[str]:
+    """The bundled GPU targets (each also as NAMExN)."""
     return sorted(f[: -len(SUFFIX)] for f in os.listdir(TARGETS_DIR) if f.endswith(SUFFIX))
 
 
@@ -46,6 +58,9 @@ MANY = re.compile(r"^(?P<name>[\w\-]+)x(?P<count>\d+)$")  # NAMExN: N devices of
 def load(name_or_path: str) -> Target:
     """A bundled target by name (NAMExN: N of them), or a target config file; ConfigError naming
     what is allowed otherwise."""
+    if name_or_path in TPUS:
+        topology, chips = TPUS[name_or_path]
+        return Target(name_or_path, "", "TPU v5 lite", TPU_MEMORY, "tpu", chips, topology)
     name, count = name_or_path, 1
     many = MANY.match(name_or_path)
     if many and many.group("name") in bundled() and not os.path.isfile(name_or_path):
@@ -58,7 +73,8 @@ def load(name_or_path: str) -> Target:
     if not os.path.isfile(path):
         names = ", ".join(bundled())
         raise ConfigError(
-            f"--target: must be one of {names} (NAMExN for N of them, e.g. h200x8) or a GpuTargetConfig text file; "
+            f"--target: must be one of {names} (NAMExN for N of them, e.g. h200x8), {', '.join(TPUS)} or a "
+            "GpuTargetConfig text file; "
             f"got {name_or_path!r}"
         )
     with open(path) as f:
@@ -72,8 +88,33 @@ def load(name_or_path: str) -> Target:
     return Target(name_or_path, text, device.group(1) if device else name_or_path, int(memory.group(1)), count=count)
 
 
-def install_hint() -> str:
-    return f'pip install "jax[cuda13]=={jax.__version__}"'
+def install_hint(backend: str = "gpu") -> str:
+    extra = "tpu" if backend == "tpu" else "cuda13"
+    return f'pip install "jax[{extra}]=={jax.__version__}"'
+
+
+def tpu_compiler_available() -> bool:
+    """Whether libtpu (jax[tpu]: the TPU compiler) is installed."""
+    import importlib.util
+
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def _tpu_devices(target: Target) -> list:
+    """The slice's compile-only TPU devices: libtpu compiles for them on a machine without a TPU
+    (no metadata server to ask: TPU_SKIP_MDS_QUERY, and the slice's type said)."""
+    from jax.experimental import topologies
+
+    if not tpu_compiler_available():
+        raise ConfigError(f"--target: the TPU compiler is not installed; {install_hint('tpu')}")
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", f"v5litepod-{target.count}")
+    try:
+        topology = topologies.get_topology_desc(topology_name=target.topology, platform="tpu")
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"--target: no compile-only {target.name} ({first}); {install_hint('tpu')}") from None
+    return list(topology.devices)
 
 
 def compiler_available() -> bool:
@@ -92,6 +133,8 @@ def devices(target: Target, count: int | None = None) -> list:
     checks)."""
     from jax.experimental import topologies
 
+    if target.backend == "tpu":
+        return _tpu_devices(target)[: count or target.count]
     count = target.count if count is None else count
     if not compiler_available():
         raise ConfigError(f"--target: the GPU compiler is not installed; {install_hint()}")
