@@ -3,9 +3,11 @@ and head count, the held-out accuracy after the last step (mean ± population st
 `mhjax report` prints it), each seed's first evaluation step at 99% held-out accuracy (- : not
 reached), the seeds counted, the parameter count and GFLOP per training step.
 
-    python benchmarks/head_size_table.py --workdir runs/head_size
+    python benchmarks/head_size_table.py --workdir runs/head_size [--figure steps_to_99.png]
 
 Reads results.json and the members' TensorBoard curves (``eval/accuracy``) through mhjax.load.
+``--figure``: the steps to 99% of the tasks every seed learns (recall, induction) against heads,
+one line per head_dim (mhjax/plotting/architecture.py's figure of the report).
 """
 
 from __future__ import annotations
@@ -58,8 +60,15 @@ def markdown(groups: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", required=True)
+    parser.add_argument("--figure", help="PNG of the steps to 99%% against heads")
     args = parser.parse_args(argv)
-    print(markdown(rows(mhjax.load(args.workdir))))
+    groups = rows(mhjax.load(args.workdir))
+    print(markdown(groups))
+    if args.figure:
+        from mhjax.plotting.architecture import plot_against_heads
+
+        learnt = [m for members in groups.values() for m in members if m["task"] != "sorting"]
+        plot_against_heads(learnt, ["head_dim"], lambda m: m["reached"], "steps to 99% held-out accuracy", args.figure)
     return 0
 
 
