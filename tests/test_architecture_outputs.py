@@ -108,3 +108,16 @@ def test_to_pandas_has_a_column_per_architecture_field_and_head_dim_none_is_na_n
     assert sorted(groups.tolist()) == sorted(
         hand_count(m["width"], 1, 32, 16, 8, m["attention"]) for m in MEMBERS.values()
     )
+
+
+def test_the_console_table_writes_head_dim_none_as_none_as_results_md_does():
+    from mhjax.config import apply_overrides
+    from mhjax.experiments import make_experiment, override_defaults
+    from mhjax.train.console import summary_lines
+
+    config = tiny_sequence_config(heads=(2,))
+    config = apply_overrides(config, {"sweep.head_dim": "None,8"}, override_defaults(config))
+    experiment = make_experiment(config)
+    records = [{**m.hparams, **experiment.member_info(m), "eval_accuracy": 0.5} for m in experiment.members]
+    rows = [line.split() for line in summary_lines(experiment.summary_table(), records)[1:]]
+    assert [row[:3] for row in rows] == [["copy", "2", "None"], ["copy", "2", "8"]]
