@@ -10,6 +10,12 @@ mixture experiment's plug-ins: ``mixture_data``, ``register_mixture_data``, ``re
 
 __version__ = "0.1.0"
 
+# Before any JAX backend starts: with jax[cuda13] installed and no GPU, JAX logs a cuPTI traceback
+# at backend start; it goes to the workdir's mhjax.log, as under the CLI (io/plugin_log.py).
+from mhjax.io import plugin_log as _plugin_log  # noqa: E402  (logging only: stays fast)
+
+_plugin_log.hold()
+
 _LAZY = {
     "load_config": ("mhjax.api", "load_config"),
     "sweep": ("mhjax.api", "sweep"),

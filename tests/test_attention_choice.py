@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 from mhjax.config import ConfigError
-from mhjax.models import attention, cpu_attention, pallas_attention
+from mhjax.models import attention, cpu_attention
 from mhjax.models.attention_choice import JAX, resolve_attention
 
 
@@ -14,8 +14,9 @@ def test_auto_takes_each_backends_kernel_and_says_why_not_when_it_cannot(monkeyp
     gpu = resolve_attention("auto", "gpu", 100)
     assert (gpu.implementation, gpu.interpret, gpu.fallback) == ("pallas", False, None)
     assert resolve_attention("auto", "cuda", 100) == gpu  # a platform name is its backend
-    long = resolve_attention("auto", "gpu", pallas_attention.MAX_LENGTH + 1)
-    assert long.implementation == "jax" and f"> {pallas_attention.MAX_LENGTH}" in long.fallback
+    for length in (257, 1024, 8192):  # the tiled kernel has no length limit
+        assert resolve_attention("auto", "gpu", length) == gpu
+        assert resolve_attention("pallas", "gpu", length).implementation == "pallas"
     assert resolve_attention("auto", "tpu", 100).implementation == "jax"
     monkeypatch.setattr(cpu_attention, "available", lambda: False)
     cpu = resolve_attention("auto", "cpu", 100)
@@ -37,7 +38,6 @@ def test_pallas_interprets_on_a_cpu_only_and_the_fused_rule_is_the_records():
         ("flash", "cpu", 32, "config.attention: must be one of auto, jax, cpu_kernel, pallas; got 'flash'"),
         ("cpu_kernel", "gpu", 32, "config.attention: cpu_kernel runs on a CPU with a C++ compiler (here: backend gpu)"),
         ("pallas", "tpu", 32, "config.attention: pallas runs on a GPU (or a CPU, interpreted)"),
-        ("pallas", "gpu", pallas_attention.MAX_LENGTH + 1, "config.attention: pallas runs on a GPU"),
     ],
 )
 def test_what_cannot_run_is_a_one_line_config_error(requested, backend, seq_len, message):

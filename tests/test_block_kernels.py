@@ -69,3 +69,19 @@ def test_a_training_step_runs_three_kernels_per_layer_and_no_hidden_activation(a
         v.aval.shape for e in eqns if e.primitive.name != "pallas_call" for v in e.outvars if _is_hidden(v.aval.shape)
     ]
     assert (hidden == []) == (attention == "pallas"), hidden
+
+
+def test_the_block_kernels_rule_leaves_what_one_program_cannot_hold_to_xla():
+    """pallas_block.fits: padded sizes within MAX_DIM and their product within the kernel's
+    shared-memory budget (found by the H200 compile: tests/test_target.py checks it there)."""
+    from mhjax.models import pallas_block
+
+    assert pallas_block.block_parts(64, 128) == (True, True)  # the paper's model (F = 192 as 256)
+    assert pallas_block.block_parts(64, 256) == (True, False)  # 64 x 256 x 2 weights: too much for one program
+    assert pallas_block.block_parts(128, 128, 64) == (True, False)  # F = 192 as 256; mlp 128 x 128
+    assert pallas_block.block_parts(256, 512) == (False, False)
+    assert pallas_block.block_parts(32, 256, 32) == (True, True)
+    x = jnp.zeros((4, 64), jnp.float32)
+    weights = (jnp.ones(64), jnp.zeros((64, 256)), jnp.zeros(256), jnp.zeros((256, 64)), jnp.zeros(64))
+    with pytest.raises(ValueError, match=r"mlp_block: D x M = 64 x 256 padded to 64 x 256 > 8192 weight elements"):
+        pallas_block.mlp_block(x, *weights, jnp.zeros(2, jnp.uint32), 1 << 24, 1.0, True)

@@ -124,12 +124,33 @@ def test_auto_strategy_on_accelerators_follows_the_cost_model(monkeypatch):
     assert experiment.predict("fused", "gpu")["member_steps_per_s"] == pytest.approx(expected)
     # one head count: fused is the same program as one_program's single group, and wins the tie
     assert make_experiment(tiny_sequence_config(heads=(4,), seed=(0, 1))).auto_strategy("gpu") == "fused"
-    # several devices: vmapped programs only. Two members sharded over 2 devices (fused) beat
-    # one-member programs every device computes in full (grouped) ...
+    # several devices: one_program's two members sharded over 2 devices, each device running its
+    # own member's head count (models/member_layout.py), beat fused's fine heads and grouped's
+    # one-member programs every device computes in full ...
     monkeypatch.setattr(jax, "device_count", lambda *a: 2)
-    assert make_experiment(tiny_sequence_config(heads=(1, 2))).auto_strategy("gpu") == "fused"
-    # ... but when every head count's program shards too, grouped's cheaper members win
-    assert make_experiment(tiny_sequence_config(heads=(1, 2), seed=(0, 1))).auto_strategy("gpu") == "grouped"
+    two = make_experiment(tiny_sequence_config(heads=(1, 2)))
+    rates = {s: two.predict(s, "gpu")["member_steps_per_s"] for s in ("fused", "grouped", "one_program")}
+    assert rates["one_program"] > rates["grouped"] and rates["one_program"] > rates["fused"]
+    assert two.auto_strategy("gpu") == "one_program"
+    # ... and when every head count's program shards too, one_program ties grouped, with one program
+    assert make_experiment(tiny_sequence_config(heads=(1, 2), seed=(0, 1))).auto_strategy("gpu") == "one_program"
+    # planned for a target's devices, not this machine's (train/deviceless.py)
+    monkeypatch.setattr(jax, "device_count", lambda *a: 1)
+    planned = make_experiment(tiny_sequence_config(heads=(1, 2)))
+    planned.planned_devices = 2
+    assert planned.auto_strategy("gpu") == "one_program"
+    assert planned.predict("grouped", "gpu") == two.predict("grouped", "gpu")
+
+
+def test_one_program_spreads_its_groups_over_the_planned_devices():
+    experiment = make_experiment(tiny_sequence_config(heads=(1, 2), seed=(0, 1, 2, 3)))
+    [single] = experiment.programs("one_program", "gpu")
+    assert single.recipe.model.layout == ((4, 1), (4, 2))
+    experiment.planned_devices = 2  # each device's half holds two members of each head count
+    [spread] = experiment.programs("one_program", "gpu")
+    heads = [experiment.members[i]["heads"] for i in spread.members]
+    assert heads == [1, 1, 2, 2, 1, 1, 2, 2] and sorted(spread.members) == sorted(single.members)
+    assert spread.recipe.model.layout == ((2, 1), (2, 2), (2, 1), (2, 2))
 
 
 def test_auto_strategy_unrolls_long_cpu_runs_and_fuses_otherwise():

@@ -65,6 +65,8 @@ def test_hlo_reading_counts_bytes_kernels_and_square_maps():
     assert hlo.kernel_bytes(HLO) == 2 * 128 + body
     assert dict(hlo.triton_kernels(HLO)) == {"mhjax_attention_fwd": 1}
     assert hlo.square_tensors(HLO, 12) == 1 and hlo.square_tensors(HLO, 8) == 0
+    masks = HLO + "  %m = pred[2,12,12]{2,1,0} compare(%x, %x)\n  %u = u32[12,12]{1,0} add(%y, %y)\n"
+    assert hlo.square_tensors(masks, 12) == 3  # any element type: dropout masks and hash bits too
     # per step of a 3-step chunk: the body once per trip, the entry once, over 3 steps
     assert deviceless.step_bytes(HLO, 3) == pytest.approx((3 * body + 2 * 128) / 3)
 
@@ -128,7 +130,7 @@ def test_target_needs_dry_run(tmp_path, capsys):
 def test_a_small_pallas_sweep_compiles_for_the_h200_with_the_kernel_and_no_attention_map(tmp_path, capsys):
     """The Pallas kernel through Triton and ptxas for sm_90, on this CPU: every executable
     compiles, the training program calls the kernel forward and backward for each head count,
-    and no f32 (..., T, T) value is left (the JAX path has them: the check can fail)."""
+    and no (..., T, T) value of any type is left (the JAX path has them: the check can fail)."""
     length = 12  # no other dimension of the model is 12
     config = set_field(set_field(tiny_sequence_config(), "model.seq_len", length), "attention", "pallas")
     set_field(config, "strategy", "one_program")
@@ -147,6 +149,24 @@ def test_a_small_pallas_sweep_compiles_for_the_h200_with_the_kernel_and_no_atten
     report = deviceless.compile_for(jax_path, targets.load("h200"), log=lambda m: None, only=("chunk",))
     (chunk,) = report.executables
     assert not chunk.kernels and chunk.square > 0
+
+
+@NEEDS_COMPILER
+def test_a_long_sequence_sweep_compiles_for_the_h200_with_the_tiled_kernel_and_no_t_by_t_value():
+    """T = 1,024 (16 forward tiles): attention=auto on the H200 picks the Pallas kernel (no
+    length limit), the training chunk calls it forward and backward for each head-count group
+    of one_program and holds no (..., T, T) value of any type (scores, masks, hash bits), and
+    its temporary memory is far below one f32 (B, H, T, T) map per layer."""
+    length = 1024
+    config = set_field(set_field(tiny_sequence_config(), "model.seq_len", length), "strategy", "one_program")
+    from mhjax.experiments import make_experiment
+
+    report = deviceless.compile_for(make_experiment(config), targets.load("h200"), log=lambda m: None, only=("chunk",))
+    (chunk,) = report.executables
+    attention = {name: n for name, n in chunk.kernels.items() if name.startswith("mhjax_attention")}
+    assert attention == {"mhjax_attention_fwd": 2, "mhjax_attention_bwd": 2} and chunk.square == 0
+    batch, heads, members = 4, 4, 2  # tiny_sequence_config: batch 4, heads (1, 4), one member each
+    assert chunk.temp < members * batch * heads * length * length * 4 / 4
 
 
 def test_jax_plugin_errors_stay_off_the_console_and_go_to_mhjax_log(tmp_path, caplog):
@@ -214,3 +234,56 @@ def test_heads_by_head_dim_dry_run_for_the_h200_lists_the_shape_groups_and_compi
         ("copy-d16-h4-s0", 64),
     ):
         assert re.search(rf"^{name}\s+{hand_count(16, 1, 32, 16, 8, attention):,}\s", out, re.M), name
+
+
+@NEEDS_COMPILER
+def test_the_python_api_is_as_quiet_as_the_cli_with_the_gpu_compiler_installed(tmp_path):
+    """A fresh `python -c` of mhjax.sweep with jax[cuda13] and no GPU: JAX's cuPTI traceback is
+    held from `import mhjax` on (mhjax/__init__.py) and lands in the workdir's mhjax.log."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    workdir = tmp_path / "w"
+    script = (
+        "import sys, mhjax\n"
+        'config = mhjax.load_config("quick", {"sweep.task": ("copy",), "sweep.heads": (1,), "train.steps": 2,\n'
+        '    "train.chunk_steps": 2, "model.seq_len": 8, "model.width": 16, "data.num_eval": 8})\n'
+        "mhjax.sweep(config, sys.argv[1], progress=False)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}  # JAX starts its GPU plugin
+    env["PYTHONPATH"] = ROOT
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(workdir)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "plugin configuration" not in result.stderr, result.stderr[-3000:]
+    assert "Jax plugin configuration error" in (workdir / "mhjax.log").read_text()
+
+
+@NEEDS_COMPILER
+def test_the_block_kernels_rule_is_what_the_h200_compiles():
+    """pallas_block.fits against the compiler, both sides of each budget: a shape the rule gives
+    the kernel compiles for the H200; one it leaves to XLA runs out of shared memory."""
+    import importlib.util
+    import os
+
+    from mhjax.models import pallas_block
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("block_fit", os.path.join(ROOT, "benchmarks", "block_fit.py"))
+    block_fit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(block_fit)
+    for kind, width, hidden in (
+        ("norm_dense", 128, 256),
+        ("norm_dense", 256, 256),
+        ("mlp_block", 64, 128),
+        ("mlp_block", 64, 256),
+    ):
+        verdict = block_fit.compiles(kind, width, hidden)
+        if pallas_block.fits(width, hidden, kind):
+            assert verdict == "ok", (kind, width, hidden, verdict)
+        else:
+            assert "Shared memory size limit exceeded" in verdict, (kind, width, hidden, verdict)

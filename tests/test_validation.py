@@ -58,6 +58,15 @@ OVERRIDE_CASES = [
     ("experiment-unknown", ["--config.experiment=vision"], "config.experiment"),
     ("unknown-field", ["--config.model.widht=16"], "config.model.widht"),
     ("unknown-section", ["--config.optimizer.lr=1"], "config.optimizer.lr"),
+    ("schedule-unknown", ["--config.train.schedule=linear"], "config.train.schedule"),
+    (
+        "warmup-not-below-steps",
+        ["--config.train.schedule=warmup_cosine", "--config.train.warmup_steps=99"],
+        "config.train.warmup_steps",
+    ),
+    ("warmup-without-schedule", ["--config.train.warmup_steps=2"], "config.train.warmup_steps"),
+    ("weight-decay-negative", ["--config.train.weight_decay=-0.1"], "config.train.weight_decay"),
+    ("clip-norm-zero", ["--config.train.clip_norm=0"], "config.train.clip_norm"),
     ("other-config-in-workdir", ["--config.train.steps=1"], "another config"),  # fewer steps: larger ones extend
     ("unknown-option", ["--bogus"], "unrecognized arguments"),
 ]

@@ -343,7 +343,7 @@ def task_sequences(task, sequences, num_sequences, seed, max_len, vocab_size) ->
         return task_batch(task, tokens), source
     t = check_task(task)
     _check_count_and_seed(num_sequences, seed)
-    batch = t.draw(jax.random.PRNGKey(int(seed)), int(num_sequences), max_len, vocab_size)
+    batch = t.draw_eval(jax.random.PRNGKey(int(seed)), int(num_sequences), max_len, vocab_size)
     return Batch(*(np.asarray(a) for a in batch)), {"sequences": "random", "seed": int(seed)}
 
 

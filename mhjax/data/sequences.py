@@ -100,5 +100,6 @@ def train_batch(
 
 
 def eval_batch(eval_key, task_id, num: int, length: int, vocab_size: int, tasks=TASKS) -> Batch:
-    """Held-out sequences from their own key (never the training keys)."""
-    return _switch(task_id, _tasks(tasks), lambda t: t.draw(eval_key, num, length, vocab_size))
+    """Held-out sequences from their own key (never the training keys); a task with a heldout
+    form (text: windows of the held-out part) draws them there."""
+    return _switch(task_id, _tasks(tasks), lambda t: t.draw_eval(eval_key, num, length, vocab_size))

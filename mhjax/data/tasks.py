@@ -10,7 +10,11 @@ Optional forms, for speed and for analysing given tokens:
 - ``batch(key, num, length, vocab_size)``: the same three arrays with a leading (num,) axis
   (default: sequence i drawn by ``sample`` from ``fold_in(key, i)``);
 - ``targets(tokens)``: targets from tokens (..., T) -> (..., T), every position weighted;
-  such a task can be analysed on given sequences (``mhjax analyze --sequences``).
+  such a task can be analysed on given sequences (``mhjax analyze --sequences``);
+- ``heldout(key, num, length, vocab_size)``: held-out sequences, drawn apart from the training
+  ones (evaluation and analysis; default: ``batch``'s draws from the evaluation key);
+- ``bind(config) -> Task``: a task whose forms read the config's data (the text task's corpus,
+  data/text.py), bound per config by experiments/task_params.bound_tasks.
 
 Parameters: ``@mhjax.task("recall", params={"pairs": None})`` above ``def sample(key, length,
 vocab_size, pairs)`` declares a parameter with its default; a config sets it in
@@ -54,6 +58,9 @@ class Task:
     source: dict = dataclasses.field(default_factory=dict)  # {"module"|"config": ..., "function": ...}
     params: dict = dataclasses.field(default_factory=dict)  # declared parameters and their defaults
     values: dict = dataclasses.field(default_factory=dict)  # bound values (with_params)
+    heldout: Callable | None = None  # (key, num, length, vocab_size) -> held-out sequences
+    bind: Callable | None = None  # config -> the Task over the config's data
+    facts: dict = dataclasses.field(default_factory=dict)  # a bound task's facts, in its members' results
 
     @property
     def kwargs(self) -> dict:
@@ -85,6 +92,12 @@ class Task:
             return Batch(*self.batch(key, num, length, vocab_size, **self.kwargs))
         return self.dataset(key, jnp.arange(num), length, vocab_size)
 
+    def draw_eval(self, key, num: int, length: int, vocab_size: int) -> Batch:
+        """``num`` held-out sequences from ``key``: the heldout form, else ``draw``."""
+        if self.heldout is not None:
+            return Batch(*self.heldout(key, num, length, vocab_size, **self.kwargs))
+        return self.draw(key, num, length, vocab_size)
+
     def dataset(self, dataset_key, indices, length: int, vocab_size: int) -> Batch:
         """Sequences of a fixed dataset by index: row i is sample(fold_in(dataset_key, i)) alone."""
         sample = lambda i: self.call_sample(jax.random.fold_in(dataset_key, i), length, vocab_size)  # noqa: E731
@@ -102,9 +115,11 @@ PARAM_TYPES = (bool, int, float, str, type(None))  # a task parameter's value (a
 _REGISTRY: dict[str, Task] = {}
 
 
-def register_task(name: str, sample: Callable, *, batch=None, targets=None, params: dict | None = None) -> Task:
-    """Register ``sample`` (and its optional batched and targets forms) under ``name``;
-    ``params``: {parameter: default}, passed to every form as keywords.
+def register_task(
+    name: str, sample: Callable, *, batch=None, targets=None, params: dict | None = None, heldout=None, bind=None
+) -> Task:
+    """Register ``sample`` (and its optional batched, targets, heldout and bind forms) under
+    ``name``; ``params``: {parameter: default}, passed to every form as keywords.
 
     Registering the same module and function again (a notebook re-running a config file)
     replaces it; another function under a taken name is a ConfigError."""
@@ -113,7 +128,7 @@ def register_task(name: str, sample: Callable, *, batch=None, targets=None, para
     if not callable(sample):
         raise ConfigError(f"task {name!r}: sample must be a function (key, length, vocab_size), got {sample!r}")
     params = _check_params(name, sample, params)
-    task = Task(name, sample, batch, targets, source_of(sample), params)
+    task = Task(name, sample, batch, targets, source_of(sample), params, heldout=heldout, bind=bind)
     old = _REGISTRY.get(name)
     if old is not None and _identity(old) != _identity(task):
         raise ConfigError(f"task {name!r}: already registered by {old.label()}; {task.label()} needs another name")
@@ -176,12 +191,16 @@ def get_task(name: str, field: str = "config.sweep.task") -> Task:
 # --------------------------------------------------------------------------- #
 # Finding a plug-in again from its recorded source (W/mhjax.json)
 # --------------------------------------------------------------------------- #
-def sources(names) -> dict[str, dict]:
+def sources(names, bound=()) -> dict[str, dict]:
     """{name: source} of registered tasks, for W/mhjax.json; a plug-in's (a task defined outside
-    mhjax: mhjax's own are pinned by its version) with its file's ``sha256``."""
+    mhjax: mhjax's own are pinned by its version) with its file's ``sha256``; a task bound to the
+    config's data (``bound``: Tasks) with its ``data`` record (path, size, sha256)."""
     out = {}
+    data = {t.name: t.source["data"] for t in bound if "data" in t.source}
     for name in names:
         source = dict(get_task(name).source)
+        if name in data:
+            source["data"] = data[name]
         path = source.get("config") or source.get("file")
         if path and not _inside_mhjax(path) and os.path.isfile(path):
             source["sha256"] = file_sha256(path)
@@ -199,26 +218,39 @@ def _inside_mhjax(path: str) -> bool:
 
 
 def changed_sources(recorded: dict) -> list[str]:
-    """Lines naming each recorded task whose source file changed since training (one that is
-    gone is restore's to report)."""
+    """Lines naming each recorded task whose source file, or data file (the text task's corpus),
+    changed since training (one that is gone is restore's, or the task's own loading, to report)."""
     out = []
     for name, source in (recorded or {}).items():
-        want = isinstance(source, dict) and source.get("sha256")
-        path = want and (source.get("config") or source.get("file"))
-        if want and path and os.path.isfile(path):
-            if file_sha256(path) != want:
-                out.append(f"task {name!r}: its source {path} changed since training (sha256 differs)")
+        for what, path, want in _recorded_files(source):
+            if os.path.isfile(path) and file_sha256(path) != want:
+                out.append(f"task {name!r}: its {what} {path} changed since training (sha256 differs)")
+    return out
+
+
+def _recorded_files(source) -> list[tuple[str, str, str]]:
+    """(what, path, recorded sha256) of the files a recorded task source pins: a plug-in's source
+    file, a task's data file ({"data": {"path", "sha256"}}, data/text.py)."""
+    if not isinstance(source, dict):
+        return []
+    out = []
+    path = source.get("config") or source.get("file")
+    if source.get("sha256") and path:
+        out.append(("source", path, source["sha256"]))
+    data = source.get("data")
+    if isinstance(data, dict) and data.get("sha256") and data.get("path"):
+        out.append(("data file", data["path"], data["sha256"]))
     return out
 
 
 def source_hashes(source) -> dict:
-    """{"recorded": the source file's sha256 at training, "current": now (None: the file is gone)};
-    {} for a task with no recorded sha256 (mhjax's own)."""
-    want = source.get("sha256") if isinstance(source, dict) else None
-    if not want:
+    """{"recorded": the source (or data) file's sha256 at training, "current": now (None: the
+    file is gone)}; {} for a task with no recorded sha256 (mhjax's own, without data)."""
+    files = _recorded_files(source)
+    if not files:
         return {}
-    path = source.get("config") or source.get("file")
-    return {"recorded": want, "current": file_sha256(path) if path and os.path.isfile(path) else None}
+    _, path, want = files[0]
+    return {"recorded": want, "current": file_sha256(path) if os.path.isfile(path) else None}
 
 
 # What a user does about a task whose source is gone or changed, in the words of the interface

@@ -7,6 +7,7 @@ so the generic code never asks what kind of experiment it runs.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any, NamedTuple
 
@@ -44,6 +45,9 @@ class Experiment:
     log_curves: tuple[str, ...] = ()
     config: Any
     members: list[Member]
+    # The devices the sweep is planned for where they are not this machine's (a compile target's,
+    # train/deviceless.py): programs and ``auto`` choices are made for them. None: this machine's.
+    planned_devices: int | None = None
 
     # -- required ----------------------------------------------------------------
     def programs(self, strategy: str, backend: str) -> list[Program]:
@@ -82,11 +86,28 @@ class Experiment:
             for m in self.members
             if m.earlier and member_key(m.name) not in recorded and member_key(m.earlier) in recorded
         }
-        if not renamed:
+        self.rename(renamed)
+
+    def rename(self, names: dict[str, str]) -> None:
+        """Members take the names ``names`` maps their names to (a workdir's recorded names);
+        the PRNG keys derive from a member's fields, never its name: nothing else changes."""
+        if not names:
             return
-        self.members = [dataclasses.replace(m, name=renamed.get(m.name, m.name)) for m in self.members]
+        self.members = [dataclasses.replace(m, name=names.get(m.name, m.name)) for m in self.members]
         if isinstance(getattr(self, "_key_names", None), dict):  # {member name: key name} of the experiments
-            self._key_names = {renamed.get(k, k): v for k, v in self._key_names.items()}
+            self._key_names = {names.get(k, k): v for k, v in self._key_names.items()}
+
+    def subset(self, names) -> Experiment:
+        """A copy that trains only the members named ``names`` (in the sweep's order), with the
+        same config: a sweep that grew trains its new members alone (workflows/growth.py)."""
+        names = set(names)
+        part = copy.copy(self)
+        part.members = [m for m in self.members if m.name in names]
+        part.regroup()
+        return part
+
+    def regroup(self) -> None:
+        """Recompute what the experiment derived from its member list (after ``subset``)."""
 
     # -- optional hooks (no-op defaults) ------------------------------------------
     @classmethod

@@ -13,7 +13,15 @@ import numpy as np
 from mhjax.analysis import tags
 from mhjax.analysis.metrics import learned_head_weights
 from mhjax.data import tasks
-from mhjax.experiments import architecture, sequence_programs, sequence_results, target_range, task_params
+from mhjax.experiments import (
+    architecture,
+    optimizer,
+    path_memory,
+    sequence_programs,
+    sequence_results,
+    target_range,
+    task_params,
+)
 from mhjax.experiments.base import Experiment
 from mhjax.experiments.constants import SequenceConstants
 from mhjax.experiments.sequence_config import divergence_factor, requested_attention, validate
@@ -44,6 +52,11 @@ class SequenceExperiment(Experiment):
         shared = ("learning_rate", *architecture.FIELDS)
         self._key_names = key_names(config.sweep, self.members, shared=shared, leading="task")
         self.groups = architecture.shape_groups(config, self.members)
+        self.optimizer = optimizer.Settings.from_config(config)
+        self.cannot_extend = optimizer.cannot_extend(self.optimizer)
+
+    def regroup(self) -> None:
+        self.groups = architecture.shape_groups(self.config, self.members)
 
     def divergence_factor(self) -> float:
         return divergence_factor(self.config)
@@ -64,7 +77,13 @@ class SequenceExperiment(Experiment):
         strategy's programs (experiments/sequence_programs.py); auto: see auto_strategy."""
         if strategy == "auto":
             strategy = self.auto_strategy(backend)
-        return sequence_programs.programs(self.config, self.members, self.groups, strategy, self.attention(backend))
+        choice = self.attention(backend)
+        path_memory.check(self, choice, choice.core(self._traced(strategy)), self._devices())
+        return sequence_programs.programs(self.config, self.members, self.groups, strategy, choice, self._devices())
+
+    def _traced(self, strategy: str) -> bool:
+        """Whether ``strategy`` traces head counts (fused over several in one shape group)."""
+        return strategy == "fused" and any(len({self.members[i]["heads"] for i in g.members}) > 1 for g in self.groups)
 
     def attention(self, backend: str) -> AttentionChoice:
         """What config.attention runs on ``backend`` (this process's or a target's), and why;
@@ -86,10 +105,7 @@ class SequenceExperiment(Experiment):
     def attention_used(self, backend: str) -> str:
         """What computes the attention core of this sweep's programs: ``fused`` over several
         head counts traces them (AttentionChoice.core)."""
-        mixed = self.resolved_strategy(backend) == "fused" and any(
-            len({self.members[i]["heads"] for i in g.members}) > 1 for g in self.groups
-        )
-        return self.attention(backend).core(traced_heads=mixed)
+        return self.attention(backend).core(traced_heads=self._traced(self.resolved_strategy(backend)))
 
     def resolved_strategy(self, backend: str, devices: int | None = None) -> str:
         """config.strategy, with ``auto`` resolved for ``backend`` (auto_strategy)."""
@@ -97,7 +113,11 @@ class SequenceExperiment(Experiment):
 
     def results_fields(self, backend: str) -> dict:
         fallback = self.attention(backend).fallback
-        return {"attention": self.attention_used(backend), **({"attention_fallback": fallback} if fallback else {})}
+        return {
+            "attention": self.attention_used(backend),
+            **({"attention_fallback": fallback} if fallback else {}),
+            "optimizer": self.optimizer.recorded(),
+        }
 
     def _kernel_priced(self, backend: str) -> bool:
         """Whether the cost model prices static head counts at the Pallas kernel's cost: on a
@@ -112,21 +132,27 @@ class SequenceExperiment(Experiment):
         """On a CPU: unrolled for long runs of few members on one device, else fused. Paper
         model on 2 cores (benchmarks/RESULTS.md): unrolled steps 12-20 % faster than fused,
         but compiles ~20 s longer per member; a short run would lose the difference.
-        Elsewhere: the strategy the cost model (models/cost.py) predicts fastest. With
-        several devices only vmapped programs (fused, grouped), whose member axis shards
-        evenly; one_program's groups would slice a sharded axis. Ties go to the fewest
-        programs (fused, then one_program, then grouped). ``devices``: default, this
-        machine's (config.devices caps them)."""
+        Elsewhere: the strategy the cost model (models/cost.py) predicts fastest; over several
+        devices each device runs its shard of one_program's groups (models/member_layout.py).
+        Ties go to the fewest programs (fused, then one_program, then grouped). ``devices``:
+        default, the planned ones (a target's, ``planned_devices``) or this machine's
+        (config.devices caps them)."""
         devices = devices or self._devices()
         if backend == "cpu":
             long_run = self.config.train.steps >= UNROLL_MIN_STEPS and len(self.members) <= UNROLL_MAX_MEMBERS
             return "unrolled" if long_run and devices == 1 else "fused"
-        candidates = ("fused", "one_program", "grouped") if devices == 1 else ("fused", "grouped")
+        candidates = ("fused", "one_program", "grouped")
+        choice = self.attention(backend)  # a strategy whose JAX path would not fit is no candidate
+        fitting = [s for s in candidates if path_memory.fits(self, choice, choice.core(self._traced(s)), devices)]
+        candidates = tuple(fitting) or candidates  # none fits: programs() says so in one line
         rate = {s: self.predict(s, backend, devices)["member_steps_per_s"] for s in candidates}
         return max(candidates, key=rate.__getitem__)  # max keeps the first of equals
 
     def _devices(self) -> int:
-        """Devices the member axis is sharded over (config.devices caps them; 0 = all)."""
+        """Devices the member axis is sharded over: a compile target's (``planned_devices``), else
+        this machine's (config.devices caps them; 0 = all)."""
+        if self.planned_devices:
+            return self.planned_devices
         count = int(self.config.get("devices", 0) or 0)
         return min(count, jax.device_count()) if count else jax.device_count()
 
@@ -173,7 +199,8 @@ class SequenceExperiment(Experiment):
         if backend in cost.BACKEND_DEVICE:
             devices = self._devices()
             p = self.predict(self.resolved_strategy(backend), backend, devices)
-            where = f"this machine ({devices} x {backend}, priced as {devices} x {p['device'].name})"
+            machine = "the target" if self.planned_devices else "this machine"  # train/deviceless.py's
+            where = f"{machine} ({devices} x {backend}, priced as {devices} x {p['device'].name})"
             return [f"estimate for {where}, roofline of models/cost.py: " + cost.prediction_text(p, work)]
         backends = {}
         for b, d in sorted(cost.BACKEND_DEVICE.items()):
@@ -191,8 +218,12 @@ class SequenceExperiment(Experiment):
         return task_params.notice(self.config)  # task_params of tasks not in the sweep: ignored
 
     def metadata(self) -> dict:
-        """W/mhjax.json's ``tasks``: where each task came from, so later commands find it again."""
-        return {"tasks": tasks.sources(self.config.sweep.task)}
+        """W/mhjax.json's ``tasks``: where each task came from, so later commands find it again;
+        ``data_files``: the files the sweep's data was read from (text: config.data.path), whose
+        change refuses a resume (io/metadata.py)."""
+        recorded = {"tasks": tasks.sources(self.config.sweep.task, self.tasks)}
+        data = {f"task {t.name}": t.source["data"] for t in self.tasks if "data" in t.source}
+        return {**recorded, "data_files": data} if data else recorded
 
     def member_info(self, member: Member) -> dict:
         """Static facts for results.json."""
@@ -205,7 +236,8 @@ class SequenceExperiment(Experiment):
     check_chunk = target_range.check_chunk  # a target outside the vocabulary stops the run
 
     def extra_results(self, trained, loss_curves) -> dict[int, dict]:
-        """Loss and accuracy per position, evaluated at the end of training (sequence_results.py)."""
+        """Loss and accuracy per position, evaluated at the end of training, and a task's own
+        facts (text: bits per byte, the held-out unigram entropy; sequence_results.py)."""
         return sequence_results.by_position(self, trained)
 
     def summary_table(self) -> SummaryTable:
@@ -214,6 +246,13 @@ class SequenceExperiment(Experiment):
             Column("held-out loss", "eval_loss"),
             Column("held-out accuracy", "eval_accuracy", percent=True),
         )
+        text = [t.facts["text_format"] for t in self.tasks if "text_format" in t.facts]
+        if text:  # bits against the held-out unigram entropy (data/text.py)
+            per = "byte" if set(text) == {"bytes"} else "token"
+            columns += (
+                Column(f"held-out bits/{per}", f"eval_bits_per_{per}"),
+                Column("held-out unigram bits", "heldout_unigram_entropy_bits"),
+            )
         if architecture.swept(self.config):  # sizes differ between rows
             columns += (Column("params", "params", fmt="{:,.0f}"), Column("GFLOP/step", "gflop_per_step", fmt="{:.4g}"))
         return SummaryTable(self.swept_fields("task", "heads"), columns)
@@ -249,5 +288,6 @@ class SequenceExperiment(Experiment):
             *sequence_programs.group_lines(self, programs, backend),
             *self.estimate_lines(backend),
             f"attention: {self.attention_used(backend)} (config.attention={requested_attention(config)} on {backend})",
-            *sequence_programs.member_lines(self),
+            *path_memory.lines(self, self.attention_used(backend)),
+            *sequence_programs.member_lines(self, self.attention_used(backend)),
         ]

@@ -7,7 +7,7 @@ import math
 
 from mhjax import config as cfg
 from mhjax.data import sequences
-from mhjax.experiments import architecture, task_params
+from mhjax.experiments import architecture, optimizer, task_params
 from mhjax.experiments.base import STRATEGIES
 from mhjax.models.attention_choice import AUTO, IMPLEMENTATIONS
 from mhjax.train import snapshots
@@ -21,6 +21,9 @@ DEFAULTS = {
     "train.divergence_factor": 10.0,
     "train.snapshot_steps": None,  # none (train/snapshots.py)
     **{f"sweep.{field}": () for field in architecture.FIELDS},
+    **optimizer.DEFAULTS,  # constant-rate Adam, no weight decay, no clipping
+    "data.path": "",  # the text task's corpus file (data/text.py)
+    "data.holdout": 0.1,  # the fraction of it held out, at its end
 }
 SCAN_LAYERS = ("auto", "on", "off")
 
@@ -88,6 +91,7 @@ def validate(config) -> None:
     for lr in cfg.require_nonempty_tuple(config, "sweep.learning_rate"):
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
             raise cfg.ConfigError(f"config.sweep.learning_rate: each must be a positive number; got {lr!r}")
+    optimizer.validate(config)
     known = {"task", "heads", "seed", "learning_rate", *architecture.FIELDS}
     for field in config.sweep.keys():
         if field not in known:
@@ -107,6 +111,7 @@ FIELDS = {
     "sweep": None,
     "task_params": None,  # {task: {parameter: value or tuple}} (experiments/task_params.py)
     "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout", "scan_layers", "head_dim"},
-    "data": {"protocol", "num_train", "batch_size", "num_eval"},
-    "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every", "snapshot_steps"},
+    "data": {"protocol", "num_train", "batch_size", "num_eval", "path", "holdout"},
+    "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every", "snapshot_steps", "divergence_factor"}
+    | set(optimizer.FIELDS),
 }

@@ -18,10 +18,10 @@ one_program: fused's single vmapped program with members listed head count by he
 
 from __future__ import annotations
 
-from mhjax.experiments import architecture
+from mhjax.experiments import architecture, path_memory
 from mhjax.experiments.architecture import ShapeGroup
 from mhjax.experiments.sequence_recipe import SequenceRecipe
-from mhjax.models import flops
+from mhjax.models import flops, member_layout
 from mhjax.train.engine import Program, Unrolled
 
 
@@ -33,8 +33,9 @@ def by_heads(members, indices) -> dict[int, list[int]]:
     return dict(sorted(groups.items()))
 
 
-def group_programs(config, members, group: ShapeGroup, strategy: str, attention) -> list[Program]:
-    """The programs of one shape group under ``strategy`` (not auto), named without the group."""
+def group_programs(config, members, group: ShapeGroup, strategy: str, attention, devices: int = 1) -> list[Program]:
+    """The programs of one shape group under ``strategy`` (not auto), named without the group,
+    for a member axis split over ``devices``."""
     heads = [members[i]["heads"] for i in group.members]
 
     def recipe(fine: int, **kwargs) -> SequenceRecipe:
@@ -49,19 +50,20 @@ def group_programs(config, members, group: ShapeGroup, strategy: str, attention)
         # Only the attention core is per head count; the rest of the model, the optimiser
         # and the data are one vmapped copy (an Unrolled group per head count compiled the
         # whole step once per group: ~1 minute for the 64-member paper sweep on 2 cores).
-        layout = tuple((len(idx), h) for h, idx in groups.items())
-        order = [i for idx in groups.values() for i in idx]
+        # Over several devices, each device's shard holds the same groups where they split
+        # evenly (models/member_layout.py): one program, the same work on every device.
+        order, layout = member_layout.spread(groups, devices)
         return [Program("all", order, recipe(finest, static_heads=False, layout=layout))]
     if strategy == "fused":
         return [Program("all", list(group.members), recipe(finest, static_heads=len(set(heads)) == 1))]
     return [Program(f"h{h}", idx, recipe(h, static_heads=True)) for h, idx in groups.items()]
 
 
-def programs(config, members, groups: list[ShapeGroup], strategy: str, attention) -> list[Program]:
+def programs(config, members, groups: list[ShapeGroup], strategy: str, attention, devices: int = 1) -> list[Program]:
     """Every group's programs, each name prefixed by its group's (when the sweep has several)."""
     out = []
     for group in groups:
-        for p in group_programs(config, members, group, strategy, attention):
+        for p in group_programs(config, members, group, strategy, attention, devices):
             out.append(p._replace(name=f"{group.name}-{p.name}") if group.name else p)
     return out
 
@@ -107,8 +109,9 @@ def step_gflop(config, member) -> dict:
     return {"gflop_per_step": flops.train_step_flops(*sizes, model.attention_width) / 1e9}
 
 
-def member_lines(experiment) -> list[str]:
-    """Per member: parameters, analytic GFLOP per step and estimated memory; then the totals."""
+def member_lines(experiment, running: str = "jax") -> list[str]:
+    """Per member: parameters, analytic GFLOP per step and estimated memory on the attention path
+    the run takes (``running``: path_memory.PATHS); then the totals."""
     config = experiment.config
     m, d = config.model, config.data
     lines = [f"{'member':<24} {'params':>9} {'GFLOP/step':>11} {'est. memory':>12}"]
@@ -118,8 +121,7 @@ def member_lines(experiment) -> list[str]:
         sizes = (d.batch_size, m.seq_len, model.width, model.num_layers, model.mlp_dim)
         step_flops = flops.train_step_flops(*sizes, m.vocab_size, model.attention_width)
         params = experiment.member_info(member)["params"]
-        act = flops.activation_bytes(*sizes, member["heads"], m.vocab_size, attention_width=model.attention_width)
-        mem = 4 * params * 4 + act  # params, grads, Adam m and v in fp32, activations
+        mem = path_memory.member_bytes(experiment, member, running)  # params, grads, Adam m and v; activations
         total_mem, total_flops = total_mem + mem, total_flops + step_flops
         lines.append(f"{member.name:<24} {params:>9,} {step_flops / 1e9:>11.3f} {mem / 2**20:>10.1f} MiB")
     total = total_flops * config.train.steps

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import optax
 
 from mhjax.data import sequences
-from mhjax.experiments import target_range, task_params
+from mhjax.experiments import optimizer, target_range, task_params
 from mhjax.experiments.sequence_config import divergence_factor, scan_layers
 from mhjax.models.attention_choice import JAX, AttentionChoice
 from mhjax.models.model_config import ModelConfig
@@ -51,6 +51,7 @@ class SequenceRecipe(Recipe):
         self.static_heads = static_heads
         self.vmap_inside_grad = layout is not None
         self.divergence_factor = divergence_factor(config)
+        self.optimizer_settings = optimizer.Settings.from_config(config)
         self.protocol, self.num_train, self.batch_size = d.protocol, d.num_train, d.batch_size
         self.num_eval, self.eval_batch = d.num_eval, min(d.num_eval, d.batch_size)
         self.length, self.vocab = m.seq_len, m.vocab_size
@@ -64,8 +65,9 @@ class SequenceRecipe(Recipe):
         return self.model.init(jax.random.fold_in(consts.key, 0), dummy)["params"]
 
     def optimizer(self, consts):
-        # Adam as the reference (beta 0.9/0.999, eps 1e-8); lr lives in the state so it can be vmapped.
-        return optax.inject_hyperparams(optax.adam)(learning_rate=consts.learning_rate)
+        # Adam as the reference, or the LM optimizer config.train asks for (experiments/optimizer.py);
+        # the learning rate lives in the state so it can be vmapped.
+        return optimizer.make(self.optimizer_settings, consts.learning_rate)
 
     def _data_keys(self, consts):
         data = consts.data_key

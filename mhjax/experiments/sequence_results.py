@@ -1,9 +1,14 @@
 """What the sequence experiment adds to results.json at the end of training: held-out loss and
 accuracy per position (``eval_loss_by_position``, ``eval_accuracy_by_position``), evaluated on
 the same held-out sequences as the loop's scalar evaluation, with the plain eval-mode model at
-each member's own head count; and a member's model rebuilt from its results entry."""
+each member's own head count; a text member's bits (``eval_bits_per_byte`` for a byte file,
+``eval_bits_per_token`` for a .bin: the mean of its per-position held-out loss over ln 2, the
+loop's eval_loss up to float32 rounding) beside its ``heldout_unigram_entropy_bits``; and a
+member's model rebuilt from its results entry."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -19,7 +24,7 @@ from mhjax.train.placement import to_host
 def held_out(experiment, member) -> Batch:
     """The held-out sequences the loop's evaluation averages over (numpy)."""
     m, d, consts = experiment.config.model, experiment.config.data, experiment.member_constants(member)
-    batch = experiment.tasks[int(consts.task_id)].draw(consts.eval_key, d.num_eval, m.seq_len, m.vocab_size)
+    batch = experiment.tasks[int(consts.task_id)].draw_eval(consts.eval_key, d.num_eval, m.seq_len, m.vocab_size)
     usable = (d.num_eval // min(d.num_eval, d.batch_size)) * min(d.num_eval, d.batch_size)
     return Batch(*(np.asarray(a)[:usable] for a in batch))
 
@@ -29,7 +34,13 @@ def position_metrics(experiment, member, params) -> dict[str, list]:
     weights no sequence (analysis/positions.py)."""
     sizes = model_sizes(params)  # the member's own sizes (architecture axes)
     metrics = member_by_position(params, member["heads"], held_out(experiment, member), sizes)
-    return {f"eval_{k}": v for k, v in metrics.items()}
+    out = {f"eval_{k}": v for k, v in metrics.items()}
+    facts = experiment.tasks[int(experiment.member_constants(member).task_id)].facts
+    if "heldout_unigram_entropy_bits" in facts:  # text: every position weighted, so the plain mean
+        bits = float(np.mean(metrics["loss_by_position"])) / math.log(2)
+        per = "byte" if facts.get("text_format") == "bytes" else "token"
+        out.update({f"eval_bits_per_{per}": bits}, **facts)
+    return out
 
 
 def by_position(experiment, trained) -> dict[int, dict]:

@@ -112,13 +112,18 @@ def check_type(field: str, default, value) -> None:
 
 def bound_tasks(config) -> list[Task]:
     """Every (task, parameter values) of the sweep, checked, in config order: a member's
-    ``task_id`` indexes these. Without config.task_params: one per task, as before."""
+    ``task_id`` indexes these. Without config.task_params: one per task, as before. A task that
+    reads the config's data (text: config.data.path) is bound to it, its file checked there."""
     m = config.model
-    return [
-        check_task(name, m.seq_len, m.vocab_size, params=values)
-        for name, values_list in variants(config).items()
-        for values in values_list
-    ]
+    out = []
+    for name, values_list in variants(config).items():
+        for values in values_list:
+            bind = get_task(name).bind
+            if bind is not None:
+                out.append(bind(config).with_params(values))
+            else:
+                out.append(check_task(name, m.seq_len, m.vocab_size, params=values))
+    return out
 
 
 def task_index(tasks: list[Task], member: Member) -> int:

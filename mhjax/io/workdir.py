@@ -6,6 +6,7 @@
     W/mhjax.log               library logs of `mhjax train`
     W/checkpoints/<step>/     orbax step directories: member states and host records (io/checkpoint.py)
     W/snapshots/<step>/       every member's parameters at config.train.snapshot_steps, kept for good
+    W/grown/<n>/checkpoints/, W/grown/<n>/snapshots/   the same of members a sweep grew by (io/parts.py)
     W/tb/<member>/            each member's TensorBoard run (io/tensorboard.py)
     W/trace/<member>.bin      per-step scalars a recipe traces, and format.json (io/trace.py)
     W/results.json, .md       written when training ends (io/results.py)
@@ -25,9 +26,9 @@ from __future__ import annotations
 import json
 import os
 
-from mhjax import __version__
 from mhjax.config import ConfigError
-from mhjax.io.metadata import first_difference, longer, what
+from mhjax.io import parts
+from mhjax.io.metadata import check_or_write
 from mhjax.io.results import WriteFailed, json_ready, markdown_table, write_json, write_text
 
 ANALYSIS_FILES = {"json": "analysis.json", "md": "analysis.md", "png": "analysis.png"}
@@ -55,6 +56,27 @@ class Workdir:
     def __init__(self, path):
         self.path = os.fspath(path)
         self._read: dict = {}  # what the readers have read: {key: (signature of its file, value)}
+        # A part of a sweep that grew (io/parts.py): its checkpoints and snapshots in W/<folder>/,
+        # and the sweep's member names in order; None: the whole sweep, every part together.
+        self.folder, self.order = "", None
+
+    def part(self, folder: str, order: list[str]) -> Workdir:
+        """The view of one part (``folder``: "" for the first run's): its own checkpoints and
+        snapshots, the shared TensorBoard runs and traces; results it writes join the others'."""
+        view = Workdir(self.path)
+        view.folder, view.order = folder, list(order)
+        return view
+
+    def part_folders(self) -> list[str]:
+        """The folders of the sweep's parts: [""] unless it grew; a part's view: its own."""
+        if self.order is not None or not os.path.isfile(self.metadata_path):
+            return [self.folder]
+        return parts.folders(self.metadata(), self.metadata_path)
+
+    def _grown(self) -> list[Workdir]:
+        """The parts' views of a whole sweep that grew; [] otherwise."""
+        folders = self.part_folders()
+        return [self.part(f, []) for f in folders] if len(folders) > 1 else []
 
     @classmethod
     def of(cls, workdir) -> Workdir:
@@ -90,11 +112,11 @@ class Workdir:
 
     @property
     def checkpoints_dir(self) -> str:
-        return os.path.abspath(self.file(self.CHECKPOINTS))
+        return os.path.abspath(self.file(os.path.join(self.folder, self.CHECKPOINTS)))
 
     @property
     def snapshots_dir(self) -> str:
-        return os.path.abspath(self.file(self.SNAPSHOTS))
+        return os.path.abspath(self.file(os.path.join(self.folder, self.SNAPSHOTS)))
 
     @property
     def tensorboard_dir(self) -> str:
@@ -222,8 +244,11 @@ class Workdir:
         # distributed run calls this, and creating a manager is a barrier the others do not reach.
         from mhjax.io.checkpoint import stored_member_keys  # orbax imports slowly: only here
 
-        steps = self.checkpoint_steps()
-        return stored_member_keys(self.checkpoints_dir, steps[-1]) if steps else []
+        names = []
+        for view in self._grown() or [self]:
+            steps = parts.steps_in(view.checkpoints_dir)
+            names += stored_member_keys(view.checkpoints_dir, steps[-1]) if steps else []
+        return names
 
     def has_analysis(self) -> bool:
         return os.path.exists(self.analysis_path)
@@ -273,15 +298,21 @@ class Workdir:
 
     def checkpoint_steps(self) -> list[int]:
         """The steps of the complete checkpoints kept, ascending (orbax names a step's folder by
-        its number; a save in progress has another name)."""
-        return _steps_in(self.checkpoints_dir)
+        its number; a save in progress has another name); of a sweep that grew, those of every part."""
+        grown = self._grown()
+        return parts.common([p.checkpoint_steps() for p in grown]) if grown else parts.steps_in(self.checkpoints_dir)
 
     def snapshot_steps(self) -> list[int]:
-        """The steps of the complete snapshots (train/snapshots.py), ascending."""
-        return _steps_in(self.snapshots_dir)
+        """The steps of the complete snapshots (train/snapshots.py), ascending (every part's)."""
+        grown = self._grown()
+        return parts.common([p.snapshot_steps() for p in grown]) if grown else parts.steps_in(self.snapshots_dir)
 
     def latest_step(self) -> int | None:
         """The step of the latest complete checkpoint, or None."""
+
+        if self._grown():
+            steps = self.checkpoint_steps()
+            return steps[-1] if steps else None
 
         def load() -> int | None:
             if not self.has_checkpoints():
@@ -301,6 +332,9 @@ class Workdir:
         step = self.latest_step() if step is None else step
         if step is None:
             raise ConfigError(f"--workdir: {self.path} has no checkpoint yet; train it first")
+        grown = self._grown()
+        if grown:  # every part's members, each read from its own folder
+            return {name: state for view in grown for name, state in view.member_states(step).items()}
         snapshot = step not in self.checkpoint_steps() and step in self.snapshot_steps()
         folder = self.snapshots_dir if snapshot else self.checkpoints_dir
 
@@ -332,8 +366,12 @@ class Workdir:
     # ------------------------------------------------------------------ #
     # Writers
     # ------------------------------------------------------------------ #
-    def write_results(self, payload: dict) -> None:
-        """results.json (atomically) and its Markdown table results.md."""
+    def write_results(self, payload: dict) -> dict:
+        """results.json (atomically) and its Markdown table results.md; returns what they hold: a
+        part's payload merged with the other parts' entries (io/parts.merge), else ``payload``."""
+        if self.order is not None:
+            stored = self.results() if os.path.isfile(self.results_path) else None
+            payload = parts.merge(stored, payload, self.folder, self.order)
         members = [{k: json_ready(v) for k, v in m.items()} for m in payload["members"]]
         try:
             write_json(self.results_path, {**payload, "members": members})
@@ -341,52 +379,21 @@ class Workdir:
         except WriteFailed as exc:
             exc.hint = "; training is done and checkpointed: free some space and run the same command to write it"
             raise
+        return payload
 
     def check_or_write_metadata(
         self, config_dict: dict, kind: str, extra: dict | None = None, cannot_extend: str | None = None
     ) -> bool:
-        """True if the workdir already belongs to this exact config (resume), up to HOW_NOT_WHAT
-        fields; writes it if new, with the experiment's ``extra`` fields (e.g. ``tasks``: where
-        plug-in tasks came from). A config that differs only by a larger ``train.steps`` trains
-        the workdir longer: mhjax.json then records the new config and, in ``extended_from_steps``,
-        the earlier totals; ``cannot_extend``: why this experiment cannot (a ConfigError then)."""
-        current = {"mhjax_version": __version__, "experiment": kind, "config": config_dict, **(extra or {})}
-        if os.path.exists(self.metadata_path):
-            stored = self.metadata()
-            if stored.get("mhjax_version") != __version__:
-                raise ConfigError(
-                    f"--workdir: {self.path} was written by mhjax {stored.get('mhjax_version')}, this is "
-                    f"{__version__}; use a new workdir"
-                )
-            stored_config, config_now = what(stored.get("config", {})), what(json.loads(json.dumps(config_dict)))
-            if stored_config != config_now:
-                diff = first_difference(stored_config, config_now)
-                before = longer(stored_config, config_now)
-                if before is None:
-                    raise ConfigError(
-                        f"--workdir: {self.path} holds a run of another config ({diff}); use a new workdir or the "
-                        "same config (only a larger config.train.steps trains it longer)"
-                    )
-                if cannot_extend:
-                    raise ConfigError(f"--workdir: {self.path} holds a run of {before} steps: {cannot_extend}")
-                history = list(stored.get("extended_from_steps", [])) + [before]
-                self._write_metadata({**current, "extended_from_steps": history})
-            return True
-        if os.path.exists(self.path) and not os.path.isdir(self.path):
-            raise ConfigError(f"--workdir: {self.path} exists and is not a folder")
-        self._write_metadata(current)
-        return False
+        """True if the workdir already belongs to this config (resume, or train longer), after
+        writing mhjax.json if it is new (io/metadata.check_or_write says which configs may resume)."""
+        return check_or_write(self, config_dict, kind, extra, cannot_extend)
 
-    def _write_metadata(self, metadata: dict) -> None:
+    def write_metadata(self, metadata: dict) -> None:
+        """mhjax.json, atomically (never a half file)."""
         try:
             os.makedirs(self.path, exist_ok=True)
-            write_json(self.metadata_path, metadata, sort_keys=True)  # atomic: never a half mhjax.json
+            write_json(self.metadata_path, metadata, sort_keys=True)
         except OSError as exc:
             raise ConfigError(
                 f"--workdir: cannot write {self.metadata_path} ({type(exc).__name__}: {exc.strerror or exc})"
             ) from None
-
-
-def _steps_in(folder: str) -> list[int]:
-    """The steps of a folder of orbax step directories (a save in progress has another name)."""
-    return sorted(int(e) for e in os.listdir(folder) if e.isdigit()) if os.path.isdir(folder) else []

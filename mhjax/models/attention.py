@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
+from mhjax.models import member_layout
 from mhjax.models.attention_choice import core_for
 from mhjax.models.dropout_hash import NO_DROPOUT, dropout_threshold, hash_keep
 
@@ -209,22 +210,24 @@ def layout_attention(
 
     @core.def_vmap
     def by_group(axis_size, in_batched, *args):
-        members = sum(n for n, _ in layout)
-        if axis_size != members:
-            raise ValueError(f"layout_attention: vmapped over {axis_size} members, the layout has {members}")
         _, seeds, *arrays = (x if b else jnp.broadcast_to(x, (axis_size, *x.shape)) for x, b in zip(args, in_batched))
-        if kernel is not None:  # one kernel call per group, reading and writing its members in place
-            from mhjax.models import pallas_attention
 
-            return pallas_attention.members_attention(arrays[0], seeds, layout, threshold, inv_keep, kernel), True
-        q, k, v = split(arrays)
-        outs, start = [], 0
-        for n, h in layout:
-            group = slice(start, start + n)
-            run = lambda q, k, v, s, h=h: static(q, k, v, s, h)
-            outs.append(jax.vmap(run)(q[group], k[group], v[group], seeds[group]))
-            start += n
-        return jnp.concatenate(outs), True
+        def groups(local: Layout):  # the groups of the members here (all, or this device's shard)
+            if kernel is not None:  # one kernel call per group, reading and writing its members in place
+                from mhjax.models import pallas_attention
+
+                return pallas_attention.members_attention(arrays[0], seeds, local, threshold, inv_keep, kernel)
+            q, k, v = split(arrays)
+            outs, start = [], 0
+            for n, h in local:
+                group = slice(start, start + n)
+                run = lambda q, k, v, s, h=h: static(q, k, v, s, h)
+                outs.append(jax.vmap(run)(q[group], k[group], v[group], seeds[group]))
+                start += n
+            return jnp.concatenate(outs)
+
+        # Under train/engine.py's shard_map a device sees its shard of the member axis only
+        return member_layout.on_shard(layout, axis_size, groups), True
 
     return core(jnp.asarray(fine if heads is None else heads, jnp.int32), seeds, *arrays)
 

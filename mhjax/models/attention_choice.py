@@ -5,11 +5,12 @@ they run:
 - "cpu_kernel", the fused C++ kernel (cpu_attention.py): a CPU with a C++ compiler; the head
   count is a runtime argument, so traced head counts (fused) use it too;
 - "pallas", the fused Pallas kernel (pallas_attention.py): a GPU (Triton), or a CPU in the
-  kernel's interpret mode; static head counts only, sequences up to its MAX_LENGTH;
+  kernel's interpret mode; static head counts only, any sequence length (tiled: flash
+  attention, memory linear in T);
 - "jax", plain JAX einsums: everywhere.
 "auto" (the default, experiments/sequence_config.py DEFAULTS): the C++ kernel on a CPU (faster
 than XLA's batched matmuls at every head dim, benchmarks/RESULTS.md) when it builds, the Pallas
-kernel on a GPU when the sequences fit, JAX else.
+kernel on a GPU (any sequence length), JAX else.
 
 The backend is an argument, not this process's: resolving for a target ("gpu") from a CPU
 machine gives what that target runs (interpret=False), e.g. to compile for it ahead of time.
@@ -67,11 +68,10 @@ def resolve_attention(requested: str, backend: str, seq_len: int) -> AttentionCh
     """What ``config.attention = requested`` runs on ``backend`` (this process's or a target's)
     for sequences of ``seq_len``. An implementation that cannot run there: ConfigError naming
     config.attention and what can."""
-    from mhjax.models import cpu_attention, pallas_attention  # the C++ kernel builds on first use
+    from mhjax.models import cpu_attention  # the C++ kernel builds on first use
 
     backend = backend_name(backend)
-    fits = seq_len <= pallas_attention.MAX_LENGTH
-    too_long = f"model.seq_len {seq_len} > {pallas_attention.MAX_LENGTH}, the Pallas kernel's one block"
+    del seq_len  # no implementation limits it today: the Pallas kernel tiles the sequence
 
     def choice(implementation: str, reason: str, fallback: str | None = None) -> AttentionChoice:
         interpret = implementation == "pallas" and backend == "cpu"
@@ -83,9 +83,7 @@ def resolve_attention(requested: str, backend: str, seq_len: int) -> AttentionCh
                 return choice("cpu_kernel", "auto on cpu: the C++ kernel")
             return choice("jax", "auto on cpu: JAX", "the C++ kernel is unavailable (see its warning)")
         if backend == "gpu":
-            if fits:
-                return choice("pallas", "auto on gpu: the Pallas kernel")
-            return choice("jax", "auto on gpu: JAX", too_long)
+            return choice("pallas", "auto on gpu: the Pallas kernel")
         return choice("jax", f"auto on {backend}: JAX (no kernel for {backend})")
     if requested not in IMPLEMENTATIONS:
         raise ConfigError(f"config.attention: must be one of {', '.join(IMPLEMENTATIONS)}; got {requested!r}")
@@ -94,10 +92,9 @@ def resolve_attention(requested: str, backend: str, seq_len: int) -> AttentionCh
             f"config.attention: cpu_kernel runs on a CPU with a C++ compiler (here: backend {backend}); "
             "use auto, jax or pallas"
         )
-    if requested == "pallas" and (backend not in ("cpu", "gpu") or not fits):
+    if requested == "pallas" and backend not in ("cpu", "gpu"):
         raise ConfigError(
-            f"config.attention: pallas runs on a GPU (or a CPU, interpreted) for model.seq_len <= "
-            f"{pallas_attention.MAX_LENGTH} (backend {backend}, seq_len {seq_len}); use auto or jax"
+            f"config.attention: pallas runs on a GPU (or a CPU, interpreted); here: backend {backend}; use auto or jax"
         )
     interpreted = " in interpret mode" if requested == "pallas" and backend == "cpu" else ""
     return choice(requested, f"{requested} on {backend}{interpreted}, asked for")

@@ -229,7 +229,7 @@ def kernels_cost(shape: Shape, heads: int) -> KernelCost:
     """One layer's Pallas kernels, forward and backward, for a member at ``heads``: attention
     (pallas_attention.kernel_cost) and the block's parts that run as kernels
     (pallas_block.block_parts: the norm and q/k/v projection, the MLP block). member_cost uses it
-    where both block kernels run (width up to 85, MLP up to 256), else the attention kernel's
+    where both block kernels run (pallas_block.fits: within one program's shared memory), else the attention kernel's
     terms alone (a model where only one of the two runs is priced that way too: an
     approximation)."""
     b, t, d, _, m, _ = shape[:6]

@@ -1,21 +1,26 @@
-"""A fused causal attention core for GPUs in Pallas (Triton lowering), forward and backward.
+"""A fused causal attention core for GPUs in Pallas (Triton lowering), forward and backward,
+tiled over queries and keys (flash attention): any sequence length, memory linear in T.
 
-One program per (batch row, head): its (T, T) scores, probabilities and dropout mask live
-in registers and shared memory only. HBM holds the (B, T, D) inputs and outputs and the
-(B, H, T) log-sum-exp of each row, saved by the forward so that the backward recomputes the
-probabilities instead of storing them (flash attention). Dropout is mhjax's counter-based
-hash (dropout_hash.hash_mix) recomputed in both passes from the head's seed and the element's
-(b * T + i, j) position, with the UNPADDED length T: the JAX path's keep decisions exactly.
+One program per (member, batch row, head, tile of queries or keys); the kernel bodies are
+pallas_flash.py's. A (block, block) tile of scores, probabilities and dropout mask lives in
+registers and shared memory only. HBM holds the (B, T, D) inputs and outputs and the (B, H, T)
+log-sum-exp of each row, saved by the forward so that the backward recomputes the
+probabilities instead of storing them. Dropout is mhjax's counter-based hash
+(dropout_hash.hash_mix) recomputed in both passes from the head's seed and the element's
+(b * T + i, j) position, with the UNPADDED length T: the JAX path's keep decisions exactly,
+whatever the tiling. The causal mask ends each loop at the diagonal tile: fully masked tiles
+are never computed.
+
+Float32 only: bfloat16 inputs (float32 accumulation) wait for mhjax's bfloat16 work.
 
 q, k and v are read where the model's one projection matmul wrote them: its (B, T, 3D) output
 viewed as (B, T, 3, H, D/H) (a free reshape, no split or transposed copy), and the backward
 writes the one (B, T, 3D) gradient of it. Under one_program's member layout the arrays are
 every member's (M, B, T, ...), and each group of members is read and written at its offset
-on the member axis (members_attention). The Triton lowering wants every block
-dimension a power of two and every matmul dimension >= 16, so a program's block is
-(T padded to a power of two, D/H padded to >= 16 and a power of two): the padding exists
-only on chip, as masked loads (zeros) and masked stores; the padded key columns and rows
-are removed by the causal mask (a real query i < T sees only keys j <= i < T).
+on the member axis (members_attention). The Triton lowering wants every loaded block a power
+of two and every matmul dimension >= 16, so tiles have power-of-two rows >= 16 (block_sizes)
+and D/H is padded to >= 16 and a power of two: the padding exists only on chip, as masked
+loads (zeros) and masked stores.
 
 On a CPU the same kernel runs in Pallas interpret mode (how CI tests it): ``interpret`` is a
 static argument, decided by models/attention_choice.py for the backend compiled for. On a GPU
@@ -25,7 +30,6 @@ matmuls use the lowering's default precision (TF32, like XLA's default for fp32 
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import jax
@@ -34,122 +38,100 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from mhjax.models.dropout_hash import hash_mix
+from mhjax.models.pallas_flash import backward_kernel, forward_kernel
 
 MIN_DOT = 16  # every dimension of a Triton matmul
-MAX_LENGTH = 256  # one block over the whole sequence: (T, T) fp32 tiles must fit a program
-MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: no inf - inf in padded rows
+# The tile rule, by padded head columns C: (largest C, forward tile rows, backward tile rows,
+# warps). The forward holds a (tile, tile) score tile beside (tile, C) q and an output
+# accumulator; the backward holds dk, dv accumulators, this tile's k and v, a query tile's q,
+# dout and out (tile, C) each and three (tile, tile) tiles (p, dp, ds), so it takes smaller
+# tiles and more warps (threads to share them) at wide heads. Chosen so that ptxas reports no
+# spill for sm_90 at T = 100 and 1,024 and head dims up to 128 (benchmarks/attention_ptxas.py,
+# with dropout; benchmarks/RESULTS.md). Beyond 128 columns the backward spills ~1 KB per thread
+# even at 16-row tiles (no wider head arises at mhjax's widths under parameter matching).
+TILE_RULE = ((32, 64, 64, 4), (64, 64, 32, 8), (128, 32, 16, 8), (None, 16, 16, 8))
+NUM_STAGES = 2  # software pipelining of the tile loops' loads
 
 
-def block_sizes(length: int, head_dim: int) -> tuple[int, int]:
-    """(rows, columns) of a program's block for sequences of ``length`` and heads of ``head_dim``."""
-    return max(MIN_DOT, pl.next_power_of_2(length)), max(MIN_DOT, pl.next_power_of_2(head_dim))
+class Blocks(NamedTuple):
+    """A program's tile rows (forward: a query tile and each key tile it loops over; backward:
+    the tile of keys for dk, dv and of queries for dq), the padded head columns and the warps
+    of both kernels."""
+
+    forward: int
+    backward: int
+    cols: int
+    warps: int
 
 
-def check_lowering(length: int, width: int, heads: int, dtype) -> tuple[int, int]:
+def block_sizes(length: int, head_dim: int) -> Blocks:
+    """Tiles for sequences of ``length`` and heads of ``head_dim``: the rule. Columns: D/H padded
+    to a power of two >= 16. Rows: the sequence padded to a power of two >= 16, capped by
+    TILE_RULE's row for those columns (forward 64 up to 64 columns, backward 64 up to 32 and 32
+    at 64; wider heads smaller tiles). A short sequence is one tile (T = 32: 32 rows)."""
+    cols = max(MIN_DOT, pl.next_power_of_2(head_dim))
+    rows = max(MIN_DOT, pl.next_power_of_2(length))
+    _, forward, backward, warps = next(rule for rule in TILE_RULE if rule[0] is None or cols <= rule[0])
+    return Blocks(min(rows, forward), min(rows, backward), cols, warps)
+
+
+def check_lowering(length: int, width: int, heads: int, dtype) -> Blocks:
     """The Triton lowering's constraints, checked here so that interpret mode (which accepts
     any shape) fails where the device would. Returns the block sizes."""
     if width % heads:
         raise ValueError(f"pallas attention: {heads} heads do not divide width {width}")
     if jnp.dtype(dtype) != jnp.float32:
         raise ValueError(f"pallas attention: float32 inputs only, got {jnp.dtype(dtype)}")
-    rows, cols = block_sizes(length, width // heads)
-    if length > MAX_LENGTH:
-        raise ValueError(f"pallas attention: sequence length {length} > {MAX_LENGTH} (one block per sequence)")
-    return rows, cols
-
-
-def _masks(rows: int, cols: int, length: int, head_dim: int):
-    """(rows inside the sequence (R,), the block's real elements (R, C))."""
-    row = jnp.arange(rows) < length
-    return row, row[:, None] & (jnp.arange(cols) < head_dim)[None, :]
-
-
-def _scores(q, k, scale: float):
-    """Causal, scaled scores (R, R); masked entries MASK_VALUE."""
-    s = pl.dot(q, k, trans_b=True) * scale
-    i = jnp.arange(q.shape[0])
-    return jnp.where(i[:, None] >= i[None, :], s, MASK_VALUE)
-
-
-def _keep(seeds_ref, rows: int, length: int, threshold: int):
-    """This program's (R, R) dropout keep mask: hash_keep's bits at (b * T + i, j); b is the
-    grid's second axis (members, batch, heads)."""
-    first = (pl.program_id(1) * length).astype(jnp.uint32)
-    i = first + jnp.arange(rows).astype(jnp.uint32)
-    j = jnp.arange(rows).astype(jnp.uint32)
-    bits = hash_mix(seeds_ref[0], seeds_ref[1], i[:, None], j[None, :])
-    return (bits >> 8) < jnp.uint32(threshold)
-
-
-def _forward_kernel(seeds_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, *, length, head_dim, threshold, inv_keep):
-    rows, cols = q_ref.shape
-    row, tile = _masks(rows, cols, length, head_dim)
-    q, k, v = (plgpu.load(ref, mask=tile, other=0.0) for ref in (q_ref, k_ref, v_ref))
-    s = _scores(q, k, 1.0 / math.sqrt(head_dim))
-    top = jnp.max(s, axis=1)
-    e = jnp.exp(s - top[:, None])
-    total = jnp.sum(e, axis=1)
-    p = e / total[:, None]
-    if threshold < (1 << 24):
-        p = jnp.where(_keep(seeds_ref, rows, length, threshold), p * inv_keep, 0.0)
-    plgpu.store(out_ref, pl.dot(p, v), mask=tile)
-    plgpu.store(lse_ref, top + jnp.log(total), mask=row)
-
-
-def _backward_kernel(
-    seeds_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, dout_ref, dqkv_ref, *, length, head_dim, threshold, inv_keep
-):  # fmt: skip
-    rows, cols = q_ref.shape
-    row, tile = _masks(rows, cols, length, head_dim)
-    q, k, v, out, dout = (plgpu.load(ref, mask=tile, other=0.0) for ref in (q_ref, k_ref, v_ref, out_ref, dout_ref))
-    lse = plgpu.load(lse_ref, mask=row, other=0.0)
-    scale = 1.0 / math.sqrt(head_dim)
-    p = jnp.exp(_scores(q, k, scale) - lse[:, None])  # the forward's probabilities
-    dp = pl.dot(dout, v, trans_b=True)  # gradient of the (dropped) probabilities
-    attended = p
-    if threshold < (1 << 24):
-        keep = _keep(seeds_ref, rows, length, threshold)
-        attended = jnp.where(keep, p * inv_keep, 0.0)
-        dp = jnp.where(keep, dp * inv_keep, 0.0)
-    # softmax backward: sum_j p_ij dp_ij = dout_i . out_i (out = attended @ v); padded rows: 0
-    ds = p * (dp - jnp.sum(out * dout, axis=1)[:, None]) * scale
-    # dq, dk, dv into this head's (R, 4, C) block of the (3, H, D/H)-viewed gradient (index 3 past its end);
-    # an array index, not a Python int, which interpret mode's discharge of the store does not take
-    grads = (pl.dot(ds, k), pl.dot(ds, q, trans_a=True), pl.dot(attended, dout, trans_a=True))
-    for part, grad in enumerate(grads):
-        plgpu.store(dqkv_ref.at[:, jnp.int32(part), :], grad, mask=tile)
+    blocks = block_sizes(length, width // heads)
+    for size in blocks[:3]:
+        if size < MIN_DOT or size & (size - 1):
+            raise ValueError(f"pallas attention: block {blocks} not powers of two >= {MIN_DOT}")
+    return blocks
 
 
 Layout = tuple[tuple[int, int], ...]  # (members, heads) per group, in member-axis order (attention.Layout)
 
 
 def _call(kernel, name, seeds, args, outs, group, threshold, inv_keep, interpret, into=()):
-    """pallas_call of ``kernel`` for one group of members over a (members, batch, heads) grid.
-    group = (first member, members, heads). seeds (M, S >= heads, 2) uint32; args are
+    """pallas_call of ``kernel`` for one group of members over a (members, batch, heads, tiles)
+    grid. group = (first member, members, heads). seeds (M, S >= heads, 2) uint32; args are
     (array, kind), read at the group's offset on the member axis; kinds: 'q', 'k', 'v' the
     (M, B, T, 3D) projection of every member (viewed as (M, B, T, 3, H, D/H)), read at this
-    head's query, key or value columns; 'tile' an (M, B, T, D) array (viewed as (M, B, T, H,
-    D/H)); 'qkv' a (M, B, T, 3D) output, written at all three of this head's column blocks;
-    'rows' the group's own (members, B, H, T) row statistics. ``into``: arrays the first
-    outputs are written into in place (input_output_aliases), another group's members left
-    as they are; without them the other members' blocks of an output are not written."""
+    head's query, key or value columns, the whole sequence ('q_tile': the program's tile of
+    queries); 'tile' an (M, B, T, D) array (viewed as (M, B, T, H, D/H)), the whole sequence
+    ('out_tile': the program's tile); 'qkv' a (M, B, T, 3D) output, written at all three of
+    this head's column blocks of the program's tile; 'rows' the group's own (members, B, H, T)
+    row statistics, the whole sequence ('rows_tile': the program's tile). The whole sequence
+    is a block of the tiles' rows times their count (past T: masked on chip). ``into``:
+    arrays the first outputs are written into in place (input_output_aliases), another
+    group's members left as they are; without them the other members' blocks of an output
+    are not written."""
     first, count, heads = group
     members, batch, length, width = args[0][0].shape  # args[0]: the projection's query columns
     width //= 3
-    rows, cols = check_lowering(length, width, heads, args[0][0].dtype)
-    head_dim = width // heads
+    blocks = check_lowering(length, width, heads, args[0][0].dtype)
+    block = blocks.forward if kernel is forward_kernel else blocks.backward
+    tiles, cols, head_dim = pl.cdiv(length, block), blocks.cols, width // heads
+    whole = tiles * block
     fused = (members, batch, length, 3, heads, head_dim)
     shapes = {"tile": (members, batch, length, heads, head_dim), "rows": (count, batch, heads, length), "qkv": fused}
-    shapes.update(q=fused, k=fused, v=fused)
-    part = lambda c: pl.BlockSpec((None, None, rows, None, None, cols), lambda m, b, h: (m + first, b, 0, c, h, 0))  # noqa: E731
+    shapes.update(q=fused, k=fused, v=fused, q_tile=fused, out_tile=shapes["tile"], rows_tile=shapes["rows"])
+
+    def part(c, rows, tiled):
+        return pl.BlockSpec(
+            (None, None, rows, None, None, cols), lambda m, b, h, t: (m + first, b, t if tiled else 0, c, h, 0)
+        )
+
     specs = {
-        "tile": pl.BlockSpec((None, None, rows, None, cols), lambda m, b, h: (m + first, b, 0, h, 0)),
-        "qkv": pl.BlockSpec((None, None, rows, 4, None, cols), lambda m, b, h: (m + first, b, 0, 0, h, 0)),
-        "rows": pl.BlockSpec((None, None, None, rows), lambda m, b, h: (m, b, h, 0)),
-        "q": part(0),
-        "k": part(1),
-        "v": part(2),
+        "tile": pl.BlockSpec((None, None, whole, None, cols), lambda m, b, h, t: (m + first, b, 0, h, 0)),
+        "out_tile": pl.BlockSpec((None, None, block, None, cols), lambda m, b, h, t: (m + first, b, t, h, 0)),
+        "qkv": pl.BlockSpec((None, None, block, 4, None, cols), lambda m, b, h, t: (m + first, b, t, 0, h, 0)),
+        "rows": pl.BlockSpec((None, None, None, whole), lambda m, b, h, t: (m, b, h, 0)),
+        "rows_tile": pl.BlockSpec((None, None, None, block), lambda m, b, h, t: (m, b, h, t)),
+        "q": part(0, whole, False),
+        "q_tile": part(0, block, True),
+        "k": part(1, whole, False),
+        "v": part(2, whole, False),
     }
     body = functools.partial(kernel, length=length, head_dim=head_dim, threshold=threshold, inv_keep=inv_keep)
     inputs = [(x, kind) for x, kind in args] + [(x, kind) for x, kind in zip(into, outs)]
@@ -159,16 +141,16 @@ def _call(kernel, name, seeds, args, outs, group, threshold, inv_keep, interpret
 
     results = pl.pallas_call(
         run,
-        grid=(count, batch, heads),
-        in_specs=[pl.BlockSpec((None, None, 2), lambda m, b, h: (m + first, h, 0))] + [specs[k] for _, k in inputs],
+        grid=(count, batch, heads, tiles),
+        in_specs=[pl.BlockSpec((None, None, 2), lambda m, b, h, t: (m + first, h, 0))] + [specs[k] for _, k in inputs],
         out_specs=[specs[kind] for kind in outs],
         out_shape=[jax.ShapeDtypeStruct(shapes[kind], jnp.float32) for kind in outs],
         input_output_aliases={1 + len(args) + i: i for i in range(len(into))},
-        compiler_params=plgpu.CompilerParams(num_warps=8 if rows >= 128 else 4, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=blocks.warps, num_stages=NUM_STAGES),
         interpret=interpret,
         name=name,
     )(seeds, *(x.reshape(shapes[kind]) for x, kind in inputs))
-    flat = {"tile": width, "qkv": 3 * width}
+    flat = {"out_tile": width, "qkv": 3 * width}
     return [r.reshape(members, batch, length, flat[kind]) if kind in flat else r for r, kind in zip(results, outs)]
 
 
@@ -181,11 +163,11 @@ def _groups(layout: Layout):
 
 
 def _forward(qkv, seeds, layout, threshold, inv_keep, interpret):
-    args, out, stats = [(qkv, "q"), (qkv, "k"), (qkv, "v")], (), []
+    args, out, stats = [(qkv, "q_tile"), (qkv, "k"), (qkv, "v")], (), []
     for group in _groups(layout):
         into = out
         out, lse = _call(
-            _forward_kernel, "mhjax_attention_fwd", seeds, args, ("tile", "rows"), group, threshold, inv_keep,
+            forward_kernel, "mhjax_attention_fwd", seeds, args, ("out_tile", "rows_tile"), group, threshold, inv_keep,
             interpret, into,
         )  # fmt: skip
         out, stats = (out,), stats + [lse]
@@ -218,7 +200,7 @@ def _members_bwd(layout, threshold, inv_keep, interpret, residuals, dout):
     for group, lse in zip(_groups(layout), stats):
         args = [(qkv, "q"), (qkv, "k"), (qkv, "v"), (out, "tile"), (lse, "rows"), (dout, "tile")]
         grads = _call(
-            _backward_kernel, "mhjax_attention_bwd", seeds, args, ("qkv",), group, threshold, inv_keep,
+            backward_kernel, "mhjax_attention_bwd", seeds, args, ("qkv",), group, threshold, inv_keep,
             interpret, grads,
         )  # fmt: skip
     return grads[0], np.zeros(seeds.shape, jax.dtypes.float0)
@@ -245,11 +227,19 @@ class KernelCost(NamedTuple):
 def kernel_cost(batch: int, length: int, width: int, heads: int) -> KernelCost:
     """FLOPs and HBM bytes of one forward and backward of the kernel, counted analytically.
     Bytes: forward reads q, k, v and writes out and the row statistics; backward reads q, k,
-    v, out, dout and the statistics and writes dq, dk, dv (fp32). FLOPs: the seven matmuls
-    at the padded block sizes the programs compute (2 forward, 5 backward), plus ~60
-    elementwise operations per block element (scale, mask, softmax, dropout hash twice)."""
-    rows, cols = block_sizes(length, width // heads)
+    v, out, dout and the statistics and writes dq, dk, dv (fp32), each once: the tiles' re-reads
+    of k, v (forward) and q, out, dout (backward) are counted as L2 hits. FLOPs: the matmuls of
+    the (query tile, key tile) pairs the causal loops visit (n (n + 1) / 2 of n tiles) at the
+    padded tile sizes: 2 forward, 7 backward (4 in the dk/dv loop, 3 in the dq loop), plus ~20
+    elementwise operations per tile element and loop (scale, mask, exp, dropout hash)."""
+    forward, backward, cols, _ = block_sizes(length, width // heads)
+
+    def pairs(block):  # tile elements the causal loops compute
+        tiles = -(-length // block)
+        return tiles * (tiles + 1) // 2 * block * block
+
     tokens = batch * length * width
     nbytes = 4.0 * (12 * tokens + 2 * batch * heads * length)
-    dots = batch * heads * 7 * 2 * rows * rows * cols
-    return KernelCost(float(dots + batch * heads * 60 * rows * rows), nbytes, float(dots))
+    dots = batch * heads * 2 * cols * (2 * pairs(forward) + 7 * pairs(backward))
+    elementwise = batch * heads * 20 * (pairs(forward) + 2 * pairs(backward))
+    return KernelCost(float(dots + elementwise), nbytes, float(dots))

@@ -49,6 +49,13 @@ PROGRAMS = 8  # programs per member to aim for (at most; at least PROGRAMS / 2 w
 STEP_ROWS = {"norm_dense_fwd": 32, "norm_dense_bwd": 16, "mlp_block_fwd": 32, "mlp_block_bwd": 32}
 WARPS, STAGES = 8, 3  # pipelined: the loop's row loads are prefetched (cp.async); 3: no spill either
 MAX_DIM = 256  # padded width, hidden width and features: whole weight blocks in one program
+# Padded weight elements a program may hold: the backward keeps each weight block beside its
+# gradient's accumulator in shared memory, 227 KiB per block on sm_90 (the H200). Found by the
+# deviceless compile of each kernel's forward and backward (benchmarks/block_fit.py): norm_dense
+# compiles at D x F = 128 x 256 and fails at 256 x 256, 128 x 512, 64 x 1,024; mlp_block (two
+# weights) compiles at D x M = 64 x 128, 32 x 256, 16 x 512, 128 x 64 and fails at 64 x 256 and
+# 128 x 128 ("Shared memory size limit exceeded: requested 303,104, available: 232,448").
+MAX_ELEMENTS = {"norm_dense": 128 * 256, "mlp_block": 64 * 128}
 
 
 def _pad(n: int) -> int:
@@ -278,16 +285,24 @@ def _mlp_bwd(threshold, inv_keep, interpret, residuals, dout):
 _mlp.defvjp(_mlp_fwd, _mlp_bwd)
 
 
-def fits(*dims: int) -> bool:
-    """Whether rows of these widths (D and M, or D and F) fit the kernels' whole weight blocks."""
-    return all(_pad(n) <= MAX_DIM for n in dims)
+def fits(width: int, hidden: int, kernel: str = "norm_dense") -> bool:
+    """Whether ``kernel``'s whole weight blocks of D = ``width`` and F or M = ``hidden`` fit one
+    program: each padded size within MAX_DIM, their product within MAX_ELEMENTS[kernel]."""
+    d, h = _pad(width), _pad(hidden)
+    return d <= MAX_DIM and h <= MAX_DIM and d * h <= MAX_ELEMENTS[kernel]
 
 
 def block_parts(width: int, mlp_dim: int, attention_width: int | None = None) -> tuple[bool, bool]:
     """Which of a Transformer block's parts run as kernels: (the pre-norm and q/k/v projection
-    as norm_dense, the MLP half as mlp_block), where their weights fit one program.
-    ``attention_width``: q, k and v's width A (None: the width)."""
-    return fits(width, 3 * (attention_width or width)), fits(width, mlp_dim)
+    as norm_dense, the MLP half as mlp_block), where their weights fit one program (``fits``);
+    the others are XLA's. ``attention_width``: q, k and v's width A (None: the width).
+
+    Beyond the budget the norms and MLP are XLA's; tiled weights are not built. Decided from the
+    deviceless H200 compile (benchmarks/block_rule.py; docs/performance.md, "The block kernels'
+    rule"): GB per member-step, kernels 0.36 against XLA 0.77 at width 64; XLA 2.84 at 256 and 8.75
+    at 1,024. The step stays memory-bound to width ~512 (28 FLOP per byte at 256), so tiling is
+    worth building for widths 128-512; at 1,024 the dots bound it (~20 % to gain)."""
+    return fits(width, 3 * (attention_width or width)), fits(width, mlp_dim, "mlp_block")
 
 
 def _check(fn: str, x, **arrays):
@@ -307,6 +322,12 @@ def _check(fn: str, x, **arrays):
     for name, n in (("D", x.shape[-1]), *((f"{name}.shape[-1]", a.shape[-1]) for name, (a, _) in arrays.items())):
         if _pad(n) > MAX_DIM:
             raise ValueError(f"pallas_block.{fn}: {name} = {n} > {MAX_DIM} (whole weight blocks in one program)")
+    hidden = arrays["kernel" if fn == "norm_dense" else "w_in"][0].shape[-1]
+    if not fits(x.shape[-1], hidden, fn):  # what the device's shared memory refuses, refused here too
+        raise ValueError(
+            f"pallas_block.{fn}: D x {'F' if fn == 'norm_dense' else 'M'} = {x.shape[-1]} x {hidden} padded to "
+            f"{_pad(x.shape[-1])} x {_pad(hidden)} > {MAX_ELEMENTS[fn]} weight elements (one program's shared memory)"
+        )
 
 
 def norm_dense(x, scale, kernel, bias, interpret: bool):

@@ -84,7 +84,8 @@ _LABELS = {
     "train_loss": "training loss",
     "program_wall_time_s": "program wall time s",
 }
-_SUMMARY_ENDINGS = ("_loss", "_accuracy", "margin", "fidelity", "mixing_time")  # the rest: in "Every member"
+# the rest: in "Every member"; bits: text's (data/text.py)
+_SUMMARY_ENDINGS = ("_loss", "_accuracy", "margin", "fidelity", "mixing_time", "_bits", "_per_byte", "_per_token")
 
 
 def _group_keys(members: list[dict], sweep_fields: list[str] | None = None) -> tuple[str, ...]:

@@ -6,9 +6,15 @@ mesh (train/target.py), and every executable a run would build (initial state, e
 length, evaluation: train/ahead.py's jobs) is compiled by the target's compiler, one after
 another, with JAX's persistent cache off, so that each time is a real compile. Nothing runs.
 
-For each executable: compile seconds, memory per device against the target's, and the
-Triton kernels in it. For the training chunk: the attention path actually in the program
-(kernel calls; f32 (..., T, T) tensors, i.e. attention maps in memory) and the bytes per
+A target of N devices (``h200x8``) plans the sweep for N (``auto`` strategy and the member
+layout: Experiment.planned_devices) and compiles it for N compile-only devices, the member
+axis split over them where it divides (train/placement.py).
+
+For each executable: compile seconds, memory per device against the target's, whether its
+program is split over the devices or replicated on each, the collectives in it (a training
+chunk should have none: members are independent), and the Triton kernels in it with the
+members each call computes. For the training chunk: the attention path actually in the program
+(kernel calls; (..., T, T) values of any type, i.e. attention maps or masks in memory) and the bytes per
 member-step its top-level kernels move (train/hlo.py), beside models/cost.py's estimate.
 """
 
@@ -33,9 +39,12 @@ class Executable(NamedTuple):
     temp: int
     alias: int  # outputs that reuse (donated) argument buffers
     kernels: dict  # {Triton kernel name: calls}
-    square: int  # lines with an f32 (..., T, T) value
+    square: int  # lines with a (..., T, T) value of any type
     bytes_per_member_step: float | None  # training chunks only, besides the Pallas kernels
     kernel_bytes_per_member_step: float | None  # the Pallas kernels' calls, each charged its whole operands
+    collectives: dict = {}  # {kind: instructions}, hlo.collectives
+    kernel_members: tuple = ()  # leading dimensions of the Triton calls' results (members per call)
+    replicated: bool = False  # every device computes every member (members do not divide the devices)
 
     @property
     def total(self) -> int:
@@ -78,15 +87,19 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
     those of these roles, e.g. ("chunk",)); ``log`` gets a line as each one starts (compiles
     of the paper sweep take minutes on 2 cores)."""
     placement = Placement(targets.devices(target), abstract=True)
-    # Planned for the target's backend: attention=auto resolves to what a GPU runs, the Pallas
-    # kernel lowered through Triton (interpret=False: models/attention_choice.py).
+    # Planned for the target's backend and device count: attention=auto resolves to what a GPU
+    # runs, the Pallas kernel lowered through Triton (interpret=False: models/attention_choice.py),
+    # and strategy=auto and one_program's member order to what N of them run.
+    experiment.planned_devices = placement.size
     sweep = Sweep(experiment, target.backend, placement)
     config = experiment.config
     # The run's plan from step 0, as the host loop makes it (the first chunk cut at early evaluations).
     plan = ahead.chunk_plan(0, config.train.steps, config.train.chunk_steps, splits=experiment.eval_steps())
     lengths, pieces = plan.chunk_lengths, plan.piece_length
     description = ahead.describe(sweep, lengths, True, pieces)
+    # The members one device computes: the compiled program is one device's (per member-step figures)
     members = {p.name: len(p.members) for p in sweep.programs}
+    here = {name: n // placement.size if placement.sharded(n) else n for name, n in members.items()}
     out = []
     with persistent_cache_off():
         for job in ahead.jobs(sweep, lengths, True, pieces):
@@ -94,7 +107,8 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
                 continue
             log(f"compiling {' '.join(str(k) for k in job.key)} for {target.device}")
             executables, seconds, _ = ahead.compile_all([job])
-            out.append(_describe(job.key, executables[job.key], seconds, members, config.model.get("seq_len")))
+            described = _describe(job.key, executables[job.key], seconds, here, config.model.get("seq_len"))
+            out.append(described._replace(replicated=placement.size > 1 and not placement.sharded(members[job.key[1]])))
     return Report(target, description, out, _estimate(experiment, sweep), config.model.get("seq_len"))
 
 
@@ -116,11 +130,21 @@ def _describe(key, executable, seconds: float, members: dict, length) -> Executa
         hlo.square_tensors(text, length) if length else 0,
         per_step,
         kernel_step,
+        dict(hlo.collectives(text)),
+        tuple(hlo.kernel_members(text)),
     )
 
 
 def _estimate(experiment, sweep) -> float | None:
     return experiment.estimated_bytes_per_member_step(sweep.backend, sweep.placement.size)
+
+
+def _split(e: Executable, devices: int) -> str:
+    return "one device" if devices == 1 else "replicated" if e.replicated else f"split /{devices}"
+
+
+def _collectives(counts: dict) -> str:
+    return ", ".join(f"{kind} x{n}" for kind, n in sorted(counts.items()))
 
 
 def _gib(n: float) -> str:
@@ -134,21 +158,39 @@ def _size(n: float) -> str:
 def lines(report: Report) -> list[str]:
     """The dry run's table and summary for ``report``."""
     t, length = report.target, report.length
+    devices = f"{t.count} x {t.device}" if t.count > 1 else t.device
     out = [
-        f"target: {t.device} ({t.name}), {_gib(t.memory_bytes)} GiB per device, compiled here with "
+        f"target: {devices} ({t.name}), {_gib(t.memory_bytes)} GiB per device, compiled here with "
         f"jax {jax.__version__}'s GPU compiler; {report.description}",
         f"  {'executable':<18} {'compile':>8} {'arguments':>12} {'outputs':>12} {'temp':>12} "
-        f"{'total':>12} {'of device':>9}  attention",
+        f"{'total':>12} {'of device':>9}  {'members':<10} {'collectives':<16} attention",
     ]
     for e in report.executables:
         kernels = ", ".join(f"{k} x{n}" for k, n in sorted(e.kernels.items())) or "no Triton kernel"
+        if e.kernel_members:
+            kernels += f" of {'/'.join(map(str, e.kernel_members))} members"
         if length and e.key[0] in ("chunk", "piece"):
-            kernels += f"; {e.square} f32 (..., {length}, {length}) value(s)" if e.square else "; no (T, T) map"
+            kernels += f"; {e.square} (..., {length}, {length}) value(s)" if e.square else "; no (T, T) map"
         out.append(
             f"  {' '.join(str(k) for k in e.key):<18} {e.seconds:>7.1f}s {_size(e.arguments):>12} "
             f"{_size(e.outputs):>12} {_size(e.temp):>12} {_size(e.total):>12} {e.total / t.memory_bytes:>9.1%}  "
-            f"{kernels}"
+            f"{_split(e, t.count):<10} {_collectives(e.collectives) or 'none':<16} {kernels}"
         )
+    if t.count > 1:
+        out.append(f"  memory is per device; members: split over the {t.count} devices, or replicated on each")
+    replicated = sorted({e.key[1] for e in report.executables if e.replicated})
+    if replicated:
+        out.append(
+            f"replicated: program(s) {', '.join(replicated)}: members do not divide the {t.count} devices, "
+            "so every device computes all of them"
+        )
+    for e in report.executables:
+        if e.key[0] in ("chunk", "piece") and e.collectives:
+            key = " ".join(str(k) for k in e.key)
+            out.append(
+                f"warning: training {key} holds collectives ({_collectives(e.collectives)}): members are "
+                "independent, so a split chunk should need none (each step waits on them)"
+            )
     total = sum(e.seconds for e in report.executables)
     fits = max(e.total for e in report.executables) <= t.memory_bytes
     out.append(

@@ -264,8 +264,32 @@ def member_status(state: MemberState) -> dict:
     return status
 
 
-def make_init(recipe, out_shardings=None):
-    return jax.jit(over_members(recipe, init_member), out_shardings=out_shardings)
+def per_shard(fn, recipe, mesh, in_specs, out_specs):
+    """``fn`` run by every device on its own shard of the member axis (jax.shard_map over
+    ``mesh``'s MEMBER_AXIS; None: as it is). Members are independent, so the step needs no
+    collective, and every kernel the model calls (the Pallas kernels, the C++ attention: custom
+    calls XLA cannot partition, which it would otherwise gather and run on every device for
+    every member) sees members / N (issue 39). Specs: PartitionSpec prefixes of the arguments
+    and results. Unrolled programs stay as XLA partitions them: their groups are slices of the
+    whole member axis. check_vma off: pallas_call and ffi_call carry no varying-axis rules."""
+    if mesh is None or isinstance(recipe, Unrolled):
+        return fn
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+
+
+def _specs():
+    from jax.sharding import PartitionSpec
+
+    from mhjax.models.member_layout import MEMBER_AXIS
+
+    return PartitionSpec(MEMBER_AXIS), PartitionSpec(None, MEMBER_AXIS), PartitionSpec()
+
+
+def make_init(recipe, out_shardings=None, mesh=None):
+    """``mesh``: run per device on its shard of the member axis (per_shard); None: as one program."""
+    members, _, _ = _specs()
+    fn = per_shard(over_members(recipe, init_member), recipe, mesh, members, members)
+    return jax.jit(fn, out_shardings=out_shardings)
 
 
 def _chunk_steps(recipe, consts):
@@ -282,22 +306,24 @@ def _chunk_steps(recipe, consts):
     return (lambda states: states), (lambda carry: members_step(recipe, carry, consts)), (lambda carry: carry)
 
 
-def make_train_chunk(recipe, length: int):
-    """jit(states, consts) -> (states, metrics with leaves (length, members))."""
+def make_train_chunk(recipe, length: int, mesh=None):
+    """jit(states, consts) -> (states, metrics with leaves (length, members)); ``mesh`` as make_init."""
 
     def chunk(states, consts):
         to_carry, step, from_carry = _chunk_steps(recipe, consts)
         final, metrics = jax.lax.scan(lambda carry, _: step(carry), to_carry(states), None, length=length)
         return from_carry(final), metrics
 
-    return jax.jit(chunk, donate_argnums=0)
+    members, steps, _ = _specs()
+    return jax.jit(per_shard(chunk, recipe, mesh, (members, members), (members, steps)), donate_argnums=0)
 
 
-def make_partial_chunk(recipe, length: int):
+def make_partial_chunk(recipe, length: int, mesh=None):
     """jit(states, consts, count) -> (states after ``count`` steps, metrics (length, members)):
     one program for every chunk of up to ``length`` steps (``count`` is traced; the steps from
     ``count`` on are skipped by a conditional, their metric rows NaN). The trainer cuts its first
-    chunk into such pieces to evaluate at early steps without compiling one program per piece."""
+    chunk into such pieces to evaluate at early steps without compiling one program per piece.
+    ``mesh`` as make_init."""
 
     def chunk(states, consts, count):
         to_carry, step, from_carry = _chunk_steps(recipe, consts)
@@ -313,8 +339,12 @@ def make_partial_chunk(recipe, length: int):
         final, metrics = jax.lax.scan(body, carry, jnp.arange(length))
         return from_carry(final), metrics
 
-    return jax.jit(chunk, donate_argnums=0)
+    members, steps, scalar = _specs()
+    return jax.jit(per_shard(chunk, recipe, mesh, (members, members, scalar), (members, steps)), donate_argnums=0)
 
 
-def make_evaluate(recipe):
-    return jax.jit(over_members(recipe, lambda r, s, c: r.evaluate(s.params, c, s.step)))
+def make_evaluate(recipe, mesh=None):
+    """``mesh`` as make_init."""
+    members, _, _ = _specs()
+    fn = over_members(recipe, lambda r, s, c: r.evaluate(s.params, c, s.step))
+    return jax.jit(per_shard(fn, recipe, mesh, (members, members), members))

@@ -8,9 +8,14 @@
   through dynamic-slices, those slices' bytes (a scan's stacked buffers).
   Approximate (a fusion that reads a static slice of an operand is charged the whole
   operand). On a GPU target, where ``cost_analysis()`` is None, this is the only count there is.
-- ``triton_kernels``: the Pallas/Triton kernels in the program, by name.
-- ``square_tensors``: f32 tensors whose last two dimensions are (T, T), i.e. attention maps
-  that reached memory (the fused kernel keeps them on chip).
+- ``triton_kernels``: the Pallas/Triton kernels in the program, by name; ``kernel_members``:
+  the leading dimension of their results (the members one call computes: members / N per
+  device where the member axis is split over N).
+- ``square_tensors``: values of any type (f32 scores and probabilities, pred dropout masks,
+  u32 hash bits, bf16) whose last two dimensions are (T, T), i.e. attention maps that reached
+  memory (the fused kernel keeps them on chip).
+- ``collectives``: the cross-device operations (all-gather, all-reduce, ...), by kind: a
+  sweep's members are independent, so a training program split over devices needs none.
 """
 
 from __future__ import annotations
@@ -158,7 +163,31 @@ def triton_kernels(text: str) -> Counter:
     return Counter(TRITON.findall(text))
 
 
+FIRST_SHAPE = re.compile(r" = \(?[a-z0-9]+\[(\d+)")
+
+
+def kernel_members(text: str) -> list[int]:
+    """The distinct leading dimensions of the Triton calls' (first) results, ascending."""
+    return sorted(
+        {int(m.group(1)) for line in text.splitlines() if TRITON.search(line) for m in [FIRST_SHAPE.search(line)] if m}
+    )
+
+
 def square_tensors(text: str, length: int) -> int:
-    """How many lines of the program mention an f32 value of type (..., length, length)."""
-    pattern = re.compile(rf"\bf32\[(?:[0-9]+,)*{length},{length}\]")
+    """How many lines of the program mention a value of any element type (f32, pred, u32, ...)
+    of shape (..., length, length)."""
+    pattern = re.compile(rf"\b[a-z]+[0-9]*\[(?:[0-9]+,)*{length},{length}\]")
     return sum(1 for line in text.splitlines() if pattern.search(line))
+
+
+COLLECTIVE_KINDS = (
+    "all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute", "collective-broadcast",
+    "ragged-all-to-all",
+)  # fmt: skip
+# An instruction's op: `name = type op(`; async pairs counted once, at their -start
+COLLECTIVE = re.compile(r"\s(" + "|".join(COLLECTIVE_KINDS) + r")(?:-start)?\(")
+
+
+def collectives(text: str) -> Counter:
+    """{kind: instructions} of the cross-device collectives in the program (an async pair once)."""
+    return Counter(m.group(1) for line in text.splitlines() if " = " in line for m in [COLLECTIVE.search(line)] if m)

@@ -43,9 +43,9 @@ class Sweep:
         by config.devices); an abstract one (a compile target's) makes constants shapes only."""
         self.experiment = experiment
         self.backend = backend = backend or jax.default_backend()
-        self.programs = experiment.programs(experiment.config.get("strategy", "auto"), backend)
         count = int(experiment.config.get("devices", 0) or 0)  # 0: every device
         self.placement = placement or Placement(jax.devices()[:count] if count else None)
+        self.programs = experiment.programs(experiment.config.get("strategy", "auto"), backend)
         self.consts = {
             p.name: self.placement.put(stack_constants(experiment, p.members), len(p.members)) for p in self.programs
         }
@@ -56,10 +56,15 @@ class Sweep:
 
     def _jit(self) -> None:
         self._chunks, self._pieces = {}, {}
-        self._evaluate = {p.name: engine.make_evaluate(p.recipe) for p in self.programs}
+        self._evaluate = {p.name: engine.make_evaluate(p.recipe, self._mesh(p)) for p in self.programs}
         self._init = {
-            p.name: engine.make_init(p.recipe, self.placement.sharding(len(p.members))) for p in self.programs
+            p.name: engine.make_init(p.recipe, self.placement.sharding(len(p.members)), self._mesh(p))
+            for p in self.programs
         }
+
+    def _mesh(self, program):
+        """Where ``program`` runs per device on its shard of the member axis (engine.per_shard)."""
+        return self.placement.mesh_for(len(program.members))
 
     def rebuild(self) -> None:
         """The experiment's programs again, after it changed how it computes them (a kernel that
@@ -153,13 +158,17 @@ class Sweep:
     def chunk_fn(self, program, length: int):
         fn = self._chunks.get((program.name, length))
         if fn is None:
-            fn = self._chunks[(program.name, length)] = engine.make_train_chunk(program.recipe, length)
+            fn = self._chunks[(program.name, length)] = engine.make_train_chunk(
+                program.recipe, length, self._mesh(program)
+            )
         return fn
 
     def piece_fn(self, program, length: int):
         fn = self._pieces.get((program.name, length))
         if fn is None:
-            fn = self._pieces[(program.name, length)] = engine.make_partial_chunk(program.recipe, length)
+            fn = self._pieces[(program.name, length)] = engine.make_partial_chunk(
+                program.recipe, length, self._mesh(program)
+            )
         return fn
 
     def run_chunk(self, program, states, length: int):
@@ -304,19 +313,18 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         if evaluation is None:  # else the loop's last evaluation is of this very state
             evaluation = sweep.evaluate(states)
         payload = results_payload(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
-        if primary:
-            workdir.write_results(payload)
+        written = workdir.write_results(payload) if primary else payload  # with any other part's members
         description = f"{payload['title']}: {len(members)} members, {step} steps"
         writers.finish(payload["members"], hparams, experiment.metric_tags(), step, description)
         # Host copies are gathered by EVERY process (a collective); then only process 0 draws.
         member_states = sweep.member_states(states)
         if primary:
             _images(experiment, writers, member_states, step, log, payload["members"])
-            for request in experiment.figures(payload):  # experiment-specific figures and summaries
+            for request in experiment.figures(written):  # experiment-specific figures and summaries
                 draw_figures(workdir, request, log)
-            for line in member_status.diverged_lines(payload["members"]):
+            for line in member_status.diverged_lines(written["members"]):
                 log(line)
-        return payload
+        return written
     finally:
         stop.close()
         console.close()

@@ -1,7 +1,8 @@
 """Where member states live: the member axis sharded over every device of every process.
 
 Members never talk to each other, so sharding the leading member axis over a 1-D mesh
-needs no collectives. With several processes (jax.distributed), jax.devices() is the
+needs no collectives: each device runs the whole step on its own shard (``mesh_for``,
+train/engine.py's per_shard), its kernels included. With several processes (jax.distributed), jax.devices() is the
 global device list and each process computes the members on its own devices.
 """
 
@@ -12,7 +13,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-AXIS = "members"
+from mhjax.models.member_layout import MEMBER_AXIS as AXIS
 
 
 class Placement:
@@ -35,6 +36,15 @@ class Placement:
         (correct, but every device then computes every member of that program)."""
         spec = PartitionSpec(AXIS) if num_members % self.size == 0 else PartitionSpec()
         return NamedSharding(self.mesh, spec)
+
+    def sharded(self, num_members: int) -> bool:
+        """Whether a program of ``num_members`` members is split over several devices."""
+        return self.size > 1 and num_members % self.size == 0
+
+    def mesh_for(self, num_members: int):
+        """The mesh a program of ``num_members`` members runs per device on (engine.per_shard);
+        None where it is not split (one device, or replicated: every device runs every member)."""
+        return self.mesh if self.sharded(num_members) else None
 
     def put(self, tree, num_members: int):
         """Host arrays with a leading member axis -> global arrays; each process supplies

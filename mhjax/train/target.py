@@ -6,9 +6,11 @@ whole GPU pipeline for it, Triton and ptxas included, with the GPU compiler that
 ``jax[cuda13]`` (jax-cuda13-plugin). Nothing runs; the executables say what the GPU would
 be given: memory per device, the kernels in the program.
 
-Bundled targets are the files in ``targets/`` (``h200``, ``h100``, ``a100``); any other
-value is the path of such a file, e.g. the exact text a real device gives
-(``device_target_config()``, run on that machine).
+Bundled targets are the files in ``targets/`` (``h200``, ``h100``, ``a100``), each also as
+``NAMExN``: N such devices on one host (``h200x8``, an 8-GPU node), the sweep planned and
+compiled for N compile-only devices with the member axis split over them; any other value is
+the path of such a file, e.g. the exact text a real device gives (``device_target_config()``,
+run on that machine).
 """
 
 from __future__ import annotations
@@ -31,20 +33,33 @@ class Target(NamedTuple):
     device: str  # device_description_str
     memory_bytes: int  # device_memory_size
     backend: str = "gpu"  # what mhjax plans for (experiments' programs, attention)
+    count: int = 1  # devices on the host (NAMExN), the member axis split over them
 
 
 def bundled() -> list[str]:
     return sorted(f[: -len(SUFFIX)] for f in os.listdir(TARGETS_DIR) if f.endswith(SUFFIX))
 
 
+MANY = re.compile(r"^(?P<name>[\w\-]+)x(?P<count>\d+)$")  # NAMExN: N devices of a bundled target
+
+
 def load(name_or_path: str) -> Target:
-    """A bundled target by name, or a target config file; ConfigError naming both otherwise."""
-    path = os.path.join(TARGETS_DIR, f"{name_or_path}{SUFFIX}")
+    """A bundled target by name (NAMExN: N of them), or a target config file; ConfigError naming
+    what is allowed otherwise."""
+    name, count = name_or_path, 1
+    many = MANY.match(name_or_path)
+    if many and many.group("name") in bundled() and not os.path.isfile(name_or_path):
+        name, count = many.group("name"), int(many.group("count"))
+        if count < 1:
+            raise ConfigError(f"--target: {name_or_path!r} needs N >= 1 devices (e.g. {name}x8)")
+    path = os.path.join(TARGETS_DIR, f"{name}{SUFFIX}")
     if not os.path.isfile(path):
         path = name_or_path
     if not os.path.isfile(path):
+        names = ", ".join(bundled())
         raise ConfigError(
-            f"--target: must be one of {', '.join(bundled())} or a GpuTargetConfig text file; got {name_or_path!r}"
+            f"--target: must be one of {names} (NAMExN for N of them, e.g. h200x8) or a GpuTargetConfig text file; "
+            f"got {name_or_path!r}"
         )
     with open(path) as f:
         text = f.read()
@@ -54,7 +69,7 @@ def load(name_or_path: str) -> Target:
         raise ConfigError(
             f"--target: {path} is not a GpuTargetConfig text proto (no gpu_device_info/device_memory_size)"
         )
-    return Target(name_or_path, text, device.group(1) if device else name_or_path, int(memory.group(1)))
+    return Target(name_or_path, text, device.group(1) if device else name_or_path, int(memory.group(1)), count=count)
 
 
 def install_hint() -> str:
@@ -71,11 +86,13 @@ def compiler_available() -> bool:
         return False
 
 
-def devices(target: Target, count: int = 1) -> list:
-    """``count`` compile-only devices of ``target`` (one host). Needs the CUDA plugin, which
-    registers even where JAX_PLATFORMS=cpu (it then skips its runtime checks)."""
+def devices(target: Target, count: int | None = None) -> list:
+    """``count`` (default: the target's) compile-only devices of ``target`` (one host). Needs
+    the CUDA plugin, which registers even where JAX_PLATFORMS=cpu (it then skips its runtime
+    checks)."""
     from jax.experimental import topologies
 
+    count = target.count if count is None else count
     if not compiler_available():
         raise ConfigError(f"--target: the GPU compiler is not installed; {install_hint()}")
     try:

@@ -10,13 +10,14 @@ from mhjax.train import target as targets
 
 def compile_for(config, target: str, log=print, describe=None) -> deviceless.Report:
     """Compile every executable of ``config``'s sweep for ``target`` (a bundled name: h200,
-    h100, a100, or a GpuTargetConfig text file) on this machine; ``log`` gets progress lines,
+    h100, a100, NAMExN for N of them, or a GpuTargetConfig text file) on this machine; ``log`` gets progress lines,
     ``describe`` (if given) the sweep's plan for the target before the compiles start. Needs
     the GPU compiler (jax[cuda13] at the installed jax version); without it, a ConfigError
     naming the install command."""
     chosen = targets.load(target)
     targets.devices(chosen)  # a missing compiler: one line, before anything else
     experiment = make_experiment(config)
+    experiment.planned_devices = chosen.count  # the plan described is the one compiled (deviceless)
     if describe is not None:
         describe("\n".join(experiment.describe(chosen.backend)))
     return deviceless.compile_for(experiment, chosen, log=log)

@@ -16,6 +16,7 @@ from mhjax.io.lock import WorkdirLock
 from mhjax.io.workdir import Workdir
 from mhjax.train import snapshots
 from mhjax.train.loop import Sweep, run
+from mhjax.workflows import growth
 
 
 def describe(experiment, backend: str) -> str:
@@ -82,4 +83,12 @@ def train(experiment, workdir, *, progress: bool = True, log=print, primary: boo
         experiment.keep_names(workdir.recorded_names())  # resumed or trained longer: the names it has
         for line in experiment.notes() if primary else ():
             log(line)
-        return run(experiment, workdir, progress=progress, log=log)
+        parts = growth.plan(experiment, workdir, primary, log if primary else lambda _: None)
+        if len(parts) == 1:
+            return run(experiment, workdir, progress=progress, log=log)
+        # a sweep that grew: each part not yet done trains alone; the last one at least, so the
+        # command still says and returns the sweep's results
+        payload = None
+        for part in [p for p in parts if not growth.done(p)] or parts[-1:]:
+            payload = run(part.experiment, part.workdir, progress=progress, log=log)
+        return payload

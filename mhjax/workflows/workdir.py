@@ -13,6 +13,7 @@ from mhjax.config import ConfigError
 from mhjax.data import tasks
 from mhjax.experiments import experiment_class, make_experiment
 from mhjax.io.workdir import Workdir
+from mhjax.workflows import growth
 
 
 class Opened:
@@ -73,6 +74,7 @@ class Opened:
             self.restore_plugins()
             experiment = make_experiment(config)
             experiment.keep_names(self.files.recorded_names())  # the names its run gave its members
+            growth.adopt_names(experiment, self.files.metadata())  # and those of a sweep that grew
             self._experiment = experiment
         return self._experiment
 

@@ -1,0 +1,215 @@
+"""The built-in task ``text``: next-token prediction on windows of a corpus file,
+``config.data.path``.
+
+Files: any file is read as bytes (token ids 0-255); a ``.bin`` is nanoGPT's format, uint16
+token ids, little-endian, and needs ``model.vocab_size`` above its largest id. The last
+``config.data.holdout`` fraction of the tokens (default 0.1) is held out.
+
+A window is ``model.seq_len + 1`` consecutive tokens starting at an offset drawn uniformly from
+a key: inputs are its first T tokens, targets its last T (the next token), every position
+weighted. Training draws from the training part with the member's data key (the protocols of
+data/sequences.py), so members that differ only in heads or learning rate see the same
+windows; evaluation and analysis draw from the held-out part (the task's ``heldout`` form).
+
+Where the corpus lives: a file up to ``ON_DEVICE_LIMIT`` (16 MiB: 16 Mi bytes, 8 Mi tokens of a
+.bin) goes to the device, and the task's forms close over it, a constant of each compiled step
+(measured on 2 loaded CPU cores, docs/text.md: a gather from a 1 MiB constant compiles in ~1.1 s,
+8 MiB in ~1.3 s, 32 MiB in ~2.7 s). A larger file is memory-mapped: the offsets are drawn in the
+step from the same keys, and a host callback (``jax.pure_callback``) reads the windows, so both
+give equal batches. The callback runs once per step (not per chunk) and a program holding one
+is not kept in the persistent compile cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mhjax.config import ConfigError
+from mhjax.data.tasks import Task, register_task
+
+ON_DEVICE_LIMIT = 16 * 2**20  # bytes of token ids kept on the device (see the module docstring)
+HOLDOUT = 0.1  # config.data.holdout's default
+BYTE_VOCAB = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    """A corpus file read and split (numpy), with what mhjax.json records of it."""
+
+    path: str  # absolute
+    size: int  # bytes on disk
+    sha256: str
+    kind: str  # "bytes" or "uint16" (a .bin)
+    train: np.ndarray  # uint8 or uint16 token ids
+    heldout: np.ndarray
+    max_id: int
+
+    @property
+    def record(self) -> dict:
+        """What mhjax.json records of the file (a changed sha256 refuses resume and analysis)."""
+        return {"path": self.path, "size": self.size, "sha256": self.sha256, "format": self.kind}
+
+    def unigram_entropy_bits(self) -> float:
+        """Entropy (bits per token) of the held-out tokens' own frequencies: what a model that
+        knows the held-out unigram distribution, and nothing of context, would score."""
+        counts = np.zeros(self.max_id + 1, np.int64)
+        for i in range(0, self.heldout.size, 2**24):  # in blocks: a memory-mapped file stays on disk
+            counts += np.bincount(self.heldout[i : i + 2**24], minlength=self.max_id + 1)
+        p = counts[counts > 0] / self.heldout.size
+        return float(-(p * np.log2(p)).sum())
+
+
+_LOADED: dict[tuple, Corpus] = {}  # by (path, size, mtime, holdout): configs are validated and built more than once
+
+
+def load(path, holdout=HOLDOUT) -> Corpus:
+    """The corpus at ``path`` split at ``holdout``; a missing, empty or odd-sized (.bin) file is
+    a one-line ConfigError naming config.data.path."""
+    if not isinstance(path, str) or not path:
+        raise ConfigError(
+            "config.data.path: the text task reads a corpus file; set it (--config.data.path=FILE: "
+            "bytes, or a .bin of uint16 token ids)"
+        )
+    if isinstance(holdout, bool) or not isinstance(holdout, (int, float)) or not 0 < holdout < 1:
+        raise ConfigError(f"config.data.holdout: must be a number in (0, 1), the held-out fraction; got {holdout!r}")
+    if not os.path.isfile(path):
+        raise ConfigError(f"config.data.path: file not found: {path}")
+    stat = os.stat(path)
+    memo = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns, float(holdout))
+    if memo in _LOADED:
+        return _LOADED[memo]
+    if stat.st_size == 0:
+        raise ConfigError(f"config.data.path: {path} is empty")
+    kind = "uint16" if path.endswith(".bin") else "bytes"
+    if kind == "uint16" and stat.st_size % 2:
+        raise ConfigError(
+            f"config.data.path: {path} is a .bin (uint16 token ids, 2 bytes each) of an odd size ({stat.st_size} bytes)"
+        )
+    ids = np.memmap(path, np.dtype("<u2") if kind == "uint16" else np.uint8, mode="r")
+    if stat.st_size <= ON_DEVICE_LIMIT:
+        ids = np.array(ids)  # read: it goes to the device
+    held = int(round(ids.size * float(holdout)))
+    corpus = Corpus(
+        os.path.abspath(path),
+        stat.st_size,
+        _sha256(path),
+        kind,
+        ids[: ids.size - held],
+        ids[ids.size - held :],
+        int(ids.max()),
+    )
+    _LOADED[memo] = corpus
+    return corpus
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check(corpus: Corpus, seq_len: int, vocab_size: int, holdout=HOLDOUT) -> None:
+    """Every id below model.vocab_size, each split at least seq_len + 2 tokens (two windows)."""
+    if corpus.max_id >= vocab_size:
+        what = "byte" if corpus.kind == "bytes" else "token id"
+        raise ConfigError(
+            f"config.model.vocab_size: {corpus.path} holds {what} {corpus.max_id}; vocab_size must be above it "
+            f"(at least {corpus.max_id + 1}), got {vocab_size}"
+        )
+    need = seq_len + 2
+    for part, ids in (("training", corpus.train), (f"held-out (last {holdout:g})", corpus.heldout)):
+        if ids.size < need:
+            raise ConfigError(
+                f"config.data.path: {corpus.path} is too short: its {part} part has {ids.size} tokens, fewer than "
+                f"model.seq_len + 2 = {need}; use a longer file, a smaller model.seq_len or another data.holdout"
+            )
+
+
+def windows(ids, key, num: int, length: int):
+    """``num`` windows of ``length + 1`` tokens of ``ids`` at offsets drawn uniformly from
+    ``key``: (inputs, targets, weights), each (num, length). ``ids``: a device array, gathered
+    in the step; or a numpy memmap, gathered on the host (a callback) at the same offsets."""
+    starts = jax.random.randint(key, (num,), 0, ids.shape[0] - length)  # every window inside ids
+    if isinstance(ids, np.ndarray):
+        w = host_windows(ids, starts, length)
+    else:
+        w = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(ids, s, length + 1))(starts).astype(jnp.int32)
+    return w[:, :-1], w[:, 1:], jnp.ones((num, length), jnp.float32)
+
+
+def host_windows(ids: np.ndarray, starts, length: int):
+    """The windows at ``starts`` (num,) read from the memory-mapped ``ids`` by the host: (num,
+    length + 1) int32. Vmapped (members), the callback gets every member's starts at once."""
+
+    def read(starts):
+        starts = np.asarray(starts, np.int64)
+        return np.asarray(ids[starts[..., None] + np.arange(length + 1)], np.int32)
+
+    shape = jax.ShapeDtypeStruct((*starts.shape, length + 1), jnp.int32)
+    return jax.pure_callback(read, shape, starts, vmap_method="expand_dims")
+
+
+def text(key, length: int, vocab_size: int):
+    """The registered placeholder: ``text`` draws from a corpus, bound per config (``bind``)."""
+    raise ConfigError("task 'text': it draws windows of config.data.path; run it from a sequence config")
+
+
+def bind(config) -> Task:
+    """The text task over ``config.data.path``, its file checked against config.model: forms
+    closing over the training and held-out token ids on the device, and a source recording the
+    file (path, size, sha256)."""
+    d, m = config.data, config.model
+    holdout = d.get("holdout", HOLDOUT)
+    corpus = load(d.get("path", ""), holdout)
+    check(corpus, int(m.seq_len), int(m.vocab_size), holdout)
+    memo = (corpus.path, corpus.sha256, float(holdout))
+    if memo not in _BOUND:  # one device copy and one set of forms per file: steps trace them once
+        _BOUND[memo] = _task(corpus)
+    return _BOUND[memo]
+
+
+_BOUND: dict[tuple, Task] = {}
+
+
+def _task(corpus: Corpus) -> Task:
+    train, heldout = corpus.train, corpus.heldout  # memory-mapped: read by the host
+    if not isinstance(train, np.memmap):  # within ON_DEVICE_LIMIT: on the device
+        train, heldout = jnp.asarray(train), jnp.asarray(heldout)
+
+    def sample(key, length, vocab_size):
+        inputs, targets, weights = windows(train, key, 1, length)
+        return inputs[0], targets[0], weights[0]
+
+    def batch(key, num, length, vocab_size):
+        return windows(train, key, num, length)
+
+    def held_out(key, num, length, vocab_size):
+        return windows(heldout, key, num, length)
+
+    registered = TEXT
+    return dataclasses.replace(
+        registered,
+        sample=sample,
+        batch=batch,
+        heldout=held_out,
+        bind=None,
+        source={**registered.source, "data": corpus.record},
+        facts={"text_format": corpus.kind, "heldout_unigram_entropy_bits": corpus.unigram_entropy_bits()},
+    )
+
+
+TEXT = register_task("text", text, bind=bind)
+
+
+def bits(loss_nats: float) -> float:
+    """A cross-entropy in nats as bits (per token: per byte for a byte file)."""
+    return loss_nats / math.log(2)

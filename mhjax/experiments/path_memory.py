@@ -1,0 +1,91 @@
+"""Each attention path's activation memory at the run's sequence length (``--dry-run``), and the
+check that ``attention=auto`` on a GPU never runs a path whose predicted memory does not fit.
+
+What a member keeps for its backward pass, per path (fp32; models/flops.py and models/cost.py
+count the same rows):
+- JAX path: per layer the residual, norms, q/k/v and MLP rows, and the (heads, T, T) scores,
+  probabilities and dropout mask: quadratic in T;
+- C++ CPU kernel: the same rows, and (heads, T) row statistics instead of the maps;
+- Pallas kernel (flash attention, tiled: any T): the block kernels' rows where their weights fit
+  (pallas_block.block_parts), else the C++ kernel's, and (heads, T) row statistics.
+Parameters, gradients and Adam's two moments add 16 bytes per parameter.
+"""
+
+from __future__ import annotations
+
+from mhjax.config import ConfigError
+from mhjax.experiments import architecture
+from mhjax.models import cost, flops, pallas_block
+from mhjax.models.attention_choice import AUTO
+
+PATHS = {"jax": "JAX path", "cpu_kernel": "C++ CPU kernel", "pallas": "Pallas kernel"}
+
+
+def activations(config, member, path: str) -> tuple[float, float]:
+    """(bytes ``member`` keeps for its backward on ``path``, of them the (heads, T, T) maps)."""
+    m, d = config.model, config.data
+    model = architecture.member_model(config, member)
+    b, t, heads = d.batch_size, m.seq_len, member["heads"]
+    sizes = (b, t, model.width, model.num_layers, model.mlp_dim)
+    full = flops.activation_bytes(*sizes, heads, m.vocab_size, attention_width=model.attention_width)
+    maps = 4.0 * model.num_layers * 3 * b * heads * t * t
+    stats = 4.0 * model.num_layers * b * heads * t
+    if path == "jax":
+        return full, maps
+    if path == "pallas" and all(pallas_block.block_parts(model.width, model.mlp_dim, model.attention_width)):
+        shape = cost.Shape(b, t, model.width, model.num_layers, model.mlp_dim, m.vocab_size, model.attention_width)
+        return cost.activation_bytes(shape, heads, kernel=True), 0.0
+    return full - maps + stats, 0.0
+
+
+def member_bytes(experiment, member, path: str) -> float:
+    """Parameters, gradients, Adam's moments (16 bytes per parameter) and ``path``'s activations."""
+    return 16.0 * experiment.member_info(member)["params"] + activations(experiment.config, member, path)[0]
+
+
+def lines(experiment, running: str) -> list[str]:
+    """The dry run's lines: each path's activations at T for the sweep's largest member, and for
+    every member at once; ``running``: the path this run takes (AttentionChoice.core)."""
+    config, members = experiment.config, experiment.members
+    largest = max(members, key=lambda m: activations(config, m, "jax")[0])
+    out = [
+        f"activation memory at T = {config.model.seq_len} ({largest.name}, the largest; all {len(members)} members):"
+    ]
+    for path, label in PATHS.items():
+        one, maps = activations(config, largest, path)
+        every = sum(activations(config, m, path)[0] for m in members)
+        square = f", of it (heads, T, T) maps {_size(maps)}" if maps else ""
+        mark = "  <- this run" if path == running else ""
+        out.append(f"  {label:<15} {_size(one)} per member{square}; {_size(every)} in all{mark}")
+    return out
+
+
+def _need(experiment, devices: int) -> float:
+    return sum(member_bytes(experiment, m, "jax") for m in experiment.members) / max(devices, 1)
+
+
+def fits(experiment, choice, core: str, devices: int = 1) -> bool:
+    """False where ``attention=auto`` on a GPU would run the JAX path (``core``) and every
+    member's predicted memory, over ``devices``, exceeds the device's (models/cost.py's preset)."""
+    if choice.requested != AUTO or choice.backend != "gpu" or core != "jax":
+        return True
+    return _need(experiment, devices) <= cost.DEVICES[cost.BACKEND_DEVICE["gpu"]].memory_bytes
+
+
+def check(experiment, choice, core: str, devices: int = 1) -> None:
+    """``fits``, or one line with the figures, before anything compiles: auto on a GPU never
+    runs a path whose predicted memory does not fit (the kernel failed to compile, or ``fused``
+    traces the head counts, which the kernel cannot take)."""
+    if not fits(experiment, choice, core, devices):
+        device = cost.DEVICES[cost.BACKEND_DEVICE["gpu"]]
+        need = _need(experiment, devices)
+        raise ConfigError(
+            f"config.attention: auto on gpu runs the JAX path here ({choice.reason}), whose activations at "
+            f"T = {experiment.config.model.seq_len} need ~{_size(need)} per device for {len(experiment.members)} "
+            f"members, more than the {device.name}'s {_size(device.memory_bytes)}: use fewer members per run "
+            "or a strategy whose head counts are static (the Pallas kernel runs them)"
+        )
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

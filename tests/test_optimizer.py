@@ -1,0 +1,113 @@
+"""The language-model optimizer (experiments/optimizer.py) against optax's own schedule and
+AdamW, per member under vmap, and through a sweep: learning rate logged, results recorded,
+train-longer refused for a schedule that ends at train.steps."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from mhjax.config import ConfigError
+from mhjax.experiments import make_experiment, optimizer
+from mhjax.workflows.train import train
+from tests.conftest import tiny_sequence_config
+
+STEPS = 20
+LM = optimizer.Settings("warmup_cosine", 5, 1e-4, 0.1, 0.5, STEPS)
+
+
+def _params(key):
+    a, b = jax.random.split(key)
+    return {"dense": {"kernel": jax.random.normal(a, (4, 3)), "bias": jax.random.normal(b, (3,))}, "scale": jnp.ones(3)}
+
+
+def _run(tx, params, grads):
+    state = tx.init(params)
+    for g in grads:
+        updates, state = tx.update(g, state, params)
+        params = optax.apply_updates(params, updates)
+    return params, state
+
+
+def _grads(n=STEPS):
+    return [jax.tree_util.tree_map(lambda x: 3.0 * x, _params(jax.random.key(100 + i))) for i in range(n)]
+
+
+def test_the_schedule_is_optax_warmup_cosine_at_each_learning_rate():
+    counts = jnp.arange(STEPS + 3)
+    for lr in (3e-3, 1e-3):
+        want = optax.warmup_cosine_decay_schedule(0.0, lr, 5, STEPS, end_value=1e-4)(counts)
+        got = jax.vmap(lambda c, lr=lr: optimizer.schedule(LM, jnp.float32(lr))(c))(counts)
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-12)
+    assert optimizer.schedule(optimizer.Settings(), 0.5) == 0.5
+
+
+def test_the_optimizer_is_clipped_adamw_with_decay_on_matrices_only():
+    lr = 3e-3
+    reference = optax.chain(
+        optax.clip_by_global_norm(0.5),
+        optax.adamw(
+            optax.warmup_cosine_decay_schedule(0.0, lr, 5, STEPS, end_value=1e-4),
+            weight_decay=0.1,
+            mask=lambda p: jax.tree_util.tree_map(lambda x: x.ndim >= 2, p),
+        ),
+    )
+    params, grads = _params(jax.random.key(0)), _grads()
+    want, _ = _run(reference, params, grads)
+    got, state = _run(optimizer.make(LM, lr), params, grads)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    want_lr = optax.warmup_cosine_decay_schedule(0.0, lr, 5, STEPS, end_value=1e-4)(STEPS - 1)
+    assert float(state.hyperparams["learning_rate"]) == pytest.approx(float(want_lr), rel=1e-5)
+    # decay reaches the kernel, not the bias: with zero gradients only the decay moves a weight
+    zero = [jax.tree_util.tree_map(jnp.zeros_like, params)] * 3
+    moved, _ = _run(optimizer.make(optimizer.Settings("constant", 0, 0.0, 0.5, None, STEPS), 1e-2), params, zero)
+    assert not np.allclose(moved["dense"]["kernel"], params["dense"]["kernel"])
+    np.testing.assert_array_equal(moved["dense"]["bias"], params["dense"]["bias"])
+    np.testing.assert_array_equal(moved["scale"], params["scale"])
+
+
+def test_each_member_runs_its_own_learning_rate_under_vmap():
+    rates = jnp.array([1e-3, 3e-3], jnp.float32)
+    params, grads = _params(jax.random.key(1)), _grads(6)
+
+    def member(lr):
+        return _run(optimizer.make(LM, lr), params, grads)[0]
+
+    together = jax.vmap(member)(rates)
+    for i, lr in enumerate((1e-3, 3e-3)):
+        alone = member(jnp.float32(lr))
+        for a, b in zip(jax.tree_util.tree_leaves(together), jax.tree_util.tree_leaves(alone), strict=True):
+            np.testing.assert_allclose(a[i], b, rtol=1e-6, atol=1e-8)
+
+
+def test_the_default_is_the_papers_adam():
+    state = optimizer.make(optimizer.Settings(), 1e-3).init(_params(jax.random.key(2)))
+    reference = optax.inject_hyperparams(optax.adam)(learning_rate=1e-3).init(_params(jax.random.key(2)))
+    assert jax.tree_util.tree_structure(state) == jax.tree_util.tree_structure(reference)
+
+
+def test_a_sweep_with_the_lm_optimizer_logs_its_schedule_and_refuses_to_train_longer(tmp_path):
+    config = tiny_sequence_config(heads=(1, 2))
+    config.train.update(dict(schedule="warmup_cosine", warmup_steps=2, min_learning_rate=1e-4))
+    config.train.weight_decay, config.train.clip_norm = 0.1, 1.0
+    workdir = str(tmp_path / "w")
+    payload = train(make_experiment(config), workdir, progress=False, log=lambda m: None)
+    assert payload["optimizer"] == {
+        "name": "adamw",
+        "schedule": "warmup_cosine",
+        "warmup_steps": 2,
+        "min_learning_rate": 1e-4,
+        "weight_decay": 0.1,
+        "clip_norm": 1.0,
+    }
+    run = __import__("mhjax").load(workdir)
+    steps, rates = run.curves("copy-h1-s0")["train/learning_rate"]
+    # at a chunk's end s: the rate of its last step (the step from theta_{s-1} to theta_s)
+    want = optax.warmup_cosine_decay_schedule(0.0, 3e-3, 2, 6, end_value=1e-4)(np.asarray(steps) - 1)
+    np.testing.assert_allclose(rates, want, rtol=1e-5)
+    assert all(m["status"] == "ok" for m in payload["members"])
+    config.train.steps = 9
+    with pytest.raises(ConfigError, match="holds a run of 6 steps: train.schedule 'warmup_cosine' decays"):
+        train(make_experiment(config), workdir, progress=False, log=lambda m: None)

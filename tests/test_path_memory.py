@@ -1,0 +1,53 @@
+"""Each attention path's activation memory at the run's T (experiments/path_memory.py), in the
+dry run, and auto on a GPU never taking a path whose predicted memory does not fit."""
+
+import pytest
+
+import mhjax
+from mhjax.config import ConfigError
+from mhjax.experiments import make_experiment, path_memory
+from tests.conftest import tiny_sequence_config
+
+
+def test_each_paths_activations_against_a_hand_count():
+    config = tiny_sequence_config(heads=(4,))  # batch 4, T 8, width 16, 1 layer, mlp 32, vocab 16
+    member = make_experiment(config).members[0]
+    rows = 4 * 8 * (5 * 16 + 3 * 16 + 2 * 32)  # residual, norms, q/k/v, MLP rows
+    maps = 3 * 4 * 4 * 8 * 8  # scores, probabilities, dropout mask: (B, H, T, T) each
+    logits = 2 * 4 * 8 * 16
+    jax_path, jax_maps = path_memory.activations(config, member, "jax")
+    assert jax_path == 4.0 * (rows + maps + logits) and jax_maps == 4.0 * maps
+    cpp, none = path_memory.activations(config, member, "cpu_kernel")
+    assert cpp == 4.0 * (rows + 4 * 4 * 8 + logits) and none == 0.0  # (B, H, T) row statistics instead
+    pallas, _ = path_memory.activations(config, member, "pallas")  # block kernels fit: their rows only
+    assert pallas == 4.0 * (4 * 8 * (2 * 16 + 4 * 16) + 4 * 4 * 8 + logits)
+
+
+def test_the_dry_run_names_each_paths_memory_at_long_t(capsys):
+    config = mhjax.load_config("paper", {"model.seq_len": 1024, "attention": "jax"})
+    lines = make_experiment(config).describe("cpu")
+    text = "\n".join(lines)
+    assert "activation memory at T = 1024" in text
+    jax_line = next(line for line in lines if line.strip().startswith("JAX path"))
+    assert "(heads, T, T) maps 37.50 GiB" in jax_line and jax_line.endswith("<- this run")
+    assert any(line.strip().startswith("C++ CPU kernel") for line in lines)
+    assert any(line.strip().startswith("Pallas kernel") for line in lines)
+
+
+def test_auto_on_a_gpu_never_takes_a_path_that_does_not_fit():
+    long = make_experiment(mhjax.load_config("paper", {"model.seq_len": 1024, "sweep.seed": (0, 1)}))
+    assert long.auto_strategy("gpu") != "fused"  # fused traces head counts: the JAX path, 283 GiB
+    long.programs(long.auto_strategy("gpu"), "gpu")  # the kernel's strategy: fits
+    fused = make_experiment(
+        mhjax.load_config("paper", {"model.seq_len": 1024, "sweep.seed": (0, 1), "strategy": "fused"})
+    )
+    with pytest.raises(
+        ConfigError, match=r"config.attention: auto on gpu runs the JAX path .* need ~282.87 GiB per device"
+    ):
+        fused.programs("fused", "gpu")
+    short = make_experiment(mhjax.load_config("paper", {"strategy": "fused"}))
+    assert short.programs("fused", "gpu")  # T = 100: the JAX path fits
+    asked = make_experiment(
+        mhjax.load_config("paper", {"model.seq_len": 1024, "strategy": "fused", "attention": "jax"})
+    )
+    assert asked.programs("fused", "gpu")  # asked for by name: the user's call, not auto's

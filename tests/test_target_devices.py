@@ -1,0 +1,91 @@
+"""`--target NAMExN`: a sweep planned and compiled for N compile-only GPUs on one host (issue 39
+item 2: train/target.py, train/deviceless.py, train/hlo.py). The compile test needs the GPU
+compiler (jax[cuda13]), as tests/test_target.py's."""
+
+import pytest
+
+from mhjax.config import ConfigError
+from mhjax.train import deviceless, hlo
+from mhjax.train import target as targets
+from tests.conftest import set_field, tiny_sequence_config
+from tests.test_target import HLO, NEEDS_COMPILER
+
+
+def test_name_x_n_is_n_devices_of_a_bundled_target():
+    eight = targets.load("h200x8")
+    assert eight.count == 8 and eight.device == "NVIDIA H200" and eight.text == targets.load("h200").text
+    assert targets.load("h200").count == 1 and targets.load("a100x2").count == 2
+    with pytest.raises(ConfigError, match=r"^--target: 'h200x0' needs N >= 1 devices \(e.g. h200x8\)$"):
+        targets.load("h200x0")
+    with pytest.raises(ConfigError, match=r"--target: must be one of a100, h100, h200 \(NAMExN"):
+        targets.load("h300x8")
+
+
+def test_hlo_reading_counts_collectives_and_the_members_of_kernel_calls():
+    text = HLO + (
+        "  %ags = (f32[2]{0}, f32[8]{0}) all-gather-start(%a), dimensions={0}\n"
+        "  %agd = f32[8]{0} all-gather-done(%ags)\n"
+        "  %ar.1 = f32[8]{0} all-reduce(%x), to_apply=%add\n"
+        "  %y = f32[8]{0} fusion(%all-reduce.2), kind=kLoop, calls=%f\n"
+    )
+    assert hlo.collectives(text) == {"all-gather": 1, "all-reduce": 1}  # an async pair once; operands not
+    assert hlo.collectives(HLO) == {}
+    assert hlo.kernel_members(HLO) == [4]  # the Triton call's first result: f32[4,8]
+
+
+def _executable(key, collectives=None, replicated=False):
+    sizes = dict(seconds=1.0, arguments=2**20, outputs=2**20, temp=2**20, alias=0, kernels={}, square=0)
+    e = deviceless.Executable(key, **sizes, bytes_per_member_step=None, kernel_bytes_per_member_step=None)
+    return e._replace(collectives=collectives or {}, replicated=replicated, kernel_members=(8,))
+
+
+def test_the_dry_run_names_replicated_programs_and_warns_of_collectives_in_a_training_chunk():
+    target = targets.load("h200x8")
+    executables = [
+        _executable(("chunk", "all", 200)),
+        _executable(("chunk", "h1", 200), {"all-gather": 3, "all-reduce": 1}, replicated=True),
+        _executable(("evaluate", "h1"), {"all-gather": 2}, replicated=True),
+    ]
+    text = "\n".join(deviceless.lines(deviceless.Report(target, "2 programs", executables, None, None)))
+    assert "target: 8 x NVIDIA H200 (h200x8)" in text
+    chunk = next(line for line in text.splitlines() if line.strip().startswith("chunk all 200"))
+    assert "split /8" in chunk and " none " in chunk and "no Triton kernel of 8 members" in chunk
+    assert "replicated: program(s) h1: members do not divide the 8 devices" in text
+    warnings = [line for line in text.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: training chunk h1 200 holds collectives (all-gather x3, all-reduce x1): members are "
+        "independent, so a split chunk should need none (each step waits on them)"
+    ]  # the evaluation's collectives are listed in its row, not warned of
+
+
+@NEEDS_COMPILER
+@pytest.mark.slow  # three compiles through Triton: ~1.5 minutes on 2 cores
+def test_a_sweep_compiled_for_two_h200s_splits_its_kernels_and_has_no_collective():
+    """h200x2: the training chunk's Pallas calls compute 2 of the 4 members each, nothing is
+    gathered, also where one_program's groups do not split evenly; with 3 members (not dividing
+    2 devices) the program is replicated and says so."""
+    from mhjax.experiments import make_experiment
+
+    config = set_field(
+        set_field(tiny_sequence_config(heads=(1, 4), seed=(0, 1)), "model.seq_len", 12), "attention", "pallas"
+    )
+    set_field(config, "strategy", "auto")
+    report = deviceless.compile_for(
+        make_experiment(config), targets.load("h200x2"), log=lambda m: None, only=("chunk",)
+    )
+    (chunk,) = report.executables
+    assert chunk.kernel_members == (2,) and chunk.collectives == {} and not chunk.replicated
+    assert chunk.kernels["mhjax_attention_fwd"] == 2  # one call per head-count group, on each device
+    # groups of 3 over 2 devices: each device runs its own group (a switch on the device index)
+    set_field(config, "sweep.seed", (0, 1, 2))
+    set_field(config, "strategy", "one_program")
+    report = deviceless.compile_for(
+        make_experiment(config), targets.load("h200x2"), log=lambda m: None, only=("chunk",)
+    )
+    (chunk,) = report.executables
+    assert chunk.kernel_members == (3,) and chunk.collectives == {} and chunk.kernels["mhjax_attention_fwd"] == 2
+    odd = set_field(tiny_sequence_config(heads=(1,), seed=(0, 1, 2)), "attention", "pallas")
+    set_field(odd, "model.seq_len", 12)
+    report = deviceless.compile_for(make_experiment(odd), targets.load("h200x2"), log=lambda m: None, only=("chunk",))
+    (chunk,) = report.executables
+    assert chunk.replicated and chunk.kernel_members == (3,)

@@ -1,0 +1,210 @@
+"""The text task (mhjax/data/text.py): files read as bytes or uint16 .bin, the held-out split,
+windows from the member's data key (paired members draw the same), bad files as one line,
+the file recorded and a changed one refused, and a tiny model on Python's own documentation
+beating the unigram entropy of its held-out bytes, then analysed and run forward."""
+
+import json
+import math
+import os
+import shutil
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import mhjax
+from mhjax import cli
+from mhjax.analysis.metrics import task_sequences
+from mhjax.config import ConfigError
+from mhjax.data import sequences, text
+from mhjax.experiments import make_experiment
+from tests.conftest import config_source, tiny_sequence_config, tiny_train
+from tests.errors_common import ROOT, assert_one_line_error
+
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from python_docs import python_docs  # noqa: E402
+
+
+def text_config(path, seq_len=8, vocab_size=256, **sweep):
+    config = tiny_sequence_config(task=("text",), **sweep)
+    with config.unlocked():
+        config.model.seq_len = seq_len
+        config.model.vocab_size = vocab_size
+        config.data.path = str(path)
+        config.data.protocol = "fresh"
+    return config
+
+
+def write(path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
+def test_byte_file_splits_at_the_holdout_and_windows_shift_by_one(tmp_path):
+    # training bytes below 128, held-out bytes from 128 on: every window shows where it came from
+    rng = np.random.default_rng(0)
+    data = np.concatenate([rng.integers(0, 128, 900), rng.integers(128, 256, 100)]).astype(np.uint8)
+    config = text_config(write(tmp_path / "c.txt", data.tobytes()), seq_len=16)
+    task = text.bind(config)
+    corpus = text.load(config.data.path)
+    assert corpus.kind == "bytes" and corpus.train.size == 900 and corpus.heldout.size == 100
+    counts = np.bincount(data[900:])
+    p = counts[counts > 0] / 100
+    assert task.facts["heldout_unigram_entropy_bits"] == pytest.approx(-(p * np.log2(p)).sum())
+    key = jax.random.PRNGKey(3)
+    for draw, low, high, part in ((task.draw, 0, 128, data[:900]), (task.draw_eval, 128, 256, data[900:])):
+        inputs, targets, weights = (np.asarray(a) for a in draw(key, 20, 16, 256))
+        assert inputs.shape == (20, 16) and inputs.dtype == np.int32 and (weights == 1).all()
+        np.testing.assert_array_equal(inputs[:, 1:], targets[:, :-1])  # targets: the next byte
+        assert inputs.min() >= low and targets.max() < high
+        text_part = part.tobytes()
+        for x, y in zip(inputs, targets):  # each window is a piece of its own part
+            assert bytes(np.append(x, y[-1]).astype(np.uint8)) in text_part
+    # two members' batches from one data key are equal, from another key different
+    a, b = task.draw(key, 4, 16, 256), task.draw(jax.random.PRNGKey(4), 4, 16, 256)
+    np.testing.assert_array_equal(a.inputs, task.draw(key, 4, 16, 256).inputs)
+    assert not np.array_equal(a.inputs, b.inputs)
+
+
+def test_bin_file_of_uint16_ids_needs_vocab_above_its_largest_id(tmp_path):
+    ids = (np.arange(2000) * 7 % 1000).astype("<u2")
+    path = write(tmp_path / "c.bin", ids.tobytes())
+    task = text.bind(text_config(path, seq_len=8, vocab_size=1000))
+    inputs, targets, _ = task.draw_eval(jax.random.PRNGKey(0), 3, 8, 1000)
+    assert task.facts["text_format"] == "uint16" and np.asarray(inputs).max() < 1000
+    held = ids[1800:].astype(np.int64)
+    start = int(np.flatnonzero(held == int(inputs[0, 0]))[0])
+    np.testing.assert_array_equal(np.asarray(inputs[0]), held[start : start + 8])
+    with pytest.raises(
+        ConfigError,
+        match=r"config.model.vocab_size: .* holds token id 999; vocab_size must be above it \(at least 1000\), got 999",
+    ):
+        text.bind(text_config(path, vocab_size=999))
+
+
+def test_members_differing_in_heads_and_learning_rate_draw_the_same_windows(tmp_path):
+    path = write(tmp_path / "c.txt", bytes(np.random.default_rng(1).integers(0, 256, 3000, dtype=np.uint8)))
+    config = text_config(path, heads=(1, 2), learning_rate=(1e-3, 3e-3), seed=(0, 1))
+    experiment = make_experiment(config)
+    draws = {}
+    for member in experiment.members:
+        c = experiment.member_constants(member)
+        keys = {k: jax.random.fold_in(c.data_key, i) for i, k in enumerate(("dataset", "shuffle", "fresh"))}
+        batch = sequences.train_batch(
+            keys, c.task_id, 5, protocol="fresh", num_train=16, batch_size=4, length=8, vocab_size=256,
+            tasks=experiment.tasks,
+        )  # fmt: skip
+        held = sequences.eval_batch(c.eval_key, c.task_id, 8, 8, 256, experiment.tasks)
+        draws.setdefault(member["seed"], []).append((np.asarray(batch.inputs), np.asarray(held.inputs)))
+    for same in draws.values():
+        assert len(same) == 4 and all(
+            np.array_equal(s[0], same[0][0]) and np.array_equal(s[1], same[0][1]) for s in same
+        )
+    assert not np.array_equal(draws[0][0][0], draws[1][0][0])  # another seed: other windows
+
+
+def test_a_file_above_the_on_device_limit_is_read_by_the_host_with_equal_results(tmp_path, monkeypatch):
+    data = bytes(np.random.default_rng(2).integers(0, 64, 4000, dtype=np.uint8))
+    config = tiny_train(text_config(write(tmp_path / "c.txt", data), heads=(1, 2), seed=(0, 1)), 4, 2, 2, 4)
+    config.strategy = "fused"  # one program, members vmapped: the callback reads every member's windows at once
+    on_device = mhjax.sweep(config, tmp_path / "device", progress=False).results
+    monkeypatch.setattr(text, "ON_DEVICE_LIMIT", 1000)
+    text._LOADED.clear(), text._BOUND.clear()
+    assert isinstance(text.load(config.data.path).train, np.memmap)
+    try:
+        from_host = mhjax.sweep(config, tmp_path / "host", progress=False).results
+    finally:
+        text._LOADED.clear(), text._BOUND.clear()
+    for a, b in zip(on_device, from_host):
+        for field in ("train_loss", "eval_loss", "eval_accuracy", "eval_bits_per_byte", "heldout_unigram_entropy_bits"):
+            assert a[field] == b[field], (a["name"], field)
+
+
+BAD_FILES = [
+    ("missing", None, [], "config.data.path: file not found"),
+    ("empty", b"", [], "is empty"),
+    ("too-short-heldout", b"abcdefghij" * 8, [], "held-out (last 0.1) part has 8 tokens, fewer than model.seq_len + 2"),
+    ("too-short-train", b"abcdefghi" * 2, ["--config.data.holdout=0.5"], "training part has 9 tokens"),
+    ("odd-bin", b"abc", [], "uint16 token ids, 2 bytes each) of an odd size (3 bytes)"),
+    ("id-above-vocab", bytes(range(200)) * 2, ["--config.model.vocab_size=100"], "holds byte 199; vocab_size must"),
+    ("unset", "", [], "config.data.path: the text task reads a corpus file; set it"),
+    ("holdout", b"abcdefghij" * 100, ["--config.data.holdout=1.5"], "config.data.holdout: must be a number in (0, 1)"),
+]
+
+
+@pytest.mark.parametrize("data,extra,match", [c[1:] for c in BAD_FILES], ids=[c[0] for c in BAD_FILES])
+def test_bad_files_are_one_line_exit_2(tmp_path, capsys, data, extra, match):
+    config = tmp_path / "text.py"
+    config.write_text(config_source(text_config("x")))
+    name = "c.bin" if "odd size" in match else "c.txt"
+    path = "" if data == "" else str(tmp_path / name)
+    if isinstance(data, bytes):
+        write(tmp_path / name, data)
+    argv = ["train", "--config", str(config), f"--config.data.path={path}", *extra, "--workdir", str(tmp_path / "w")]
+    assert_one_line_error(capsys, cli.main(argv), match)
+    assert not os.path.exists(tmp_path / "w")
+
+
+# ------------------------- a tiny model on Python's docs -------------------------
+@pytest.fixture(scope="module")
+def docs_run(tmp_path_factory):
+    base = tmp_path_factory.mktemp("text")
+    path = write(base / "docs.txt", python_docs(96))
+    config = tiny_train(text_config(path, seq_len=32, heads=(1, 2)), 150, 75, 75, 150)
+    with config.unlocked():
+        config.model.update(width=32, num_layers=2, mlp_dim=64, dropout=0.0)
+        config.data.update(batch_size=16, num_eval=32)
+        config.sweep.learning_rate = (3e-3,)
+        config.strategy = "auto"
+    return mhjax.sweep(config, base / "w", progress=False), path
+
+
+def test_a_tiny_model_beats_the_unigram_entropy_of_the_held_out_bytes(docs_run):
+    run, path = docs_run
+    data = np.frombuffer(open(path, "rb").read(), np.uint8)
+    held = data[data.size - int(round(data.size * 0.1)) :]
+    p = np.bincount(held)[np.bincount(held) > 0] / held.size
+    entropy = float(-(p * np.log2(p)).sum())  # computed here, apart from the task's own
+    results = json.load(open(os.path.join(run.workdir, "results.json")))
+    for member in results["members"]:
+        assert member["heldout_unigram_entropy_bits"] == pytest.approx(entropy)
+        assert member["eval_bits_per_byte"] == pytest.approx(member["eval_loss"] / math.log(2), rel=1e-4)
+        assert member["eval_bits_per_byte"] < entropy, (member["name"], member["eval_bits_per_byte"], entropy)
+    recorded = json.load(open(os.path.join(run.workdir, "mhjax.json")))
+    sha = __import__("hashlib").sha256(data.tobytes()).hexdigest()
+    assert recorded["tasks"]["text"]["data"] == {"path": path, "size": data.size, "sha256": sha, "format": "bytes"}
+
+
+def test_analysis_and_forward_use_held_out_windows(docs_run):
+    run, _ = docs_run
+    run.analyze(num_sequences=6, plot=False, tensorboard=False)
+    task = text.bind(run.config)
+    batch, source = task_sequences(task, None, 6, 0, 32, 256)  # the analysis's own sequences (seed 0)
+    held = np.asarray(text.load(run.config.data.path).heldout).tobytes()
+    assert all(bytes(np.asarray(x, np.uint8)) in held for x in batch.inputs)
+    for name in ("text-h1-s0", "text-h2-s0"):
+        entry = run.analysis["members"][name]
+        assert len(entry["layers"]) == 2 and "ablation" in entry["layers"][1]
+        out = run.forward(name, batch.inputs, batch.targets, batch.weights)
+        assert float(out.loss.mean()) == pytest.approx(entry["loss"], rel=1e-5)
+
+
+def test_a_changed_file_is_refused_on_resume_and_analysis(docs_run, tmp_path, capsys):
+    run, path = docs_run
+    workdir = str(tmp_path / "w")
+    shutil.copytree(run.workdir, workdir)
+    original = open(path, "rb").read()
+    try:
+        with open(path, "wb") as f:
+            f.write(original[::-1])  # same size, other bytes
+        code = cli.main(["analyze", "--workdir", workdir, "--no-tensorboard"])
+        line = assert_one_line_error(capsys, code, "task 'text': its data file")
+        assert "changed since training (sha256 differs)" in line and "--allow-changed-task" in line
+        config = tmp_path / "c.py"
+        config.write_text(config_source(run.config))
+        code = cli.main(["train", "--config", str(config), "--workdir", workdir])
+        assert_one_line_error(capsys, code, "differs from it now (sha256 differs)")
+    finally:
+        with open(path, "wb") as f:
+            f.write(original)
