@@ -17,6 +17,7 @@ import ml_collections
 
 from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
+from mhjax.experiments.architecture import FIELDS as ARCHITECTURE
 from mhjax.io.lock import WorkdirLock
 from mhjax.train.status import check_fail
 from mhjax.workflows import members
@@ -317,7 +318,10 @@ class Run:
 
     def to_pandas(self):
         """results as a pandas DataFrame, one row per member (pandas is optional); a dict field
-        such as ``task_params`` as columns ``task_params.<name>``."""
+        such as ``task_params`` as columns ``task_params.<name>``; the swept architecture fields
+        (``width``, ``num_layers``, ``mlp_dim``, ``dropout``, ``head_dim``) as columns, ``head_dim``
+        None (parameter matching) beside integers a nullable integer column: None is ``<NA>``, 16 is
+        16 (group with ``dropna=False`` to keep the parameter-matched members)."""
         try:
             import pandas as pd
         except ImportError:
@@ -327,4 +331,13 @@ class Run:
             row = {k: v for k, v in m.items() if not isinstance(v, (dict, list))}
             row.update({f"{k}.{n}": x for k, v in m.items() if isinstance(v, dict) for n, x in v.items()})
             rows.append(row)
-        return pd.DataFrame(rows)
+        frame = pd.DataFrame(rows)
+        for field in ARCHITECTURE:  # pandas would make None beside 16 NaN beside 16.0
+            values = [row.get(field) for row in rows]
+            if (
+                field in frame
+                and None in values
+                and all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in values)
+            ):
+                frame[field] = pd.array(values, dtype="Int64")
+        return frame

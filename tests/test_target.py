@@ -2,6 +2,8 @@
 train/deviceless.py, train/hlo.py). The compile test needs the GPU compiler (jax[cuda13]); CI
 installs it (.ci/run), a checkout without it skips that test and says how to install it."""
 
+import re
+
 import jax
 import pytest
 
@@ -188,6 +190,50 @@ def test_jax_plugin_errors_stay_off_the_console_and_go_to_mhjax_log(tmp_path, ca
     with library_logs(str(log)):
         pass
     assert "Jax plugin configuration error" in log.read_text() and "Unable to load cuPTI" in log.read_text()
+
+
+@NEEDS_COMPILER
+@pytest.mark.slow
+def test_heads_by_head_dim_dry_run_for_the_h200_lists_the_shape_groups_and_compiles_each(tmp_path, capsys):
+    """heads 1,4 x head_dim 8,16 (issue 38): the four shape groups (attention widths 8, 16, 32,
+    64) listed with their members and H200 prediction, each group's programs compiled for the
+    H200 with the Pallas kernels (head size 8 pads to 16 and fits), and the parameter counts the
+    members' lines give are the hand counts."""
+    from tests.test_architecture import hand_count
+
+    path = tmp_path / "tiny.py"
+    path.write_text(config_source(tiny_sequence_config(heads=(1, 4), head_dim=(8, 16))))
+    assert (
+        cli.main(["train", "--config", str(path), "--workdir", str(tmp_path / "w"), "--dry-run", "--target", "h200"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "4 shape groups" in out
+    groups = re.findall(
+        r"^  (a\d+): .*attention width (\d+) \(head size (\d+)\); 1 member\(s\) at heads (\d+); programs (\S+);",
+        out,
+        re.M,
+    )
+    assert [(g, int(a), int(d), int(h), p) for g, a, d, h, p in groups] == [
+        ("a8", 8, 8, 1, "a8-h1"),
+        ("a16", 16, 16, 1, "a16-h1"),
+        ("a32", 32, 8, 4, "a32-h4"),
+        ("a64", 64, 16, 4, "a64-h4"),
+    ]
+    assert all("on one NVIDIA H200" in line for line in out.splitlines() if re.match(r"^  a\d+: ", line))
+    for program in ("a8-h1", "a16-h1", "a32-h4", "a64-h4"):
+        rows = [line.split() for line in out.splitlines() if line.split()[1:2] == [program]]
+        assert [r[0] for r in rows] == ["init", "chunk", "evaluate"], program
+        chunk = next(line for line in out.splitlines() if line.strip().startswith(f"chunk {program} 3"))
+        assert "mhjax_attention_fwd x1" in chunk and "mhjax_attention_bwd x1" in chunk, chunk
+    assert "for 12 executables; memory: fits in 140.40 GiB" in out
+    for name, attention in (
+        ("copy-d8-h1-s0", 8),
+        ("copy-d8-h4-s0", 32),
+        ("copy-d16-h1-s0", 16),
+        ("copy-d16-h4-s0", 64),
+    ):
+        assert re.search(rf"^{name}\s+{hand_count(16, 1, 32, 16, 8, attention):,}\s", out, re.M), name
 
 
 @NEEDS_COMPILER

@@ -16,6 +16,7 @@ CORE_COLUMNS = (
     "name",
     "task",
     "task_params",
+    *("width", "num_layers", "mlp_dim", "dropout", "head_dim"),  # architecture axes (experiments/architecture.py)
     "heads",
     "seed",
     "params",
@@ -109,7 +110,13 @@ def params_text(params) -> str:
     return ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
 
 
-def _fmt(value) -> str:
+# fields whose None is a setting, not a missing value: head_dim None is parameter matching
+NONE_IS_A_VALUE = ("head_dim",)
+
+
+def _fmt(value, column: str = "") -> str:
+    if value is None and column in NONE_IS_A_VALUE:
+        return "None"
     if isinstance(value, dict):
         return params_text(value)
     if isinstance(value, float):
@@ -137,6 +144,6 @@ def markdown_table(members: list[dict], title: str, columns=None) -> str:
     ]
     lines = [f"# {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for m in members:
-        lines.append("| " + " | ".join(_fmt(m.get(c)) for c in columns) + " |")
+        lines.append("| " + " | ".join(_fmt(m.get(c), c) for c in columns) + " |")
     bad = diverged_lines(members)
     return "\n".join(lines + ([""] + bad if bad else [])) + "\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from mhjax.plotting.heads import member_lines
-from mhjax.plotting.report import task_label
+from mhjax.plotting.report import arch_fields, task_label
 from mhjax.plotting.style import clipped_sd, heads_colours, heads_label, pyplot
 
 
@@ -59,12 +59,13 @@ def format_analysis(result: dict) -> str:
 
 def plot_analysis(result: dict, path: str) -> None:
     """Mixing time and minimax fidelity per layer (mean ± std over sequences, fidelity's band kept
-    inside [0, 100]): a row per task and task parameter values (``cap=2`` and ``cap=4`` are two
-    rows), a colour per head count (plotting/style.py), a line style per seed; the legend right of
-    the panels."""
+    inside [0, 100]): a row per task, task parameter values (``cap=2`` and ``cap=4`` are two rows)
+    and architecture values (head_dim 8 and 16), a colour per head count (plotting/style.py), a
+    line style per seed; the legend right of the panels."""
     plt = pyplot()
     entries = [e for _, e in _entries(result)]
-    tasks = sorted({task_label(e) for e in entries})
+    arch = arch_fields(entries)  # members of other architectures: rows of their own
+    tasks = sorted({task_label(e, arch) for e in entries})
     colours = heads_colours(e.get("heads") for e in entries)
     seeds = sorted({e.get("seed") for e in entries}, key=str)
     layers = np.arange(max(len(e["layers"]) for e in entries))
@@ -75,7 +76,7 @@ def plot_analysis(result: dict, path: str) -> None:
     for row, task in enumerate(tasks):
         ax_mix, ax_fid = axes[row]
         for e in sorted(
-            (e for e in entries if task_label(e) == task), key=lambda e: (e.get("heads"), str(e.get("seed")))
+            (e for e in entries if task_label(e, arch) == task), key=lambda e: (e.get("heads"), str(e.get("seed")))
         ):
             heads = e.get("heads")
             x = np.array([layer["layer"] for layer in e["layers"]], float) + offsets[heads]

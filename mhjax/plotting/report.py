@@ -9,6 +9,7 @@ from collections import defaultdict
 import numpy as np
 
 from mhjax.io.results import number_text, params_text
+from mhjax.plotting.architecture import ARCHITECTURE, architecture_axes, value_label
 from mhjax.plotting.style import clipped_sd, heads_colours, heads_label, pyplot
 
 CURVE_TAGS = (("train/loss", "training loss"), ("eval/loss", "held-out loss"), ("eval/accuracy", "held-out accuracy"))
@@ -16,10 +17,9 @@ CURVE_TAGS = (("train/loss", "training loss"), ("eval/loss", "held-out loss"), (
 
 def _num(value) -> float:
     try:
-        value = float(value)
+        return float(value)
     except (TypeError, ValueError):
         return float("nan")
-    return value
 
 
 def mean_sd(values, fmt: str = "{:.4g}", scale: float = 1.0) -> str:
@@ -48,13 +48,22 @@ def field_value(member: dict, field: str):
     return member.get(field)
 
 
-def task_label(entry: dict) -> str:
-    """A member's task with its parameters, e.g. ``recall (pairs=8)``."""
+def task_label(entry: dict, arch=()) -> str:
+    """A member's task with its parameters, e.g. ``recall (pairs=8)``, then its values of the
+    architecture fields ``arch`` (``arch_fields``), e.g. ``copy, head_dim 16``."""
     if entry.get("task") is None:
         return ""
     params = entry.get("task_params") or {}
     inner = ", ".join(f"{k}={v}" for k, v in params.items())
-    return f"{entry['task']} ({inner})" if inner else str(entry["task"])
+    label = f"{entry['task']} ({inner})" if inner else str(entry["task"])
+    return ", ".join([label] + [value_label(f, entry.get(f)) for f in arch])
+
+
+def arch_fields(entries) -> list[str]:
+    """The architecture fields whose values differ among ``entries``: task labels name them, so
+    members of other architectures get rows and panels of their own (a head count at head_dim 16
+    is not averaged with the same head count parameter-matched)."""
+    return architecture_axes(list(entries), ARCHITECTURE)
 
 
 def _group_members(members: list[dict], keys: tuple[str, ...]) -> dict:
@@ -127,8 +136,8 @@ def summary_table(members: list[dict], sweep_fields: list[str] | None = None) ->
         for k, _ in metrics:
             if "accuracy" in k:
                 cells.append(mean_sd([m.get(k) for m in group], "{:.2f}", 100.0))
-            elif k == "program_wall_time_s":
-                cells.append(mean_sd([m.get(k) for m in group], "{:.1f}"))
+            elif k in ("program_wall_time_s", "params"):  # params: a count, the same for every seed
+                cells.append(mean_sd([m.get(k) for m in group], "{:.1f}" if k != "params" else "{:,.0f}"))
             else:
                 cells.append(mean_sd([m.get(k) for m in group], "{:.4f}"))
         lines.append("| " + " | ".join(cells) + " |")
@@ -138,8 +147,9 @@ def summary_table(members: list[dict], sweep_fields: list[str] | None = None) ->
 def _analysis_by_task_heads(analysis: dict) -> dict:
     """{task: {heads: [member analysis entries]}}."""
     out: dict = defaultdict(lambda: defaultdict(list))
+    arch = arch_fields(analysis.get("members", {}).values())
     for entry in analysis.get("members", {}).values():
-        out[task_label(entry)][entry.get("heads")].append(entry)
+        out[task_label(entry, arch)][entry.get("heads")].append(entry)
     return {t: dict(sorted(h.items())) for t, h in sorted(out.items(), key=lambda kv: str(kv[0]))}
 
 
@@ -189,9 +199,7 @@ def _first(analysis: dict, key: str):
     return None
 
 
-# ---------------------------------------------------------------------- #
-# Figures
-# ---------------------------------------------------------------------- #
+# Figures ------------------------------------------------------------- #
 def _curve_tags(curves: dict, limit: int = 6) -> list[tuple[str, str]]:
     found = {t for c in curves.values() for t in c}
     tags = [(t, label) for t, label in CURVE_TAGS if t in found]
@@ -217,7 +225,8 @@ def plot_curves(members: list[dict], curves: dict, path: str, styled: str = "see
     if not tags:
         return False
     plt = pyplot()
-    tasks = sorted({task_label(m) for m in members})
+    arch = arch_fields(members)
+    tasks = sorted({task_label(m, arch) for m in members})
     colours = heads_colours([m.get("heads") for m in members]) if all("heads" in m for m in members) else {}
     # one row per task; a single task wraps its panels three to a row
     ncols = len(tags) if len(tasks) > 1 else min(3, len(tags))
@@ -233,7 +242,7 @@ def plot_curves(members: list[dict], curves: dict, path: str, styled: str = "see
         loglog = any(t in tag.lower() for t in log_tags)
         labelled = set()
         for m in members:
-            if task_label(m) != task or tag not in curves.get(m["name"], {}):
+            if task_label(m, arch) != task or tag not in curves.get(m["name"], {}):
                 continue
             steps, values = curves[m["name"]][tag]
             steps, values = np.asarray(steps, float), np.asarray(values, float) * (100 if "accuracy" in tag else 1)
@@ -359,42 +368,5 @@ def plot_synergy(analysis: dict, path: str) -> bool:
     if any(1 in by_heads for by_heads in every.values()):
         fig.text(0.01, -0.01, "1 head not shown: its combined operator is that head.", fontsize="small", va="top")
     fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return True
-
-
-def plot_accuracy_by_position(members: list[dict], path: str) -> bool:
-    """Held-out accuracy against position (results.json ``eval_accuracy_by_position``), a panel
-    per task (with its parameters) and a line per head count, the mean over seeds; positions the
-    task never weights are left out. False when no member has it."""
-    from matplotlib.ticker import MaxNLocator
-
-    have = [m for m in members if m.get("eval_accuracy_by_position")]
-    if not have:
-        return False
-    plt = pyplot()
-    tasks = sorted({task_label(m) for m in have})
-    colours = heads_colours([m.get("heads") for m in have])
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.2), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
-        by_heads = defaultdict(list)
-        for m in have:
-            if task_label(m) == task:
-                by_heads[m.get("heads")].append(
-                    [np.nan if a is None else 100.0 * a for a in m["eval_accuracy_by_position"]]
-                )
-        for heads, rows in sorted(
-            by_heads.items(), key=lambda kv: str(kv[0]) if not isinstance(kv[0], int) else f"{kv[0]:09d}"
-        ):
-            rows = np.array(rows, float)
-            counts = np.isfinite(rows).sum(axis=0)  # the mean over seeds of the finite values
-            mean = np.where(counts > 0, np.nansum(rows, axis=0) / np.maximum(counts, 1), np.nan)
-            ax.plot(np.arange(rows.shape[1]), mean, marker=".", color=colours.get(heads), label=heads_label(heads))
-        ax.set(xlabel="position (0 first)", ylabel="held-out accuracy %", ylim=(-2, 102), title=task or None)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions: no 2.5
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
     plt.close(fig)
     return True

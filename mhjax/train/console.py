@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from tqdm import tqdm
 
-from mhjax.io.results import number_text, params_text
+from mhjax.io.results import NONE_IS_A_VALUE, number_text, params_text
 
 
 class Column(NamedTuple):
@@ -103,7 +103,7 @@ def summary_lines(table: SummaryTable | None, records: list[dict]) -> list[str]:
         return []
     rows: dict[tuple, list[dict]] = {}
     for record in records:
-        rows.setdefault(tuple(_key_text(record.get(f)) for f in table.fields), []).append(record)
+        rows.setdefault(tuple(_key_text(record.get(f), f) for f in table.fields), []).append(record)
     header = [*table.fields, "members", *(c.title for c in table.columns)]
     body = []
     for values, members in rows.items():
@@ -128,7 +128,9 @@ def summary_lines(table: SummaryTable | None, records: list[dict]) -> list[str]:
     return [line(header)] + [line(row) for row in body]
 
 
-def _key_text(value) -> str:
+def _key_text(value, field: str = "") -> str:
+    if value is None and field in NONE_IS_A_VALUE:  # head_dim None: parameter matching, as results.md
+        return "None"
     return params_text(value) if isinstance(value, dict) or value is None else str(value)
 
 

@@ -30,9 +30,9 @@ from mhjax.io.results import diverged_lines, markdown_table, write_text
 from mhjax.io.workdir import Workdir
 from mhjax.plotting.architecture import architecture_figures
 from mhjax.plotting.heads import head_tables
+from mhjax.plotting.positions import plot_accuracy_by_position
 from mhjax.plotting.report import (
     analysis_tables,
-    plot_accuracy_by_position,
     plot_curves,
     plot_mixing_fidelity,
     plot_synergy,

@@ -1,0 +1,76 @@
+"""The table of docs/head_size.md from a trained configs/head_size.py workdir: per task, head_dim
+and head count, the held-out accuracy after the last step (mean ± population std over seeds, as
+`mhjax report` prints it), each seed's first evaluation step at 99% held-out accuracy (- : not
+reached), the seeds counted, the parameter count and GFLOP per training step.
+
+    python benchmarks/head_size_table.py --workdir runs/head_size [--figure steps_to_99.png]
+
+Reads results.json and the members' TensorBoard curves (``eval/accuracy``) through mhjax.load.
+``--figure``: the steps to 99% of the tasks every seed learns (recall, induction) against heads,
+one line per head_dim (mhjax/plotting/architecture.py's figure of the report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mhjax  # noqa: E402
+
+THRESHOLD = 0.99
+
+
+def first_at(steps, values, threshold: float = THRESHOLD):
+    """The first step whose value reaches ``threshold``; None if none does."""
+    return next((int(s) for s, v in zip(steps, values) if v >= threshold), None)
+
+
+def rows(run) -> dict:
+    """{(task, head_dim, heads): [results entries with "reached"]}, seeds in order."""
+    out = defaultdict(list)
+    for m in sorted(run.results, key=lambda m: m["seed"]):
+        steps, values = run.curves(m["name"])["eval/accuracy"]
+        out[(m["task"], m.get("head_dim"), m["heads"])].append({**m, "reached": first_at(steps, values)})
+    return out
+
+
+def markdown(groups: dict) -> str:
+    lines = [
+        "| task | head_dim | heads | seeds | params | GFLOP/step | accuracy % | steps to 99% (per seed) |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    order = lambda k: (k[0], k[1] is not None, k[1] or 0, k[2])  # noqa: E731
+    for (task, head_dim, heads), members in sorted(groups.items(), key=lambda kv: order(kv[0])):
+        acc = [100 * m["eval_accuracy"] for m in members]
+        reached = ", ".join("-" if m["reached"] is None else str(m["reached"]) for m in members)
+        size = "matched (64 / H)" if head_dim is None else str(head_dim)
+        lines.append(
+            f"| {task} | {size} | {heads} | {len(members)} | {members[0]['params']:,} | "
+            f"{members[0]['gflop_per_step']:.3f} | {statistics.fmean(acc):.1f} ± {statistics.pstdev(acc):.1f} | "
+            f"{reached} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--figure", help="PNG of the steps to 99%% against heads")
+    args = parser.parse_args(argv)
+    groups = rows(mhjax.load(args.workdir))
+    print(markdown(groups))
+    if args.figure:
+        from mhjax.plotting.architecture import plot_against_heads
+
+        learnt = [m for members in groups.values() for m in members if m["task"] != "sorting"]
+        plot_against_heads(learnt, ["head_dim"], lambda m: m["reached"], "steps to 99% held-out accuracy", args.figure)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
