@@ -122,6 +122,7 @@ def _files(folder):
     return {os.path.join(d, f) for d, _, names in os.walk(folder) for f in names}
 
 
+@pytest.mark.slow  # ~55 s loaded: two full runs; test_reliability's resumes load from the cache too
 def test_a_repeated_run_loads_every_program_from_the_compile_cache(tmp_path):
     """Two processes, one config, MHJAX_CACHE_DIR pointing at a fresh folder: the first run
     fills it, the second compiles nothing (every executable loaded, no new entry)."""

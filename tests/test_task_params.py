@@ -272,6 +272,7 @@ def get_config():
 """
 
 
+@pytest.mark.slow  # ~48 s loaded: the rows and panels of a swept parameter; test_a_swept_task_parameter_... covers its members
 def test_a_sweep_over_cap_prints_two_rows_per_head_count_and_draws_two_panels(tmp_path, capsys):
     import matplotlib.image
 
@@ -300,6 +301,7 @@ def test_a_sweep_over_cap_prints_two_rows_per_head_count_and_draws_two_panels(tm
     assert height > 2 * 3.2 * 120
 
 
+@pytest.mark.slow  # ~32 s loaded: trains twice; keep_names is also covered by test_growth's recorded names
 def test_a_workdir_named_before_single_values_joined_the_name_keeps_its_names(tmp_path):
     """A single value of a task parameter is in new members' names; a workdir trained when it was
     not keeps its recorded names when trained longer, from results.json or, before any results

@@ -48,7 +48,7 @@ def test_byte_file_splits_at_the_holdout_and_windows_shift_by_one(tmp_path):
     config = text_config(write(tmp_path / "c.txt", data.tobytes()), seq_len=16)
     task = text.bind(config)
     corpus = text.load(config.data.path)
-    assert corpus.kind == "bytes" and corpus.train.size == 900 and corpus.heldout.size == 100
+    assert corpus.encoding == "bytes" and corpus.train.size == 900 and corpus.heldout.size == 100
     counts = np.bincount(data[900:])
     p = counts[counts > 0] / 100
     assert task.facts["heldout_unigram_entropy_bits"] == pytest.approx(-(p * np.log2(p)).sum())

@@ -46,7 +46,7 @@ class Corpus:
     path: str  # absolute
     size: int  # bytes on disk
     sha256: str
-    kind: str  # "bytes" or "uint16" (a .bin)
+    encoding: str  # "bytes" or "uint16" (a .bin)
     train: np.ndarray  # uint8 or uint16 token ids
     heldout: np.ndarray
     max_id: int
@@ -54,7 +54,7 @@ class Corpus:
     @property
     def record(self) -> dict:
         """What mhjax.json records of the file (a changed sha256 refuses resume and analysis)."""
-        return {"path": self.path, "size": self.size, "sha256": self.sha256, "format": self.kind}
+        return {"path": self.path, "size": self.size, "sha256": self.sha256, "format": self.encoding}
 
     def unigram_entropy_bits(self) -> float:
         """Entropy (bits per token) of the held-out tokens' own frequencies: what a model that
@@ -120,7 +120,7 @@ def _sha256(path: str) -> str:
 def check(corpus: Corpus, seq_len: int, vocab_size: int, holdout=HOLDOUT) -> None:
     """Every id below model.vocab_size, each split at least seq_len + 2 tokens (two windows)."""
     if corpus.max_id >= vocab_size:
-        what = "byte" if corpus.kind == "bytes" else "token id"
+        what = "byte" if corpus.encoding == "bytes" else "token id"
         raise ConfigError(
             f"config.model.vocab_size: {corpus.path} holds {what} {corpus.max_id}; vocab_size must be above it "
             f"(at least {corpus.max_id + 1}), got {vocab_size}"
@@ -203,7 +203,7 @@ def _task(corpus: Corpus) -> Task:
         heldout=held_out,
         bind=None,
         source={**registered.source, "data": corpus.record},
-        facts={"text_format": corpus.kind, "heldout_unigram_entropy_bits": corpus.unigram_entropy_bits()},
+        facts={"text_format": corpus.encoding, "heldout_unigram_entropy_bits": corpus.unigram_entropy_bits()},
     )
 
 
