@@ -159,7 +159,7 @@ def test_growing_and_changing_another_field_is_refused(tmp_path):
         _train(config, workdir)
 
 
-@pytest.mark.slow  # ~40 s loaded: three CLI runs; test_reliability kills and resumes the same loop, the other growth tests the parts
+@pytest.mark.slow  # ~40 s loaded: three CLI runs; test_reliability kills and resumes the same loop
 def test_a_kill_while_growing_resumes(tmp_path):
     """kill -9 in the new part's third chunk (after its checkpoint at step 6); the same command
     resumes it from there and ends equal, member for member, to a growth never killed."""

@@ -272,7 +272,7 @@ def get_config():
 """
 
 
-@pytest.mark.slow  # ~48 s loaded: the rows and panels of a swept parameter; test_a_swept_task_parameter_... covers its members
+@pytest.mark.slow  # ~48 s loaded: rows and panels of a swept parameter; its members are tested apart
 def test_a_sweep_over_cap_prints_two_rows_per_head_count_and_draws_two_panels(tmp_path, capsys):
     import matplotlib.image
 

@@ -284,7 +284,7 @@ def _python(code: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.slow  # ~80 s loaded: tests/test_tasks.py's other plug-in tests and test_task_params cover the round trip in parts
+@pytest.mark.slow  # ~80 s loaded: the other plug-in tests here cover the round trip in parts
 def test_a_plugin_task_trains_analyses_reports_and_loads_from_its_recorded_source(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "path", list(sys.path))  # the example config puts its folder on it
     monkeypatch.delitem(sys.modules, "my_task", raising=False)
