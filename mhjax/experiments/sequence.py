@@ -193,8 +193,17 @@ class SequenceExperiment(Experiment):
         return p["compiled_bytes_per_member_step"]
 
     def estimate_lines(self, backend: str) -> list[str]:
-        """The dry run's cost lines: an estimate for this machine where models/cost.py has a
-        preset for its backend; else a prediction for one H200, labelled as such."""
+        """The dry run's cost lines (and, under model.dtype=bfloat16, that they price float32)."""
+        lines = self._estimate_lines(backend)
+        if self.config.model.get("dtype", "float32") != "float32":
+            lines.append(
+                "model.dtype=bfloat16: the estimate above prices float32 (models/cost.py does not model bfloat16)"
+            )
+        return lines
+
+    def _estimate_lines(self, backend: str) -> list[str]:
+        """An estimate for this machine where models/cost.py has a preset for its backend; else a
+        prediction for one H200, labelled as such."""
         work = self.config.train.steps * len(self.members)
         if backend in cost.BACKEND_DEVICE:
             devices = self._devices()
