@@ -1,6 +1,8 @@
 """config.model.dtype (models/precision.py): bfloat16 activations and matmuls on float32
 parameters, float32 norms, softmax and loss; float32 (the default) is the program it was."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,8 +35,6 @@ def trained(config_steps, chunk=None):
 
 def _dots(dtype: str) -> list[tuple[str, str]]:
     """(input dtype, result dtype) of every dot_general in the model's forward jaxpr."""
-    import dataclasses
-
     model = dataclasses.replace(MODEL, dtype=dtype).transformer(2)
     tokens = jnp.zeros((2, 8), jnp.int32)
     params = model.init(jax.random.PRNGKey(0), tokens)
@@ -65,17 +65,11 @@ def test_bfloat16_matmuls_run_in_bfloat16_with_float32_scores_and_logits():
     assert [r for _, r in dots].count("float32") == 2 * MODEL.num_layers
     assert len(dots) == MODEL.num_layers * 7 + 1
     assert all(a == r == "float32" for a, r in _dots("float32"))
-    model = dataclasses_replace(MODEL, "bfloat16").transformer(2)
+    model = dataclasses.replace(MODEL, dtype="bfloat16").transformer(2)
     tokens = jnp.zeros((2, 8), jnp.int32)
     params = model.init(jax.random.PRNGKey(0), tokens)
     assert {p.dtype for p in jax.tree_util.tree_leaves(params)} == {jnp.dtype(jnp.float32)}
     assert model.apply(params, tokens).dtype == jnp.float32
-
-
-def dataclasses_replace(model, dtype):
-    import dataclasses
-
-    return dataclasses.replace(model, dtype=dtype)
 
 
 def test_the_default_and_an_explicit_float32_are_the_same_training():
@@ -145,3 +139,9 @@ def test_a_bad_dtype_is_one_line(value):
     with pytest.raises(ConfigError) as info:
         validate(config)
     assert str(info.value) == f"config.model.dtype: must be one of float32, bfloat16; got {value!r}"
+
+
+def test_the_dry_run_estimate_says_it_prices_float32_under_bfloat16():
+    lines = {d: make_experiment(configured(d, 2)[0]).estimate_lines("cpu") for d in ("float32", "bfloat16")}
+    assert lines["bfloat16"][:-1] == lines["float32"]
+    assert lines["bfloat16"][-1].startswith("model.dtype=bfloat16: the estimate above prices float32")
