@@ -145,3 +145,9 @@ def test_the_dry_run_estimate_says_it_prices_float32_under_bfloat16():
     lines = {d: make_experiment(configured(d, 2)[0]).estimate_lines("cpu") for d in ("float32", "bfloat16")}
     assert lines["bfloat16"][:-1] == lines["float32"]
     assert lines["bfloat16"][-1].startswith("model.dtype=bfloat16: the estimate above prices float32")
+
+
+def test_results_json_records_bfloat16_and_float32_results_stay_as_they_were():
+    fields = {d: make_experiment(configured(d, 2)[0]).results_fields("cpu") for d in (None, "bfloat16")}
+    assert "dtype" not in fields[None]
+    assert fields["bfloat16"] == {**fields[None], "dtype": "bfloat16"}

@@ -113,10 +113,12 @@ class SequenceExperiment(Experiment):
 
     def results_fields(self, backend: str) -> dict:
         fallback = self.attention(backend).fallback
+        dtype = self.config.model.get("dtype", "float32")  # recorded where not the default float32
         return {
             "attention": self.attention_used(backend),
             **({"attention_fallback": fallback} if fallback else {}),
             "optimizer": self.optimizer.recorded(),
+            **({"dtype": dtype} if dtype != "float32" else {}),
         }
 
     def _kernel_priced(self, backend: str) -> bool:
