@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 from mhjax import config as cfg
 from mhjax.models.model_config import ModelConfig
+from mhjax.models.precision import DEFAULT as DTYPE_DEFAULT
 from mhjax.train.members import SHORT, Member
 
 FIELDS = ("width", "num_layers", "mlp_dim", "dropout", "head_dim")  # in member names' order
@@ -80,6 +81,7 @@ def member_model(config, member: Member) -> ModelConfig:
         mlp_dim=v["mlp_dim"],
         dropout=v["dropout"],
         attention_width=attention_width(v["width"], member["heads"], v["head_dim"]),
+        dtype=m.get("dtype", DTYPE_DEFAULT),
     )
 
 

@@ -113,10 +113,12 @@ class SequenceExperiment(Experiment):
 
     def results_fields(self, backend: str) -> dict:
         fallback = self.attention(backend).fallback
+        dtype = self.config.model.get("dtype", "float32")  # recorded where not the default float32
         return {
             "attention": self.attention_used(backend),
             **({"attention_fallback": fallback} if fallback else {}),
             "optimizer": self.optimizer.recorded(),
+            **({"dtype": dtype} if dtype != "float32" else {}),
         }
 
     def _kernel_priced(self, backend: str) -> bool:
@@ -193,8 +195,17 @@ class SequenceExperiment(Experiment):
         return p["compiled_bytes_per_member_step"]
 
     def estimate_lines(self, backend: str) -> list[str]:
-        """The dry run's cost lines: an estimate for this machine where models/cost.py has a
-        preset for its backend; else a prediction for one H200, labelled as such."""
+        """The dry run's cost lines (and, under model.dtype=bfloat16, that they price float32)."""
+        lines = self._estimate_lines(backend)
+        if self.config.model.get("dtype", "float32") != "float32":
+            lines.append(
+                "model.dtype=bfloat16: the estimate above prices float32 (models/cost.py does not model bfloat16)"
+            )
+        return lines
+
+    def _estimate_lines(self, backend: str) -> list[str]:
+        """An estimate for this machine where models/cost.py has a preset for its backend; else a
+        prediction for one H200, labelled as such."""
         work = self.config.train.steps * len(self.members)
         if backend in cost.BACKEND_DEVICE:
             devices = self._devices()

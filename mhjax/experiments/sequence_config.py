@@ -9,6 +9,7 @@ from mhjax import config as cfg
 from mhjax.data import sequences
 from mhjax.experiments import architecture, optimizer, task_params
 from mhjax.experiments.base import STRATEGIES
+from mhjax.models import precision
 from mhjax.models.attention_choice import AUTO, IMPLEMENTATIONS
 from mhjax.train import snapshots
 
@@ -18,6 +19,7 @@ DEFAULTS = {
     "attention": AUTO,
     "model.scan_layers": "auto",
     "model.head_dim": None,
+    "model.dtype": precision.DEFAULT,  # float32 (models/precision.py)
     "train.divergence_factor": 10.0,
     "train.snapshot_steps": None,  # none (train/snapshots.py)
     **{f"sweep.{field}": () for field in architecture.FIELDS},
@@ -74,6 +76,8 @@ def validate(config) -> None:
         cfg.require_choice(config, "attention", IMPLEMENTATIONS)
     if "scan_layers" in config.model:
         cfg.require_choice(config, "model.scan_layers", SCAN_LAYERS)
+    if "dtype" in config.model:
+        cfg.require_choice(config, "model.dtype", precision.DTYPES)
     cfg.require_nonneg_int(config, "seed")
     if config.seed >= 2**32:  # PRNGKey keeps only 32 bits here: 2**32 would silently equal seed 0
         raise cfg.ConfigError(f"config.seed: must be an integer in [0, 2**32), got {config.seed}")
@@ -110,7 +114,7 @@ FIELDS = {
     "devices": None,
     "sweep": None,
     "task_params": None,  # {task: {parameter: value or tuple}} (experiments/task_params.py)
-    "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout", "scan_layers", "head_dim"},
+    "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout", "scan_layers", "head_dim", "dtype"},
     "data": {"protocol", "num_train", "batch_size", "num_eval", "path", "holdout"},
     "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every", "snapshot_steps", "divergence_factor"}
     | set(optimizer.FIELDS),

@@ -42,6 +42,7 @@ from jax.custom_batching import custom_vmap
 from mhjax.models import member_layout
 from mhjax.models.attention_choice import core_for
 from mhjax.models.dropout_hash import NO_DROPOUT, dropout_threshold, hash_keep
+from mhjax.models.precision import compute_dtype, to_dtype, to_float32
 
 Layout = tuple[tuple[int, int], ...]  # (members, heads) per group, in member-axis order
 
@@ -56,9 +57,10 @@ def torch_uniform(fan_in: int):
     return init
 
 
-def dense(features: int, fan_in: int, name: str) -> nn.Dense:
+def dense(features: int, fan_in: int, name: str, dtype=None) -> nn.Dense:
+    """``dtype``: the matmul's (models/precision.compute_dtype; None: its inputs')."""
     init = torch_uniform(fan_in)
-    return nn.Dense(features, kernel_init=init, bias_init=init, name=name)
+    return nn.Dense(features, dtype=dtype, kernel_init=init, bias_init=init, name=name)
 
 
 class DenseParams(nn.Module):
@@ -126,6 +128,7 @@ class CausalSelfAttention(nn.Module):
     # None: the input's width D (parameter matching: head size D / H). The output projection maps
     # A back to D, so the residual stream keeps its width whatever the head size.
     features: int | None = None
+    dtype: str = "float32"  # the activations' (models/precision.py)
 
     @nn.compact
     def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None, dropout_key=None, norm=None):
@@ -146,7 +149,8 @@ class CausalSelfAttention(nn.Module):
         fine = self.num_heads
         # One (D, 3A) matmul for the three projections (parameters stay query/key/value).
         w, b = zip(*(DenseParams(features, width, name=name)() for name in ("query", "key", "value")))
-        w, b = jnp.concatenate(w, axis=1), jnp.concatenate(b)
+        compute = compute_dtype(self.dtype)
+        w, b = to_dtype(jnp.concatenate(w, axis=1), compute), to_dtype(jnp.concatenate(b), compute)
         if norm is None:
             qkv = x @ w + b
         else:
@@ -163,6 +167,8 @@ class CausalSelfAttention(nn.Module):
         probs = attention_probs(q, k, fine, heads)
         # a layout runs each group at its static head count: only a plain traced count is traced
         implementation = core_for(self.implementation, traced_heads=heads is not None and self.layout is None)
+        if implementation != "jax":  # the kernels are float32: cast at their boundary (precision.py)
+            q, k, v, qkv = (to_float32(a) for a in (q, k, v, qkv))
         if implementation == "cpu_kernel":  # head counts may be traced: the kernel takes them at run time
             from mhjax.models import cpu_attention
 
@@ -178,9 +184,10 @@ class CausalSelfAttention(nn.Module):
             out = pallas_attention.attention(qkv, seeds, fine, threshold, inv_keep, self.interpret)
         else:
             out, probs = jax_attention(q, k, v, fine, heads, seeds, threshold, inv_keep)
+        out = to_dtype(out, compute)
         if head_mask is not None:
             out = out * jnp.repeat(jnp.asarray(head_mask, out.dtype), features // fine)
-        return dense(width, features, "out")(out), probs
+        return dense(width, features, "out", compute)(out), probs
 
 
 def layout_attention(
@@ -234,7 +241,8 @@ def layout_attention(
 
 def jax_attention(q, k, v, fine: int, heads, seeds, threshold: int, inv_keep: float):
     """The plain-JAX path: (out (B, T, D) before the output projection, probs (B, F, T, T)).
-    The same function as cpu_attention.attention (tested); threshold >= 2^24: no dropout."""
+    The same function as cpu_attention.attention (tested); threshold >= 2^24: no dropout.
+    bfloat16 q/k/v: probs in float32 (attention_probs), read with v in bfloat16."""
     batch, length, width = q.shape
     probs = attention_probs(q, k, fine, heads)
     attended = probs
@@ -242,6 +250,7 @@ def jax_attention(q, k, v, fine: int, heads, seeds, threshold: int, inv_keep: fl
         group = jnp.arange(fine) if heads is None else head_groups(heads, fine)
         keep = jax.vmap(lambda s: dropout_keep(s, batch, length, threshold))(seeds)[group]
         attended = probs * jnp.moveaxis(keep, 0, 1).astype(probs.dtype) * inv_keep
+    attended = to_dtype(attended, v.dtype)
     out = jnp.einsum("bfts,bsfd->btfd", attended, _split(v, fine)).reshape(batch, length, width)
     return out, probs
 
@@ -253,9 +262,11 @@ def _split(x, fine: int):
 
 def attention_probs(q, k, fine: int, heads=None):
     """(B, F, T, T) causal attention probabilities of the fine heads (with ``heads``: summed
-    scores over each coarse head's fine heads, scaled by 1/sqrt(D/H))."""
+    scores over each coarse head's fine heads, scaled by 1/sqrt(D/H)); float32 whatever q's dtype
+    (a bfloat16 matmul with float32 results, the softmax in float32)."""
     width, length = q.shape[-1], q.shape[-2]
-    scores = jnp.einsum("btfd,bsfd->bfts", _split(q, fine), _split(k, fine))
+    wide = {} if q.dtype == jnp.float32 else {"preferred_element_type": jnp.float32}
+    scores = jnp.einsum("btfd,bsfd->bfts", _split(q, fine), _split(k, fine), **wide)
     if heads is None:
         scale = 1.0 / math.sqrt(width // fine)
     else:

@@ -27,6 +27,9 @@ class ModelConfig:
     # q, k and v's width A = heads x head size; None: the width (parameter matching, head size
     # width / heads). Normalised: never equal to ``width`` (see ``with_attention_width``).
     attention_width: int | None = None
+    # The activations' dtype, "float32" or "bfloat16" (models/precision.py); not a size: sizes()
+    # and from_sizes leave it out, so analysis rebuilds a model in float32.
+    dtype: str = "float32"
 
     def __post_init__(self):
         if self.attention_width == self.width:
@@ -47,6 +50,7 @@ class ModelConfig:
             num_layers=model.num_layers,
             mlp_dim=model.mlp_dim,
             dropout=model.dropout,
+            dtype=model.get("dtype", "float32"),
         )
 
     @classmethod
@@ -77,4 +81,5 @@ class ModelConfig:
             interpret=interpret,
             scan_layers=scan_layers,
             attention_width=self.attention_width,
+            dtype=self.dtype,
         )

@@ -11,7 +11,9 @@ probabilities instead of storing them. Dropout is mhjax's counter-based hash
 whatever the tiling. The causal mask ends each loop at the diagonal tile: fully masked tiles
 are never computed.
 
-Float32 only: bfloat16 inputs (float32 accumulation) wait for mhjax's bfloat16 work.
+Float32 only: under config.model.dtype=bfloat16 the model casts q/k/v to float32 at the kernel's
+boundary and its output back (models/precision.py); bfloat16 inputs read by the kernel itself
+(float32 accumulation, half the bytes) are not done yet (docs/bfloat16.md).
 
 q, k and v are read where the model's one projection matmul wrote them: its (B, T, 3D) output
 viewed as (B, T, 3, H, D/H) (a free reshape, no split or transposed copy), and the backward

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mhjax.models.attention import CausalSelfAttention, DenseParams, HashDropout, Layout, dense
+from mhjax.models.precision import compute_dtype, to_float32
 
 RMS_EPS = float(np.finfo(np.float32).eps)
 MLP_DROPOUT = "HashDropout_0"  # the name Flax gave it unnamed: dropout keys (and checkpoints) stay as they were
@@ -29,8 +30,11 @@ class RMSNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x):
+        """In float32 whatever x's dtype (models/precision.py); the result in x's dtype."""
         scale = self.param("scale", nn.initializers.ones, (x.shape[-1],))
-        return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.epsilon) * scale
+        y = to_float32(x)
+        y = y * jax.lax.rsqrt(jnp.mean(y * y, axis=-1, keepdims=True) + self.epsilon) * scale
+        return y.astype(x.dtype) if y.dtype != x.dtype else y
 
 
 class Block(nn.Module):
@@ -42,6 +46,7 @@ class Block(nn.Module):
     attention: str = "jax"
     interpret: bool = False
     attention_width: int | None = None  # A = heads x head size; None: the width (parameter matching)
+    dtype: str = "float32"  # the activations' (models/precision.py)
 
     @nn.compact
     def __call__(self, x, heads=None, deterministic: bool = True, head_mask=None, keys=None):
@@ -63,6 +68,7 @@ class Block(nn.Module):
             self.attention,
             self.interpret,
             self.attention_width,
+            self.dtype,
             name="attn",
         )
         if fuse_norm:
@@ -83,13 +89,15 @@ class Block(nn.Module):
             out = pallas_block.mlp_block(x, scale, w_in, b_in, w_out, b_out, seed, threshold, inv_keep, self.interpret)
             return out, probs
         h = RMSNorm(name="ln2")(x)
-        h = nn.relu(dense(self.mlp_dim, self.width, "mlp_in")(h))
-        h = dense(self.width, self.mlp_dim, "mlp_out")(h)
+        compute = compute_dtype(self.dtype)
+        h = nn.relu(dense(self.mlp_dim, self.width, "mlp_in", compute)(h))
+        h = dense(self.width, self.mlp_dim, "mlp_out", compute)(h)
         return x + dropout(h, deterministic, mlp_key), probs
 
     def _kernels(self) -> tuple[bool, bool]:
-        """(the pre-norm inside the projection kernel, the MLP half as one kernel)."""
-        if self.attention != "pallas":
+        """(the pre-norm inside the projection kernel, the MLP half as one kernel): float32 only,
+        so a bfloat16 block runs them unfused (models/precision.py)."""
+        if self.attention != "pallas" or compute_dtype(self.dtype) is not None:
             return False, False
         from mhjax.models import pallas_block
 
@@ -136,6 +144,9 @@ class Transformer(nn.Module):
     # The attention width A = heads x head size (q, k, v and the output projection's input); None:
     # the width (parameter matching, head size width / heads). A fixed head size sets it per model.
     attention_width: int | None = None
+    # "float32" or "bfloat16": the activations' and matmuls' dtype; parameters stay float32, and
+    # norms, softmax and the returned logits are float32 (models/precision.py).
+    dtype: str = "float32"
 
     def _block(self, **kwargs) -> Block:
         return Block(
@@ -147,6 +158,7 @@ class Transformer(nn.Module):
             self.attention,
             self.interpret,
             self.attention_width,
+            self.dtype,
             **kwargs,
         )
 
@@ -185,14 +197,15 @@ class Transformer(nn.Module):
     def __call__(self, tokens, heads=None, deterministic: bool = True, return_attention: bool = False, head_mask=None):
         length = tokens.shape[-1]
         embed = nn.initializers.normal(stddev=1.0)
-        x = nn.Embed(self.vocab_size, self.width, embedding_init=embed, name="token_emb")(tokens)
-        pos = nn.Embed(self.max_len, self.width, embedding_init=embed, name="pos_emb")(jnp.arange(length))
+        compute = compute_dtype(self.dtype)
+        x = nn.Embed(self.vocab_size, self.width, compute, embedding_init=embed, name="token_emb")(tokens)
+        pos = nn.Embed(self.max_len, self.width, compute, embedding_init=embed, name="pos_emb")(jnp.arange(length))
         x = x + pos
         if self.scan_layers and not self.is_initializing() and self.num_layers > 1:
             x, maps = self._scanned(x, heads, deterministic, head_mask, return_attention)
         else:
             x, maps = self._unrolled(x, heads, deterministic, head_mask)
-        logits = dense(self.vocab_size, self.width, "readout")(x)
+        logits = to_float32(dense(self.vocab_size, self.width, "readout", compute)(x))  # the loss in float32
         if return_attention:
             return logits, maps
         return logits
