@@ -383,6 +383,7 @@ def test_members_glob_matching_nothing_is_one_line(sweep_workdir, tmp_path, caps
     assert not (tmp_path / "analysis.json").exists()
 
 
+@pytest.mark.slow  # ~30 s: two tasks analysed; --sequences is tested on one
 def test_sequences_apply_to_tasks_with_targets_the_others_named(tmp_path, capsys):
     import mhjax
     from tests.conftest import tiny_sequence_config, tiny_train

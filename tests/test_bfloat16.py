@@ -72,6 +72,7 @@ def test_bfloat16_matmuls_run_in_bfloat16_with_float32_scores_and_logits():
     assert model.apply(params, tokens).dtype == jnp.float32
 
 
+@pytest.mark.slow  # trains twice; test_results_json_... covers float32 results
 def test_the_default_and_an_explicit_float32_are_the_same_training():
     """model.dtype left out and model.dtype=float32: bitwise the same parameters and evaluations."""
     _, a, ra = trained(configured(None, 3))

@@ -200,6 +200,7 @@ def _steps(workdir):
     return sorted(int(d) for d in os.listdir(workdir / "checkpoints") if d.isdigit())
 
 
+@pytest.mark.slow  # ~22 s: test_cli covers Ctrl-C
 def test_ctrl_c_during_a_compile_stops_before_training_and_a_second_exits_at_once(tmp_path):
     config = tmp_path / "tiny.py"
     config.write_text(config_source(tiny_train(tiny_sequence_config(heads=(2,)), 6, 3, 3, 3)))

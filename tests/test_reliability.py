@@ -235,6 +235,7 @@ def test_sigkill_during_checkpoint_write_resumes_bit_identical(setup, tmp_path):
     assert_identical_runs(reference, str(workdir))
 
 
+@pytest.mark.slow  # ~20 s: the checkpoint-write kill covers the same rename
 def test_sigkill_during_a_snapshot_write_loses_no_snapshot_and_resumes_bit_identical(setup, tmp_path):
     """Snapshots at 0, 3, 6 and 9 (chunk ends: the plan is the reference's); killed while the
     snapshot at 6 is written, before checkpoint 6: the run again keeps 0 and 3 and writes the rest."""
@@ -252,6 +253,7 @@ def test_sigkill_during_a_snapshot_write_loses_no_snapshot_and_resumes_bit_ident
     assert_identical_runs(reference, str(workdir))
 
 
+@pytest.mark.slow  # ~19 s: a real compile; the other kills cover resuming
 def test_sigkill_during_compile_resumes_bit_identical(setup, tmp_path):
     config_path, cache, reference = setup
     workdir = tmp_path / "w"

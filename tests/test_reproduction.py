@@ -45,6 +45,7 @@ def reference(tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.slow  # ~32 s: the released-checkpoint comparison end to end
 @needs_ckpts
 def test_report_beside_released_checkpoints(workdir, reference, capsys):
     assert main(["report", "--workdir", workdir, "--reference", reference]) == 0

@@ -277,6 +277,7 @@ def test_run_writes_outputs_and_resume_does_not_retrain(tmp_path):
         )
 
 
+@pytest.mark.slow  # ~36 s: test_reliability resumes mid-run bit-identical
 def test_resume_midway_equals_uninterrupted(tmp_path):
     config = tiny_sequence_config(heads=(1, 2))
     full = run(make_experiment(config), str(tmp_path / "full"), progress=False, log=lambda m: None)

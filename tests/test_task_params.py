@@ -222,6 +222,7 @@ def test_an_error_in_task_code_names_the_users_line(monkeypatch):
     assert type(exc.value.__cause__).__name__ == "TracerBoolConversionError"
 
 
+@pytest.mark.slow  # ~22 s: a subprocess run
 def test_the_command_line_prints_the_traceback_when_asked(tmp_path):
     config = tmp_path / "c.py"
     config.write_text(
