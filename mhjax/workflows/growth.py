@@ -44,10 +44,9 @@ def plan(experiment, workdir: Workdir, primary: bool = True, log=print) -> list[
     metadata = workdir.metadata()
     stored, now = metadata.get("config", {}), json.loads(json.dumps(experiment.config.to_dict()))
     history = metadata.get(HISTORY)
-    if metadata.get("mhjax_version") != __version__ or not _same_but_sweep(stored, now):
+    same_sweep = what(stored) == what(now)
+    if metadata.get("mhjax_version") != __version__ or not _same_but_sweep(stored, now) or same_sweep:
         # resumed or trained longer, or a config the run refuses (io/metadata.check_or_write)
-        return _parts(experiment, workdir, history) if history else [Part(workdir, experiment)]
-    if what(stored) == what(now):
         return _parts(experiment, workdir, history) if history else [Part(workdir, experiment)]
     history = history or _first_part(workdir, metadata)
     fresh = _new_members(experiment, workdir, stored.get("sweep", {}), now["sweep"], history)
