@@ -21,6 +21,9 @@ if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
 # The tests are CPU tests. Where jax[cuda13] is installed (to compile for a GPU target) but no
 # GPU is, JAX would otherwise log a cuPTI traceback at every backend start.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# End-of-training images cost ~1 s a member (matplotlib) in every one of the suite's many tiny
+# runs: off by default here (mhjax/train/end_images.py); the tests of the images turn them on.
+os.environ.setdefault("MHJAX_IMAGES", "0")
 
 
 def tiny_sequence_config(**sweep):
@@ -39,6 +42,18 @@ def tiny_sequence_config(**sweep):
     config.data = ml_collections.ConfigDict(dict(protocol="fixed", num_train=16, batch_size=4, num_eval=8))
     config.train = ml_collections.ConfigDict(dict(steps=6, chunk_steps=3, eval_every=3, checkpoint_every=3))
     return config
+
+
+@pytest.fixture(scope="module")
+def images_on():
+    """End-of-training images drawn for the module's runs (the suite leaves them out)."""
+    previous = os.environ.get("MHJAX_IMAGES")
+    os.environ["MHJAX_IMAGES"] = "1"
+    yield
+    if previous is None:
+        os.environ.pop("MHJAX_IMAGES", None)
+    else:
+        os.environ["MHJAX_IMAGES"] = previous
 
 
 def config_source(config) -> str:

@@ -43,6 +43,7 @@ def trained(config, steps=2):
     return sweep, sweep.member_states(states), sweep.evaluate(states)
 
 
+@pytest.mark.slow  # ~38 s: test_growth trains heads x head_dim with hand-counted parameters
 def test_heads_by_head_dim_trains_four_members_with_hand_counted_parameters_in_the_listed_programs(tmp_path, capsys):
     """heads 1,4 x head_dim 8,16 at width 16: four attention widths (8, 16, 32, 64), so four
     shape groups and four programs, which --dry-run lists and training runs."""

@@ -33,7 +33,7 @@ def _value_and_grad(model, params):
     return jax.jit(jax.value_and_grad(loss))(params)
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("scan_layers", [False, pytest.param(True, marks=pytest.mark.slow)])  # scanned: ~10 s
 def test_the_kernel_block_is_the_jax_block(scan_layers):
     """Same parameter tree and initial values, same loss and gradients with dropout on (the
     MLP dropout's keep decisions drawn from the same key), unrolled and scanned layers."""

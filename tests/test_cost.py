@@ -79,6 +79,7 @@ def test_roofline_and_sharding_arithmetic():
     assert together["flops_per_member_step"] == pytest.approx(apart["flops_per_member_step"])
 
 
+@pytest.mark.slow  # ~26 s: the model itself is tested against XLA below and above
 def test_cost_model_script_reports_every_strategy_and_variant(tmp_path):
     """benchmarks/cost_model.py end to end on the tiny config: the JSON keys scripts read, the
     one_program / grouped ratio, and a variant's accuracy check on the layout model."""

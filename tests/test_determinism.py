@@ -9,6 +9,7 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from tests.conftest import FAST_COMPILE, config_source, tiny_sequence_config, tiny_train
 from tests.test_sweep import assert_trees_close, member_params, train
@@ -43,6 +44,7 @@ def _train_subprocess(config, workdir, **env_extra):
     return _checkpoint(str(workdir), 4), json.load(open(os.path.join(workdir, "results.json")))
 
 
+@pytest.mark.slow  # ~29 s: test_growth and test_resume_records compare runs of two processes bit for bit
 def test_same_config_and_seed_give_identical_results_and_params(tmp_path):
     """Two separate processes (other hash seeds; the second loads the first's compiled
     executables from JAX's persistent cache): every saved array and result bit for bit."""

@@ -49,11 +49,6 @@ def test_members_per_parameter_value_with_results_per_position(recall_run):
     assert fields[fields.index("task") + 1] == "task_params"
     table = mhjax.load(run.workdir).to_pandas()
     assert table.shape[0] == 3 and list(table["task_params.pairs"][:2]) == [1, 2]
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(Workdir(run.workdir).run_dir("recall-pairs1-h2-s0"), size_guidance={"images": 0})
-    events.Reload()
-    assert "eval/accuracy_by_position" in events.Tags()["images"]
 
 
 def test_the_report_groups_by_the_parameter_and_plots_accuracy_by_position(recall_run):

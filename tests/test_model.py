@@ -132,8 +132,9 @@ def test_grouped_heads_equal_plain_heads(heads, deterministic):
         np.testing.assert_allclose(la, lb[:, ::group], atol=1e-6)
 
 
-# without dropout (slow): the fast case with dropout runs the same layout code, dropout added
-@pytest.mark.parametrize("deterministic", [pytest.param(True, marks=pytest.mark.slow), False])
+# both slow (~28 s each): test_sweep's one_program tests train the layout against grouped programs
+@pytest.mark.slow
+@pytest.mark.parametrize("deterministic", [True, False])
 def test_member_layout_equals_plain_heads_per_member(deterministic):
     """One model vmapped over members of 1, 2, 4 and 8 heads with their layout (attention run
     group by group at static head counts), gradients taken of the summed losses as the engine
@@ -177,7 +178,11 @@ def test_member_layout_must_cover_the_vmapped_axis():
 # plain heads (slow): the same scan as the traced head count's case, which stays fast
 @pytest.mark.parametrize(
     "num_heads, heads, layout",
-    [pytest.param(4, None, None, marks=pytest.mark.slow), (8, 2, None), (4, None, ((2, 1), (1, 4)))],
+    [
+        pytest.param(4, None, None, marks=pytest.mark.slow),
+        pytest.param(8, 2, None, marks=pytest.mark.slow),
+        (4, None, ((2, 1), (1, 4))),
+    ],
 )
 def test_scanned_layers_equal_the_unrolled_blocks(num_heads, heads, layout):
     """scan_layers (accelerators: one layer compiled instead of L) computes what the unrolled

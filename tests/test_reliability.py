@@ -207,6 +207,7 @@ def _no_tmp_checkpoints(workdir):
     return not glob.glob(os.path.join(workdir, "checkpoints", "*orbax-checkpoint-tmp*"))
 
 
+@pytest.mark.slow  # ~35 s: test_resume_records kill-5-6 and test_growth kill mid-chunk resume bit for bit
 def test_sigkill_mid_chunk_resumes_bit_identical(setup, tmp_path):
     config_path, cache, reference = setup
     workdir = tmp_path / "w"

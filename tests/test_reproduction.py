@@ -102,6 +102,7 @@ def test_report_beside_released_checkpoints(workdir, reference, capsys):
 
 
 @needs_ckpts
+@pytest.mark.slow  # ~14 s: test_reference_errors runs the reference path
 def test_reference_longer_than_the_released_models(tmp_path, reference, capsys):
     path = str(tmp_path / "w")
     config = tiny_sequence_config(heads=(1,))

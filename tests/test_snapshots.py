@@ -193,6 +193,8 @@ def test_analyze_at_snapshot_steps_keeps_the_latest_layout_and_every_step(runs, 
         assert "kept: 0, 1, 3, 6, 9" in line
 
 
+# ~16 s: the snapshot code is the sequence tests'; test_mixture_plugins reads a mixture's params at steps
+@pytest.mark.slow
 def test_a_mixture_run_gives_the_ntk_margin_at_its_snapshot_steps(tmp_path):
     """run.ntk(m, step) and run.analyze(steps="all") read snapshots; the margin along training
     is a figure with one line per head count (W/ntk_margin_steps.png, shown by the report)."""

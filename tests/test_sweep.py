@@ -40,10 +40,14 @@ def test_members_are_the_cartesian_product_with_stable_names():
     assert len(names) == 12 and names[0] == "copy-h1-s0" and "cycle-h4-s1" in names
 
 
+# grouped (slow, ~26 s) is every other test's strategy.
+STRATEGIES = ("grouped", "fused", "unrolled", "one_program")
+
+
 # unrolled compiles one model per member (8 here, minutes on 2 cores): slow; the fast
 # test_one_program_and_grouped_programs_train_identically[unrolled] checks its members.
 @pytest.mark.parametrize(
-    "strategy", ["grouped", "fused", pytest.param("unrolled", marks=pytest.mark.slow), "one_program"]
+    "strategy", [pytest.param(s, marks=pytest.mark.slow) if s in ("grouped", "unrolled") else s for s in STRATEGIES]
 )
 def test_member_alone_equals_member_in_sweep(strategy):
     # the member (2 heads) shares its program with 3 others (grouped) or 7 (fused pads it to 4 heads)
@@ -57,7 +61,8 @@ def test_member_alone_equals_member_in_sweep(strategy):
     )
 
 
-@pytest.mark.parametrize("strategy", ["fused", "unrolled"])
+# fused (slow, ~32 s): test_member_alone_equals_member_in_sweep[fused] checks its members
+@pytest.mark.parametrize("strategy", [pytest.param("fused", marks=pytest.mark.slow), "unrolled"])
 def test_one_program_and_grouped_programs_train_identically(strategy):
     grouped, single = tiny_sequence_config(heads=(1, 2, 4)), tiny_sequence_config(heads=(1, 2, 4))
     single.strategy = strategy
@@ -74,7 +79,10 @@ def test_one_program_and_grouped_programs_train_identically(strategy):
 
 
 # the plain JAX path's layout is also checked by the fast test_one_program_diverging_member_leaves_the_others_exact
-@pytest.mark.parametrize("implementation", ["auto", pytest.param("jax", marks=pytest.mark.slow)])
+# auto (slow too, ~21 s): test_member_alone_equals_member_in_sweep[one_program] trains the layout
+@pytest.mark.parametrize(
+    "implementation", [pytest.param("auto", marks=pytest.mark.slow), pytest.param("jax", marks=pytest.mark.slow)]
+)
 def test_one_program_groups_members_by_head_count_and_trains_like_grouped(tmp_path, implementation):
     """On both attention paths: the CPU kernel (traced head counts) and the accelerators' plain
     JAX path, where the layout runs each group's attention at its static head count."""

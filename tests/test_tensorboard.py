@@ -21,7 +21,7 @@ MEMBERS = ["copy-h1-s0", "copy-h4-s0"]
 
 
 @pytest.fixture(scope="module")
-def sweep_dir(tmp_path_factory):
+def sweep_dir(tmp_path_factory, images_on):
     workdir = str(tmp_path_factory.mktemp("tb") / "w")
     run(make_experiment(tiny_sequence_config()), workdir, progress=False, log=lambda m: None)
     return workdir
@@ -59,7 +59,7 @@ def test_event_files_hold_scalars_hparams_images_and_config(sweep_dir):
         assert [e.step for e in losses] == [0, 1, 2, 3, 4, 5]
         assert losses[0].value == pytest.approx(results[name]["initial_train_loss"], rel=1e-6)
         assert losses[-1].value == pytest.approx(results[name]["train_loss"], rel=1e-6)
-        assert {"attention/layer0", "diffusion/sink_signal"} <= set(tags["images"])
+        assert {"attention/layer0", "diffusion/sink_signal", "eval/accuracy_by_position"} <= set(tags["images"])
         heatmap = ea.Images("attention/layer0")[-1]
         assert heatmap.width >= 64 and heatmap.height >= 64
         for tag in (
@@ -98,6 +98,19 @@ def _get(url, body=None):
     data = None if body is None else json.dumps(body).encode()
     with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=30) as response:
         return json.loads(response.read())
+
+
+def test_mhjax_images_0_leaves_the_images_out_and_every_scalar_in(sweep_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("MHJAX_IMAGES", "0")
+    workdir = str(tmp_path / "w")
+    run(make_experiment(tiny_sequence_config()), workdir, progress=False, log=lambda m: None)
+    for name in MEMBERS:
+        drawn, plain = (_accumulator(os.path.join(w, "tb", name)) for w in (sweep_dir, workdir))
+        assert drawn.Tags()["images"] and not plain.Tags()["images"]
+        assert plain.Tags()["scalars"] == drawn.Tags()["scalars"]
+        for tag in plain.Tags()["scalars"]:
+            if not tag.startswith("perf/") and "time" not in tag:  # wall times and rates differ
+                assert [e.value for e in plain.Scalars(tag)] == [e.value for e in drawn.Scalars(tag)], tag
 
 
 def test_tensorboard_server_serves_runs_scalars_images_and_hparams(sweep_dir, tmp_path):

@@ -7,7 +7,7 @@ import math
 
 from mhjax import config as cfg
 from mhjax.data import sequences
-from mhjax.experiments import architecture, optimizer, task_params
+from mhjax.experiments import architecture, optimizer, sweep_skip, task_params
 from mhjax.experiments.base import STRATEGIES
 from mhjax.models import precision
 from mhjax.models.attention_choice import AUTO, IMPLEMENTATIONS
@@ -101,6 +101,7 @@ def validate(config) -> None:
         if field not in known:
             raise cfg.ConfigError(f"config.sweep.{field}: unknown sweep field (allowed: {', '.join(sorted(known))})")
     cfg.require_known_fields(config, FIELDS)
+    sweep_skip.entries(config)  # each entry names swept fields and swept values
     if "devices" in config:
         cfg.require_device_count(config, "devices")
 
@@ -113,6 +114,7 @@ FIELDS = {
     "attention": None,
     "devices": None,
     "sweep": None,
+    "sweep_skip": None,  # grid points left out (experiments/sweep_skip.py)
     "task_params": None,  # {task: {parameter: value or tuple}} (experiments/task_params.py)
     "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout", "scan_layers", "head_dim", "dtype"},
     "data": {"protocol", "num_train", "batch_size", "num_eval", "path", "holdout"},

@@ -22,6 +22,7 @@ import ml_collections
 from mhjax.config import ConfigError
 from mhjax.data.task_check import check_task
 from mhjax.data.tasks import PARAM_TYPES, Task, get_task
+from mhjax.experiments import sweep_skip
 from mhjax.experiments.architecture import ordered_sweep
 from mhjax.train.members import SHORT, Member, expand
 
@@ -140,6 +141,7 @@ def members(config) -> list[Member]:
     config.task_params repeated per value and named after every one of them (e.g.
     recall-pairs8-h4-s0, a single value included)."""
     base = expand(ordered_sweep(config), leading="task")  # architecture fields after the task
+    base = sweep_skip.apply(config, base)  # grid points config.sweep_skip leaves out
     per_task = variants(config)
     out = []
     for member in base:

@@ -16,8 +16,7 @@ from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.trace import NoTrace, TraceWriter
 from mhjax.io.workdir import Workdir
 from mhjax.plotting import draw as draw_figures
-from mhjax.plotting.images import member_images, position_image
-from mhjax.train import ahead, engine, snapshots
+from mhjax.train import ahead, end_images, engine, snapshots
 from mhjax.train import status as member_status
 from mhjax.train.console import Console
 from mhjax.train.interrupt import StopOnSignal
@@ -319,7 +318,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         # Host copies are gathered by EVERY process (a collective); then only process 0 draws.
         member_states = sweep.member_states(states)
         if primary:
-            _images(experiment, writers, member_states, step, log, payload["members"])
+            end_images.write(experiment, writers, member_states, step, log, payload["members"])
             for request in experiment.figures(written):  # experiment-specific figures and summaries
                 draw_figures(workdir, request, log)
             for line in member_status.diverged_lines(written["members"]):
@@ -340,21 +339,6 @@ def _compile_ahead(sweep, console, plan, init: bool) -> None:
     console.compiling(ahead.describe(sweep, plan.chunk_lengths, init, plan.piece_length))
     report = ahead.compile_sweep(sweep, plan.chunk_lengths, init, plan.piece_length, log=console.log)
     console.compiled(report.seconds, len(report.executables), report.from_cache)
-
-
-def _images(experiment, writers, member_states: dict, step: int, log, records: list[dict]) -> None:
-    try:
-        for name, images in experiment.images(member_states, step).items():
-            writers.images(name, images, step)
-        for name, (attention, combined) in experiment.attention_maps(member_states).items():
-            writers.images(name, member_images(name, attention, combined), step)
-        for record in records:  # results per position (an experiment's extra_results) as a line
-            if record.get("eval_accuracy_by_position"):
-                image = position_image(record["eval_accuracy_by_position"], record["name"])
-                writers.images(record["name"], {"eval/accuracy_by_position": image}, step)
-        writers.flush()
-    except Exception as exc:  # figures must never cost a finished training run
-        log(f"tensorboard: end-of-training images skipped ({type(exc).__name__}: {exc})")
 
 
 def _crossed(previous: int, step: int, every: int) -> bool:

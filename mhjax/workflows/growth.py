@@ -79,7 +79,8 @@ def adopt_names(experiment, metadata: dict) -> None:
 
 
 def _same_but_sweep(stored: dict, now: dict) -> bool:
-    strip = lambda c: {k: v for k, v in what(c).items() if k != "sweep"} if isinstance(c, dict) else c  # noqa: E731
+    sweep = ("sweep", "sweep_skip")  # the members: compared by _new_members
+    strip = lambda c: {k: v for k, v in what(c).items() if k not in sweep} if isinstance(c, dict) else c  # noqa: E731
     return strip(stored) == strip(now)
 
 
