@@ -162,9 +162,10 @@ def _mlp_bwd(threshold, inv_keep, interpret, residuals, dout):
 _mlp.defvjp(_mlp_fwd, _mlp_bwd)
 
 
-def fits(width: int, hidden: int, kernel: str = "norm_dense") -> bool:
+def fits(width: int, hidden: int, kernel: str = "norm_dense", dtype: str = "float32") -> bool:
     """Whether ``kernel``'s whole weight blocks of D = ``width`` and F or M = ``hidden`` fit one
-    program: each padded size within MAX_DIM, their product within MAX_ELEMENTS[kernel]."""
+    program: each padded size within MAX_DIM, their product within MAX_ELEMENTS[kernel]
+    (``dtype``: the weights', float32 or bfloat16)."""
     d, h = _pad(width), _pad(hidden)
     return d <= MAX_DIM and h <= MAX_DIM and d * h <= MAX_ELEMENTS[kernel]
 
