@@ -57,8 +57,10 @@ def compiles(kind: str, width: int, hidden: int, rows: int = 200, dtype: str = "
             out = pallas_block.mlp_block(*a, jnp.zeros(2, jnp.uint32), 1 << 23, 2.0, False)
             return jnp.sum(jnp.sin(out.astype(jnp.float32)))
 
-    limits, max_dim = dict(pallas_block.MAX_ELEMENTS), pallas_block.MAX_DIM
-    pallas_block.MAX_ELEMENTS.update(dict.fromkeys(limits, 1 << 30))  # the compiler decides, not the rule
+    budgets = (pallas_block.MAX_ELEMENTS, pallas_block.MAX_ELEMENTS_BFLOAT16)
+    limits, max_dim = [dict(b) for b in budgets], pallas_block.MAX_DIM
+    for budget in budgets:  # the compiler decides, not the rule
+        budget.update(dict.fromkeys(budget, 1 << 30))
     pallas_block.MAX_DIM = 1 << 15
     try:
         jax.jit(jax.grad(loss, argnums=tuple(range(len(args))))).lower(*args).compile()
@@ -66,7 +68,8 @@ def compiles(kind: str, width: int, hidden: int, rows: int = 200, dtype: str = "
     except Exception as exc:  # the compiler's refusal, e.g. RESOURCE_EXHAUSTED: shared memory
         return str(exc).splitlines()[0][:140]
     finally:
-        pallas_block.MAX_ELEMENTS.update(limits)
+        for budget, limit in zip(budgets, limits):
+            budget.update(limit)
         pallas_block.MAX_DIM = max_dim
 
 

@@ -289,3 +289,41 @@ def test_the_bfloat16_kernels_lower_to_triton_for_the_h200():
     kernels = ("norm_dense", "attention", "mlp_block")
     assert dict(hlo.triton_kernels(text)) == {f"mhjax_{k}_{way}": 1 for k in kernels for way in ("fwd", "bwd")}
     assert " while(" not in text
+
+
+def test_bfloat16_weights_fit_twice_the_elements_in_one_program():
+    """pallas_block.fits under bfloat16: norm_dense up to 256 x 256 (MAX_DIM both ways), mlp_block
+    up to D x M = 128 x 128 (float32: 128 x 256 and 64 x 128); a bfloat16 block takes the kernels
+    where a float32 one leaves the MLP to XLA, and the checks refuse past the bfloat16 budget."""
+    assert pallas_block.block_parts(64, 256) == (True, False)
+    assert pallas_block.block_parts(64, 256, dtype="bfloat16") == (True, True)
+    assert pallas_block.block_parts(128, 128, 64, "bfloat16") == (True, True)
+    assert pallas_block.block_parts(256, 128, 64, "bfloat16") == (True, False)  # mlp 256 x 128
+    assert pallas_block.block_parts(128, 256, 128, "bfloat16") == (False, False)  # F = 384 as 512 > MAX_DIM
+    assert pallas_block.fits(256, 256, "norm_dense", "bfloat16") and not pallas_block.fits(256, 256)
+    x = jnp.zeros((4, 128), jnp.bfloat16)
+    scale, w = jnp.ones(128), lambda *shape: jnp.zeros(shape, jnp.bfloat16)  # noqa: E731
+    weights = (w(128, 256), w(256), w(256, 128), w(128))
+    with pytest.raises(ValueError, match="128 x 256 > 16384 weight elements in bfloat16"):
+        pallas_block.mlp_block(x, scale, *weights, jnp.zeros(2, jnp.uint32), 1 << 24, 1.0, True)
+
+
+@NEEDS_COMPILER
+def test_the_bfloat16_block_rule_is_what_the_h200_compiles():
+    """Both sides of each bfloat16 budget against the compiler (benchmarks/block_fit.py): a shape
+    the rule gives the kernel compiles for the H200, one it leaves to XLA runs out of shared memory."""
+    import importlib.util
+    import os
+
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("block_fit", os.path.join(ROOT, "benchmarks", "block_fit.py"))
+    block_fit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(block_fit)
+    cases = (("norm_dense", 256, 256), ("norm_dense", 128, 512), ("mlp_block", 128, 128), ("mlp_block", 128, 256))
+    for kind, width, hidden in cases:
+        verdict = block_fit.compiles(kind, width, hidden, dtype="bfloat16")
+        if pallas_block.fits(width, hidden, kind, "bfloat16"):
+            assert verdict == "ok", (kind, width, hidden, verdict)
+        else:
+            assert "Shared memory size limit exceeded" in verdict, (kind, width, hidden, verdict)

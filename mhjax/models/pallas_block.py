@@ -64,6 +64,12 @@ MAX_DIM = 256  # padded width, hidden width and features: whole weight blocks in
 # weights) compiles at D x M = 64 x 128, 32 x 256, 16 x 512, 128 x 64 and fails at 64 x 256 and
 # 128 x 128 ("Shared memory size limit exceeded: requested 303,104, available: 232,448").
 MAX_ELEMENTS = {"norm_dense": 128 * 256, "mlp_block": 64 * 128}
+# With bfloat16 x and weights (a bfloat16 model's; the accumulators stay float32) twice as many, by
+# the same compile (benchmarks/block_fit.py --dtype bfloat16): norm_dense compiles at 256 x 256
+# (every size within MAX_DIM) and fails at 128 x 512 and 64 x 1,024; mlp_block compiles at 128 x
+# 128, 64 x 256, 256 x 64, 32 x 256, 16 x 512 and fails at 128 x 256, 256 x 128, 64 x 512 and 32 x
+# 1,024 ("requested 270,336" at 128 x 256).
+MAX_ELEMENTS_BFLOAT16 = {"norm_dense": 256 * 256, "mlp_block": 128 * 128}
 
 
 def chunk_rows(rows: int) -> int:
@@ -162,25 +168,33 @@ def _mlp_bwd(threshold, inv_keep, interpret, residuals, dout):
 _mlp.defvjp(_mlp_fwd, _mlp_bwd)
 
 
+def max_elements(kernel: str, dtype: str = "float32") -> int:
+    """The padded weight elements one program of ``kernel`` holds with x and weights in ``dtype``."""
+    return (MAX_ELEMENTS_BFLOAT16 if dtype == "bfloat16" else MAX_ELEMENTS)[kernel]
+
+
 def fits(width: int, hidden: int, kernel: str = "norm_dense", dtype: str = "float32") -> bool:
     """Whether ``kernel``'s whole weight blocks of D = ``width`` and F or M = ``hidden`` fit one
-    program: each padded size within MAX_DIM, their product within MAX_ELEMENTS[kernel]
-    (``dtype``: the weights', float32 or bfloat16)."""
+    program: each padded size within MAX_DIM, their product within ``max_elements(kernel,
+    dtype)`` (``dtype``: x's and the weights', "float32" or "bfloat16")."""
     d, h = _pad(width), _pad(hidden)
-    return d <= MAX_DIM and h <= MAX_DIM and d * h <= MAX_ELEMENTS[kernel]
+    return d <= MAX_DIM and h <= MAX_DIM and d * h <= max_elements(kernel, dtype)
 
 
-def block_parts(width: int, mlp_dim: int, attention_width: int | None = None) -> tuple[bool, bool]:
+def block_parts(
+    width: int, mlp_dim: int, attention_width: int | None = None, dtype: str = "float32"
+) -> tuple[bool, bool]:
     """Which of a Transformer block's parts run as kernels: (the pre-norm and q/k/v projection
     as norm_dense, the MLP half as mlp_block), where their weights fit one program (``fits``);
-    the others are XLA's. ``attention_width``: q, k and v's width A (None: the width).
+    the others are XLA's. ``attention_width``: q, k and v's width A (None: the width);
+    ``dtype``: the model's (config.model.dtype; bfloat16 weights fit twice the elements).
 
     Beyond the budget the norms and MLP are XLA's; tiled weights are not built. Decided from the
     deviceless H200 compile (benchmarks/block_rule.py; docs/performance.md, "The block kernels'
     rule"): GB per member-step, kernels 0.36 against XLA 0.77 at width 64; XLA 2.84 at 256 and 8.75
     at 1,024. The step stays memory-bound to width ~512 (28 FLOP per byte at 256), so tiling is
     worth building for widths 128-512; at 1,024 the dots bound it (~20 % to gain)."""
-    return fits(width, 3 * (attention_width or width)), fits(width, mlp_dim, "mlp_block")
+    return fits(width, 3 * (attention_width or width), "norm_dense", dtype), fits(width, mlp_dim, "mlp_block", dtype)
 
 
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))  # of x and the matmuls' weights
@@ -206,10 +220,12 @@ def _check(fn: str, x, **arrays):
         if _pad(n) > MAX_DIM:
             raise ValueError(f"pallas_block.{fn}: {name} = {n} > {MAX_DIM} (whole weight blocks in one program)")
     hidden = arrays["kernel" if fn == "norm_dense" else "w_in"][0].shape[-1]
-    if not fits(x.shape[-1], hidden, fn):  # what the device's shared memory refuses, refused here too
+    dtype = x.dtype.name
+    if not fits(x.shape[-1], hidden, fn, dtype):  # what the device's shared memory refuses, refused here too
         raise ValueError(
             f"pallas_block.{fn}: D x {'F' if fn == 'norm_dense' else 'M'} = {x.shape[-1]} x {hidden} padded to "
-            f"{_pad(x.shape[-1])} x {_pad(hidden)} > {MAX_ELEMENTS[fn]} weight elements (one program's shared memory)"
+            f"{_pad(x.shape[-1])} x {_pad(hidden)} > {max_elements(fn, dtype)} weight elements in {dtype} "
+            "(one program's shared memory)"
         )
 
 

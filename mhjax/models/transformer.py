@@ -102,7 +102,7 @@ class Block(nn.Module):
             return False, False
         from mhjax.models import pallas_block
 
-        return pallas_block.block_parts(self.width, self.mlp_dim, self.attention_width)
+        return pallas_block.block_parts(self.width, self.mlp_dim, self.attention_width, self.dtype)
 
 
 class NormScale(nn.Module):
