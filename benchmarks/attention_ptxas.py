@@ -8,7 +8,9 @@ also tile/warp choices beside the library's rule (pallas_attention.block_sizes),
 the rule was chosen: no spill at any head dim.
 
     JAX_PLATFORMS=cpu /work/venv-gpu/bin/python benchmarks/attention_ptxas.py [--sweep]
-        [--lengths 100,1024] [--head-dims 4,8,16,32,64,128]
+        [--lengths 100,1024] [--head-dims 4,8,16,32,64,128] [--dtype bfloat16]
+
+--dtype bfloat16: the kernels on a bfloat16 projection (config.model.dtype=bfloat16).
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ def _ptxas() -> str:
     raise SystemExit("no ptxas in the nvidia wheels: pip install 'jax[cuda13]'")
 
 
-def compile_once(length: int, head_dim: int) -> None:
+def compile_once(length: int, head_dim: int, dtype: str = "float32") -> None:
     """The kernels' forward and backward at (B = 2, T = length, one member of WIDTH / head_dim
-    heads of ``head_dim``), compiled for the H200 (the module dumped where XLA_FLAGS says)."""
+    heads of ``head_dim``, the projection in ``dtype``), compiled for the H200 (the module dumped
+    where XLA_FLAGS says)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -51,9 +54,10 @@ def compile_once(length: int, head_dim: int) -> None:
     sharding = NamedSharding(Mesh(targets.devices(targets.load("h200")), ("x",)), PartitionSpec())
 
     def loss(qkv, seeds):  # threshold 2^23: dropout 0.5, so the kernels carry the hash
-        return jnp.sum(jnp.sin(pallas_attention.members_attention(qkv, seeds, ((1, heads),), 1 << 23, 2.0, False)))
+        out = pallas_attention.members_attention(qkv, seeds, ((1, heads),), 1 << 23, 2.0, False)
+        return jnp.sum(jnp.sin(out.astype(jnp.float32)))
 
-    qkv = jax.ShapeDtypeStruct((1, 2, length, 3 * width), jnp.float32, sharding=sharding)
+    qkv = jax.ShapeDtypeStruct((1, 2, length, 3 * width), jnp.dtype(dtype), sharding=sharding)
     seeds = jax.ShapeDtypeStruct((1, heads, 2), jnp.uint32, sharding=sharding)
     jax.jit(jax.grad(loss)).lower(qkv, seeds).compile()
 
@@ -91,6 +95,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="100,1024")
     parser.add_argument("--head-dims", default="4,8,16,32,64,128")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the projection's")
     parser.add_argument(
         "--sweep", action="store_true", help="also other tiles and warps (SWEEP: 6 compiles per head dim)"
     )
@@ -109,7 +114,7 @@ def main(argv=None) -> int:
         pa.NUM_STAGES = stages or pa.NUM_STAGES
         try:
             blocks, used = pa.block_sizes(length, head_dim), pa.NUM_STAGES
-            compile_once(length, head_dim)
+            compile_once(length, head_dim, args.dtype)
         finally:
             pa.TILE_RULE, pa.NUM_STAGES = saved
         added = set(glob.glob(os.path.join(root, "*.ptx"))) - before
@@ -117,7 +122,7 @@ def main(argv=None) -> int:
 
     lengths = [int(t) for t in args.lengths.split(",")]
     dims = [int(d) for d in args.head_dims.split(",")]
-    print("the rule (pallas_attention.block_sizes):")
+    print(f"the rule (pallas_attention.block_sizes), {args.dtype}:")
     for length in lengths:
         for head_dim in dims:
             run(length, head_dim)

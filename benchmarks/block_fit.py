@@ -3,7 +3,9 @@
 The compiler refuses a program whose whole weight blocks and their gradients' accumulators exceed
 the 227 KiB of shared memory a block may have on sm_90.
 
-    JAX_PLATFORMS=cpu python benchmarks/block_fit.py [norm_dense:128:256 mlp_block:64:256 ...]
+    JAX_PLATFORMS=cpu python benchmarks/block_fit.py [--dtype bfloat16] [norm_dense:128:256 mlp_block:64:256 ...]
+
+--dtype bfloat16: x and the weights in bfloat16 (the scale float32), as a bfloat16 model calls them.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ DEFAULT = (
 ).split()
 
 
-def compiles(kind: str, width: int, hidden: int, rows: int = 200) -> str:
-    """ "ok", or the compiler's first line, for ``kind``'s forward and backward at these sizes."""
+def compiles(kind: str, width: int, hidden: int, rows: int = 200, dtype: str = "float32") -> str:
+    """ "ok", or the compiler's first line, for ``kind``'s forward and backward at these sizes, x and
+    the weights in ``dtype`` (the scale float32)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -31,18 +34,19 @@ def compiles(kind: str, width: int, hidden: int, rows: int = 200) -> str:
 
     sharding = NamedSharding(Mesh(targets.devices(targets.load("h200")), ("x",)), PartitionSpec())
 
-    def shape(*dims, dtype=jnp.float32):
-        return jax.ShapeDtypeStruct(dims, dtype, sharding=sharding)
+    def shape(*dims, dtype=dtype):
+        return jax.ShapeDtypeStruct(dims, jnp.dtype(dtype), sharding=sharding)
 
+    scale = shape(width, dtype=jnp.float32)
     if kind == "norm_dense":
-        args = (shape(rows, width), shape(width), shape(width, hidden), shape(hidden))
+        args = (shape(rows, width), scale, shape(width, hidden), shape(hidden))
 
         def loss(*a):
-            return jnp.sum(jnp.sin(pallas_block.norm_dense(*a, False)))
+            return jnp.sum(jnp.sin(pallas_block.norm_dense(*a, False).astype(jnp.float32)))
     else:
         args = (
             shape(rows, width),
-            shape(width),
+            scale,
             shape(width, hidden),
             shape(hidden),
             shape(hidden, width),
@@ -50,10 +54,13 @@ def compiles(kind: str, width: int, hidden: int, rows: int = 200) -> str:
         )
 
         def loss(*a):  # dropout on: the kernels carry the hash
-            return jnp.sum(jnp.sin(pallas_block.mlp_block(*a, jnp.zeros(2, jnp.uint32), 1 << 23, 2.0, False)))
+            out = pallas_block.mlp_block(*a, jnp.zeros(2, jnp.uint32), 1 << 23, 2.0, False)
+            return jnp.sum(jnp.sin(out.astype(jnp.float32)))
 
-    limits, max_dim = dict(pallas_block.MAX_ELEMENTS), pallas_block.MAX_DIM
-    pallas_block.MAX_ELEMENTS.update(dict.fromkeys(limits, 1 << 30))  # the compiler decides, not the rule
+    budgets = (pallas_block.MAX_ELEMENTS, pallas_block.MAX_ELEMENTS_BFLOAT16)
+    limits, max_dim = [dict(b) for b in budgets], pallas_block.MAX_DIM
+    for budget in budgets:  # the compiler decides, not the rule
+        budget.update(dict.fromkeys(budget, 1 << 30))
     pallas_block.MAX_DIM = 1 << 15
     try:
         jax.jit(jax.grad(loss, argnums=tuple(range(len(args))))).lower(*args).compile()
@@ -61,25 +68,29 @@ def compiles(kind: str, width: int, hidden: int, rows: int = 200) -> str:
     except Exception as exc:  # the compiler's refusal, e.g. RESOURCE_EXHAUSTED: shared memory
         return str(exc).splitlines()[0][:140]
     finally:
-        pallas_block.MAX_ELEMENTS.update(limits)
+        for budget, limit in zip(budgets, limits):
+            budget.update(limit)
         pallas_block.MAX_DIM = max_dim
 
 
-def main(specs) -> None:
+def main(argv) -> None:
     from mhjax.models import pallas_block
 
-    for spec in specs:
+    dtype = "float32"
+    if argv[:1] == ["--dtype"]:
+        dtype, argv = argv[1], argv[2:]
+    for spec in argv or DEFAULT:
         kind, width, hidden = spec.split(":")
         start = time.time()
-        verdict = compiles(kind, int(width), int(hidden))
-        rule = pallas_block.fits(int(width), int(hidden), kind)
+        verdict = compiles(kind, int(width), int(hidden), dtype=dtype)
+        rule = pallas_block.fits(int(width), int(hidden), kind, dtype)
         label = "F" if kind == "norm_dense" else "M"
         print(
-            f"{kind:<10} D={width:<4} {label}={hidden:<5} rule: {'fits' if rule else 'XLA':<4}  "
+            f"{kind:<10} {dtype} D={width:<4} {label}={hidden:<5} rule: {'fits' if rule else 'XLA':<4}  "
             f"H200 compile: {verdict} ({time.time() - start:.0f} s)",
             flush=True,
         )
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or DEFAULT)
+    main(sys.argv[1:])

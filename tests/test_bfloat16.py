@@ -83,9 +83,10 @@ def test_the_default_and_an_explicit_float32_are_the_same_training():
 
 
 @pytest.mark.parametrize("implementation", ["cpu_kernel", "pallas"])
-def test_float32_kernels_under_bfloat16_equal_the_jax_path_in_bfloat16(implementation):
-    """The C++ kernel and the Pallas kernel (interpret mode) take bfloat16 q/k/v cast to float32 at
-    their boundary: their bfloat16 layer equals the JAX path's bfloat16 layer to bfloat16's
+def test_the_kernels_under_bfloat16_equal_the_jax_path_in_bfloat16(implementation):
+    """The C++ kernel takes bfloat16 q/k/v cast to float32 at its boundary, the Pallas kernel
+    (interpret mode) reads them in bfloat16 with float32 accumulation (tests/test_bfloat16_kernels.py
+    holds what it reads): their bfloat16 layer equals the JAX path's bfloat16 layer to bfloat16's
     precision (the JAX path reads v with bfloat16 probabilities), values and gradients."""
     x = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 16)).astype(jnp.bfloat16)
     jax_layer = CausalSelfAttention(16, 4, dtype="bfloat16")

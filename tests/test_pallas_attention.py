@@ -272,6 +272,6 @@ def test_the_block_size_rule_and_the_lowerings_constraints_are_checked_before_in
     )
     assert sizes(1024, 128) == (32, 16, 128, 8) and sizes(1024, 256) == (16, 16, 256, 8)
     seeds = jnp.zeros((2, 2), jnp.uint32)
-    half = jnp.zeros((1, 8, 3 * 32), jnp.bfloat16)
-    with pytest.raises(ValueError, match="float32"):
+    half = jnp.zeros((1, 8, 3 * 32), jnp.float16)
+    with pytest.raises(ValueError, match="float32 or bfloat16 inputs only, got float16"):
         pallas_attention.attention(half, seeds, 2, 1 << 24, 1.0, True)

@@ -207,7 +207,9 @@ def test_bad_input_is_a_value_error_naming_the_argument():
         change.get("x", x), p["scale"], p["w_in"], p["b_in"], change.get("w_out", p["w_out"]), p["b_out"],
         change.get("seed", seed), 1 << 24, 1.0, True,
     )  # fmt: skip
-    with pytest.raises(ValueError, match="x must be float32, got bfloat16"):
+    with pytest.raises(ValueError, match="x must be float32 or bfloat16, got float16"):
+        mlp(x=x.astype(jnp.float16))
+    with pytest.raises(ValueError, match=r"w_in must be bfloat16 \(x's dtype\), got float32"):
         mlp(x=x.astype(jnp.bfloat16))
     with pytest.raises(ValueError, match=r"w_out must have shape \(32, 16\), got \(16, 32\)"):
         mlp(w_out=p["w_in"])
@@ -215,8 +217,10 @@ def test_bad_input_is_a_value_error_naming_the_argument():
         mlp(seed=seed.astype(jnp.int32))
     with pytest.raises(ValueError, match=r"kernel must have shape \(16, F\), got \(32, 48\)"):
         pallas_block.norm_dense(x, p["scale"], jnp.zeros((32, 48)), jnp.zeros(48), True)
-    with pytest.raises(ValueError, match="kernel must be float32"):
+    with pytest.raises(ValueError, match=r"kernel must be float32 \(x's dtype\), got float16"):
         pallas_block.norm_dense(x, p["scale"], jnp.zeros((16, 48), jnp.float16), jnp.zeros(48), True)
+    with pytest.raises(ValueError, match="scale must be float32, got bfloat16"):
+        pallas_block.norm_dense(x, p["scale"].astype(jnp.bfloat16), jnp.zeros((16, 48)), jnp.zeros(48), True)
     with pytest.raises(ValueError, match="> 256"):
         pallas_block.norm_dense(x, p["scale"], jnp.zeros((16, 300)), jnp.zeros(300), True)
 

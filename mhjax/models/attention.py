@@ -167,11 +167,10 @@ class CausalSelfAttention(nn.Module):
         probs = attention_probs(q, k, fine, heads)
         # a layout runs each group at its static head count: only a plain traced count is traced
         implementation = core_for(self.implementation, traced_heads=heads is not None and self.layout is None)
-        if implementation != "jax":  # the kernels are float32: cast at their boundary (precision.py)
-            q, k, v, qkv = (to_float32(a) for a in (q, k, v, qkv))
         if implementation == "cpu_kernel":  # head counts may be traced: the kernel takes them at run time
             from mhjax.models import cpu_attention
 
+            q, k, v = (to_float32(a) for a in (q, k, v))  # float32 only: cast at its boundary (precision.py)
             count = jnp.full((1,), fine if heads is None else heads, jnp.int32)
             out = cpu_attention.attention(q, k, v, count, seeds, threshold, inv_keep)
         elif self.layout is not None:

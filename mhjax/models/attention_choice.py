@@ -10,9 +10,10 @@ they run:
 - "jax", plain JAX einsums: everywhere.
 "auto" (the default, experiments/sequence_config.py DEFAULTS): the C++ kernel on a CPU (faster
 than XLA's batched matmuls at every head dim, benchmarks/RESULTS.md) when it builds, the Pallas
-kernel on a GPU (any sequence length), JAX else. Under model.dtype=bfloat16 too: the kernels are
-float32, cast at their boundary (models/precision.py), and on a CPU the C++ kernel so cast still
-beats the JAX path in bfloat16 (1.1x to 1.5x, docs/bfloat16.md).
+kernel on a GPU (any sequence length), JAX else. Under model.dtype=bfloat16 too: the Pallas
+kernels read bfloat16 (float32 accumulation inside); the C++ kernel is float32, cast at its
+boundary (models/precision.py), and on a CPU so cast still beats the JAX path in bfloat16 (1.1x
+to 1.5x, docs/bfloat16.md).
 
 The backend is an argument, not this process's: resolving for a target ("gpu") from a CPU
 machine gives what that target runs (interpret=False), e.g. to compile for it ahead of time.

@@ -11,9 +11,11 @@ probabilities instead of storing them. Dropout is mhjax's counter-based hash
 whatever the tiling. The causal mask ends each loop at the diagonal tile: fully masked tiles
 are never computed.
 
-Float32 only: under config.model.dtype=bfloat16 the model casts q/k/v to float32 at the kernel's
-boundary and its output back (models/precision.py); bfloat16 inputs read by the kernel itself
-(float32 accumulation, half the bytes) are not done yet (docs/bfloat16.md).
+Float32 or bfloat16 (config.model.dtype, models/precision.py): the kernel reads q, k, v (and
+backward out and dout) in the projection's own dtype, accumulates scores, softmax statistics,
+output and gradients in float32 (pallas_flash.py), and writes the output and the gradient in
+that dtype, as the JAX path returns them; the row log-sum-exps are float32. Under bfloat16 the
+kernel's (B, T, ...) traffic is half float32's.
 
 q, k and v are read where the model's one projection matmul wrote them: its (B, T, 3D) output
 viewed as (B, T, 3, H, D/H) (a free reshape, no split or transposed copy), and the backward
@@ -53,6 +55,7 @@ MIN_DOT = 16  # every dimension of a Triton matmul
 # even at 16-row tiles (no wider head arises at mhjax's widths under parameter matching).
 TILE_RULE = ((32, 64, 64, 4), (64, 64, 32, 8), (128, 32, 16, 8), (None, 16, 16, 8))
 NUM_STAGES = 2  # software pipelining of the tile loops' loads
+DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))  # of q, k, v (the row statistics: float32)
 
 
 class Blocks(NamedTuple):
@@ -82,8 +85,8 @@ def check_lowering(length: int, width: int, heads: int, dtype) -> Blocks:
     any shape) fails where the device would. Returns the block sizes."""
     if width % heads:
         raise ValueError(f"pallas attention: {heads} heads do not divide width {width}")
-    if jnp.dtype(dtype) != jnp.float32:
-        raise ValueError(f"pallas attention: float32 inputs only, got {jnp.dtype(dtype)}")
+    if jnp.dtype(dtype) not in DTYPES:
+        raise ValueError(f"pallas attention: float32 or bfloat16 inputs only, got {jnp.dtype(dtype)}")
     blocks = block_sizes(length, width // heads)
     for size in blocks[:3]:
         if size < MIN_DOT or size & (size - 1):
@@ -104,14 +107,16 @@ def _call(kernel, name, seeds, args, outs, group, threshold, inv_keep, interpret
     ('out_tile': the program's tile); 'qkv' a (M, B, T, 3D) output, written at all three of
     this head's column blocks of the program's tile; 'rows' the group's own (members, B, H, T)
     row statistics, the whole sequence ('rows_tile': the program's tile). The whole sequence
-    is a block of the tiles' rows times their count (past T: masked on chip). ``into``:
+    is a block of the tiles' rows times their count (past T: masked on chip). Outputs are in the
+    projection's dtype, but 'rows_tile' (float32 statistics). ``into``:
     arrays the first outputs are written into in place (input_output_aliases), another
     group's members left as they are; without them the other members' blocks of an output
     are not written."""
     first, count, heads = group
     members, batch, length, width = args[0][0].shape  # args[0]: the projection's query columns
     width //= 3
-    blocks = check_lowering(length, width, heads, args[0][0].dtype)
+    dtype = args[0][0].dtype
+    blocks = check_lowering(length, width, heads, dtype)
     block = blocks.forward if kernel is forward_kernel else blocks.backward
     tiles, cols, head_dim = pl.cdiv(length, block), blocks.cols, width // heads
     whole = tiles * block
@@ -146,7 +151,7 @@ def _call(kernel, name, seeds, args, outs, group, threshold, inv_keep, interpret
         grid=(count, batch, heads, tiles),
         in_specs=[pl.BlockSpec((None, None, 2), lambda m, b, h, t: (m + first, h, 0))] + [specs[k] for _, k in inputs],
         out_specs=[specs[kind] for kind in outs],
-        out_shape=[jax.ShapeDtypeStruct(shapes[kind], jnp.float32) for kind in outs],
+        out_shape=[jax.ShapeDtypeStruct(shapes[kind], jnp.float32 if kind == "rows_tile" else dtype) for kind in outs],
         input_output_aliases={1 + len(args) + i: i for i in range(len(into))},
         compiler_params=plgpu.CompilerParams(num_warps=blocks.warps, num_stages=NUM_STAGES),
         interpret=interpret,
@@ -178,8 +183,9 @@ def _forward(qkv, seeds, layout, threshold, inv_keep, interpret):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
 def members_attention(qkv, seeds, layout: Layout, threshold: int, inv_keep: float, interpret: bool):
-    """Causal attention of M members from their (M, B, T, 3D) float32 fused projection (q, k
-    and v side by side on the last axis, as the model's one matmul writes them), the members
+    """Causal attention of M members from their (M, B, T, 3D) fused projection, float32 or
+    bfloat16 (q, k and v side by side on the last axis, as the model's one matmul writes them;
+    the output and the gradient in its dtype, float32 accumulation inside), the members
     in ``layout`` groups ((members, heads), ... along the member axis; static), each at its
     own head count of dim D/heads; dropout seeds (M, S, 2) uint32 per member and coarse head
     (S >= every head count; threshold >= 2^24: no dropout). Each group's programs read their
@@ -212,7 +218,7 @@ members_attention.defvjp(_members_fwd, _members_bwd)
 
 
 def attention(qkv, seeds, heads: int, threshold: int, inv_keep: float, interpret: bool):
-    """Causal attention of one (B, T, 3D) float32 fused projection at ``heads`` (static) heads
+    """Causal attention of one (B, T, 3D) fused projection (float32 or bfloat16) at ``heads`` (static) heads
     of dim D/heads, dropout seeds (heads, 2) uint32 per head (threshold >= 2^24: no dropout).
     Returns the (B, T, D) heads' outputs before the output projection: jax_attention's,
     computed on chip (members_attention of one member; the member axis is a free reshape);
@@ -226,10 +232,11 @@ class KernelCost(NamedTuple):
     dot_flops: float  # of ``flops``, the matmuls' (TF32 on a GPU's tensor cores)
 
 
-def kernel_cost(batch: int, length: int, width: int, heads: int) -> KernelCost:
+def kernel_cost(batch: int, length: int, width: int, heads: int, itemsize: int = 4) -> KernelCost:
     """FLOPs and HBM bytes of one forward and backward of the kernel, counted analytically.
     Bytes: forward reads q, k, v and writes out and the row statistics; backward reads q, k,
-    v, out, dout and the statistics and writes dq, dk, dv (fp32), each once: the tiles' re-reads
+    v, out, dout and the statistics and writes dq, dk, dv (``itemsize`` bytes each: 4 float32, 2
+    bfloat16; the statistics float32), each once: the tiles' re-reads
     of k, v (forward) and q, out, dout (backward) are counted as L2 hits. FLOPs: the matmuls of
     the (query tile, key tile) pairs the causal loops visit (n (n + 1) / 2 of n tiles) at the
     padded tile sizes: 2 forward, 7 backward (4 in the dk/dv loop, 3 in the dq loop), plus ~20
@@ -241,7 +248,7 @@ def kernel_cost(batch: int, length: int, width: int, heads: int) -> KernelCost:
         return tiles * (tiles + 1) // 2 * block * block
 
     tokens = batch * length * width
-    nbytes = 4.0 * (12 * tokens + 2 * batch * heads * length)
+    nbytes = float(itemsize * 12 * tokens + 4 * 2 * batch * heads * length)
     dots = batch * heads * 2 * cols * (2 * pairs(forward) + 7 * pairs(backward))
     elementwise = batch * heads * 20 * (pairs(forward) + 2 * pairs(backward))
     return KernelCost(float(dots + elementwise), nbytes, float(dots))

@@ -18,6 +18,16 @@ separate pass: no extra call, no (B, H, T) array written and read back.
 Padding (block rows past T, head columns past D/H) exists only on chip: masked loads give
 zeros and masked stores drop it. A padded key column j >= T is causally masked for every real
 query i < T (j > i), and a padded query row contributes nothing to dk, dv (its dout is zero).
+
+Dtypes: q, k, v, out and dout are read in the dtype they have in HBM (float32, or bfloat16
+under config.model.dtype=bfloat16); every matmul takes two operands of that dtype and
+accumulates in float32 (pl.dot's float32 result), and the scores, the softmax statistics, the
+output and gradient accumulators and the row terms stay float32. Under bfloat16 a float32 tile
+enters a matmul as bfloat16: the (unnormalised) probabilities against v, the dropped
+probabilities against dout, and the scores' gradient against q and k, as the JAX path's
+bfloat16 probabilities meet v (models/attention.jax_attention); the output and the gradients are
+stored in their refs' dtype (bfloat16). In float32 every such cast is no cast (``_as``): the
+float32 program is the one before bfloat16 existed.
 """
 
 from __future__ import annotations
@@ -33,6 +43,11 @@ from mhjax.models.dropout_hash import NO_DROPOUT, hash_mix
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: no inf - inf in padded rows
 TILE_AXIS = 3  # the grid is (members, batch, heads, tiles)
+
+
+def _as(x, dtype):
+    """x in ``dtype``; x itself when it is already (no convert in the float32 program)."""
+    return x if x.dtype == dtype else x.astype(dtype)
 
 
 def _span(tile, block: int):
@@ -74,8 +89,8 @@ def _keep(seeds, first, rows, keys, threshold: int):
 
 
 def forward_kernel(seeds_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, *, length, head_dim, threshold, inv_keep):
-    """One query tile: q_ref, out_ref (block, C), lse_ref (block,); k_ref, v_ref the whole
-    (padded) sequence."""
+    """One query tile: q_ref, out_ref (block, C), lse_ref (block,) float32; k_ref, v_ref the
+    whole (padded) sequence."""
     block, cols = q_ref.shape
     tile = pl.program_id(TILE_AXIS)
     rows = _span(tile, block)
@@ -94,21 +109,21 @@ def forward_kernel(seeds_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, *, length, 
         total = total * fix + jnp.sum(e, axis=1)
         if threshold < NO_DROPOUT:
             e = jnp.where(_keep(seeds, first, rows, keys, threshold), e, 0.0)
-        acc = acc * fix[:, None] + pl.dot(e, _load(v_ref, key_tile, block, length, head_dim))
+        acc = acc * fix[:, None] + pl.dot(_as(e, v_ref.dtype), _load(v_ref, key_tile, block, length, head_dim))
         return acc, new_top, total
 
     init = (jnp.zeros((block, cols), jnp.float32), jnp.full((block,), MASK_VALUE), jnp.zeros((block,), jnp.float32))
     acc, top, total = lax.fori_loop(0, tile + 1, step, init)  # key tiles past the diagonal: all masked
-    plgpu.store(out_ref, acc * (inv_keep / total)[:, None], mask=real)
+    plgpu.store(out_ref, _as(acc * (inv_keep / total)[:, None], out_ref.dtype), mask=real)
     plgpu.store(lse_ref, top + jnp.log(total), mask=rows < length)
 
 
 def backward_kernel(
     seeds_ref, q_ref, k_ref, v_ref, out_ref, lse_ref, dout_ref, dqkv_ref, *, length, head_dim, threshold, inv_keep
 ):  # fmt: skip
-    """Tile t: dk, dv of its keys and dq of its queries, into dqkv_ref (block, 4, C) (parts 0,
-    1, 2: dq, dk, dv; index 3 lies past the axis and is never written). The other refs hold the
-    whole (padded) sequence."""
+    """Tile t: dk, dv of its keys and dq of its queries (accumulated in float32), into dqkv_ref
+    (block, 4, C) in q's dtype (parts 0, 1, 2: dq, dk, dv; index 3 lies past the axis and is never
+    written). The other refs hold the whole (padded) sequence; lse_ref float32."""
     block, _, cols = dqkv_ref.shape
     tile = pl.program_id(TILE_AXIS)
     own = _span(tile, block)
@@ -134,7 +149,8 @@ def backward_kernel(
     def query_tile(t):
         """q, dout, log-sum-exps and the softmax backward's row term of query tile t."""
         q, dout = load(q_ref, t), load(dout_ref, t)
-        return q, dout, _load_rows(lse_ref, t, block, length), jnp.sum(load(out_ref, t) * dout, axis=1)
+        wide = lambda x: _as(x, jnp.float32)  # noqa: E731
+        return q, dout, _load_rows(lse_ref, t, block, length), jnp.sum(wide(load(out_ref, t)) * wide(dout), axis=1)
 
     k, v = load(k_ref, tile), load(v_ref, tile)
 
@@ -142,7 +158,8 @@ def backward_kernel(
         dk, dv = carry
         q, dout, lse, delta = query_tile(t)
         ds, attended = grads(q, k, v, dout, lse, delta, _span(t, block), own)
-        return dk + pl.dot(ds, q, trans_a=True), dv + pl.dot(attended, dout, trans_a=True)
+        dk = dk + pl.dot(_as(ds, q.dtype), q, trans_a=True)
+        return dk, dv + pl.dot(_as(attended, dout.dtype), dout, trans_a=True)
 
     zeros = jnp.zeros((block, cols), jnp.float32)
     dk, dv = lax.fori_loop(tile, pl.cdiv(length, block), key_step, (zeros, zeros))
@@ -152,10 +169,10 @@ def backward_kernel(
     def query_step(t, dq):  # this tile's queries against key tile t <= tile
         k_t = load(k_ref, t)
         ds, _ = grads(q, k_t, load(v_ref, t), dout, lse, delta, own, _span(t, block))
-        return dq + pl.dot(ds, k_t)
+        return dq + pl.dot(_as(ds, k_t.dtype), k_t)
 
     dq = lax.fori_loop(0, tile + 1, query_step, zeros)
     real = (own < length)[:, None] & (jnp.arange(cols) < head_dim)[None, :]
     # an array index, not a Python int, which interpret mode's discharge of the store does not take
     for part, grad in enumerate((dq, dk, dv)):
-        plgpu.store(dqkv_ref.at[:, jnp.int32(part), :], grad, mask=real)
+        plgpu.store(dqkv_ref.at[:, jnp.int32(part), :], _as(grad, dqkv_ref.dtype), mask=real)

@@ -9,10 +9,10 @@
   attention scores (bfloat16 matmul with float32 results), the softmax, and the logits, so the
   loss. Gradients reach the float32 parameters through the casts (float32).
 
-The fused kernels are float32: the C++ CPU kernel and the Pallas attention kernel take their
-q, k, v cast to float32 and return float32, cast back at their boundary (same function, float32
-inside); the Pallas block kernels (pre-norm projection, MLP half) are not used under bfloat16:
-such a block runs its norms and MLP unfused in bfloat16 (models/transformer.Block._kernels).
+The fused kernels: the Pallas kernels (attention, the pre-norm projection, the MLP half) read
+and write bfloat16 and accumulate in float32 inside, as the JAX path does (pallas_flash.py,
+pallas_block_kernels.py); the C++ CPU kernel is float32 only, so it takes q, k, v cast to
+float32 at its boundary and its output is cast back (same function, float32 inside).
 docs/bfloat16.md has the measurements and advice.
 """
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mhjax.models.attention import CausalSelfAttention, DenseParams, HashDropout, Layout, dense
-from mhjax.models.precision import compute_dtype, to_float32
+from mhjax.models.precision import compute_dtype, to_dtype, to_float32
 
 RMS_EPS = float(np.finfo(np.float32).eps)
 MLP_DROPOUT = "HashDropout_0"  # the name Flax gave it unnamed: dropout keys (and checkpoints) stay as they were
@@ -79,29 +79,30 @@ class Block(nn.Module):
             attn_out, probs = attention(RMSNorm(name="ln1")(x), heads, deterministic, head_mask, attn_key)
         x = x + attn_out
         dropout = HashDropout(self.dropout_rate, name=MLP_DROPOUT)
+        compute = compute_dtype(self.dtype)
         if fuse_mlp:
             from mhjax.models import pallas_block
 
-            w_in, b_in = DenseParams(self.mlp_dim, self.width, name="mlp_in")()
-            w_out, b_out = DenseParams(self.width, self.mlp_dim, name="mlp_out")()
+            # the matmuls' parameters cast per use, as dense(..., compute) casts them (the scale: float32)
+            w_in, b_in = (to_dtype(p, compute) for p in DenseParams(self.mlp_dim, self.width, name="mlp_in")())
+            w_out, b_out = (to_dtype(p, compute) for p in DenseParams(self.width, self.mlp_dim, name="mlp_out")())
             seed, threshold, inv_keep = dropout.seed(deterministic, mlp_key)
             scale = NormScale(self.width, name="ln2")()
             out = pallas_block.mlp_block(x, scale, w_in, b_in, w_out, b_out, seed, threshold, inv_keep, self.interpret)
             return out, probs
         h = RMSNorm(name="ln2")(x)
-        compute = compute_dtype(self.dtype)
         h = nn.relu(dense(self.mlp_dim, self.width, "mlp_in", compute)(h))
         h = dense(self.width, self.mlp_dim, "mlp_out", compute)(h)
         return x + dropout(h, deterministic, mlp_key), probs
 
     def _kernels(self) -> tuple[bool, bool]:
-        """(the pre-norm inside the projection kernel, the MLP half as one kernel): float32 only,
-        so a bfloat16 block runs them unfused (models/precision.py)."""
-        if self.attention != "pallas" or compute_dtype(self.dtype) is not None:
+        """(the pre-norm inside the projection kernel, the MLP half as one kernel), in float32 or
+        bfloat16 (the kernels take the block's dtype: models/precision.py)."""
+        if self.attention != "pallas":
             return False, False
         from mhjax.models import pallas_block
 
-        return pallas_block.block_parts(self.width, self.mlp_dim, self.attention_width)
+        return pallas_block.block_parts(self.width, self.mlp_dim, self.attention_width, self.dtype)
 
 
 class NormScale(nn.Module):
