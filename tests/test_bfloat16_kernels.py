@@ -117,7 +117,15 @@ def _layer_run(implementation, heads, length, deterministic, layout=None):
 
 
 # (heads, length, deterministic): head dims 64 (one tile), 16 at T = 100 (two 64-row tiles), 4
-@pytest.mark.parametrize("heads,length,deterministic", [(1, 12, True), (4, 100, False), (16, 32, False)])
+# (4, 100, False) (two tiles, dropout) stays fast; the others (~5 s each) are slow
+@pytest.mark.parametrize(
+    "heads,length,deterministic",
+    [
+        pytest.param(1, 12, True, marks=pytest.mark.slow),
+        (4, 100, False),
+        pytest.param(16, 32, False, marks=pytest.mark.slow),
+    ],
+)
 def test_attention_kernel_reads_bfloat16_and_equals_the_jax_path(heads, length, deterministic):
     (got, jaxpr), (want, _) = (_layer_run(i, heads, length, deterministic) for i in ("pallas", "jax"))
     _attention_checks(jaxpr, 64, length)
