@@ -6,24 +6,37 @@
 # builds it); they are installed with pip --no-index into a scratch folder, nothing is fetched.
 # mhjax runs from this checkout (PYTHONPATH), never installed.
 #
-# Stages (caps from the H200 run of 2026-12, see benchmarks/RESULTS.md "Accelerator plan"):
-#   a. kernel_tests  75 s  the Pallas kernels' equality tests, all of them (slow ones too), real
+# Stages (caps from the H200 run of 2026-12 and the deviceless compiles since, see
+# benchmarks/RESULTS.md "Accelerator plan" and "Accelerator plan: bfloat16, text, two devices"):
+#   -  set-up       ~15 s  wheels, the devices, a text corpus written from Python's own docs
+#   a. kernel_tests  60 s  the Pallas kernels' equality tests, all of them (slow ones too), real
 #                          lowering (interpret mode is for CPUs only), on 4 pytest workers
-#   -  dry_run       30 s  `mhjax train --dry-run` of the 64-member sweep (the predicted rate)
-#   b. throughput   170 s  one_program with attention jax and pallas, both PyTorch peers (one
+#   -  dry runs      35 s  `mhjax train --dry-run` of each training stage below (the cost model's
+#                          predicted rate, which each stage's JSON carries)
+#   b. throughput    95 s  one_program with attention jax and pallas, both PyTorch peers (one
 #                          model at a time; torch.func ensemble), 16 seeds = 64 members
-#   c. paper64      rest   configs/paper.py with 8 seeds (64 members): as many steps as fit,
-#                          stopped by SIGINT at the cap (mhjax checkpoints and exits 130)
+#   c. paper_bf16    60 s  configs/paper.py, 8 seeds (64 members), model.dtype=bfloat16, 2,000 steps
+#   d. text_bf16     60 s  configs/text.py (T = 256, heads 1-16, width 256) in bfloat16 on the
+#                          corpus, 1,000 steps
+#   e. shard2        60 s  only where the machine has more than one GPU: configs/paper.py, 8 seeds,
+#                          split over 2 GPUs (config.devices=2), 2,000 steps; against paper64 (one GPU)
+#   f. paper64      rest   configs/paper.py with 8 seeds (64 members) on one GPU: as many steps as
+#                          fit, stopped by SIGINT at the cap (mhjax checkpoints and exits 130)
+# When time runs short, paper64 gives way: it runs last, on what the others left (at least 10 s,
+# else skipped). Every earlier cap is also cut to what the budget has left, so the script ends
+# within BUDGET_S. paper64 goes first because throughput measures the same 64-member one_program
+# step on both paths (and the JAX path's long run was measured before: 2,104 member-steps/s).
 # Every stage writes OUT_DIR/<stage>.json within its cap (a stage stopped at its cap gets one
-# that says so, with its log's tail). If the kernel's tests fail (or there is no kernel) the
-# script says so and measures the JAX path only. OUT_DIR ends with 8 files (what a borrowed
-# machine returns): stages.json, kernel_tests.json, throughput.json, paper64.json,
-# dry_run.txt and the three stage logs; the training workdir and scratch go to WORK.
+# that says so, with its log's tail); a training stage's JSON (train_run_summary.py) has the
+# steady rate beside its dry run's prediction. If the kernel's tests fail (or there is no kernel)
+# the script says so and measures the JAX path only. OUT_DIR ends with stages.json, the stages'
+# JSONs and logs and the dry runs' texts (dry_run*.txt); the workdirs and scratch go to WORK.
 #
-# Environment: PYTHON (python3), BUDGET_S (420), STEPS (20000: the cap decides), TP_SEEDS (16),
-# TP_STEPS (50), CAP_TESTS (75), CAP_THROUGHPUT (170), MIN_PAPER (120), WORK (a fresh temporary
-# folder), SMOKE=1 (tiny settings that run end to end on a CPU in a few minutes), DRY=1 (print
-# the plan and exit).
+# Environment: PYTHON (python3), BUDGET_S (420), STEPS (20000: the cap decides), SHORT_STEPS
+# (2000: paper_bf16 and shard2), TEXT_STEPS (1000), TP_SEEDS (16), TP_STEPS (50), CAP_TESTS (60),
+# CAP_THROUGHPUT (95), CAP_STAGE (60: each of c, d, e), WORK (a fresh temporary folder), SMOKE=1
+# (tiny settings that run end to end on a CPU; XLA_FLAGS=--xla_force_host_platform_device_count=2
+# gives it two devices, so shard2 runs too), DRY=1 (print the plan and exit).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -35,24 +48,38 @@ smoke=${SMOKE:-0}
 started=$SECONDS
 
 # Caps (seconds) and sizes; SMOKE shrinks the work, not the plan.
-cap_tests=${CAP_TESTS:-75} cap_dry=30 cap_throughput=${CAP_THROUGHPUT:-170} min_paper=${MIN_PAPER:-120}
-grace=15 reserve=15
-steps=${STEPS:-20000}
+cap_tests=${CAP_TESTS:-60} cap_dry=35 cap_throughput=${CAP_THROUGHPUT:-95} cap_stage=${CAP_STAGE:-60}
+setup_s=15 grace=15 reserve=15 min_paper=10
+steps=${STEPS:-20000} short=${SHORT_STEPS:-2000} text_steps=${TEXT_STEPS:-1000}
 seeds="0,1,2,3,4,5,6,7"
 tp_args=(--quick --no-scaling --seeds "${TP_SEEDS:-16}" --steps "${TP_STEPS:-50}" --reps 2 --cache-dir "")
 config=configs/paper.py
 paper_extra=()
+short_extra=(--config.train.checkpoint_every="$short")
+text_kib=1024
+text_extra=(--config.train.steps="$text_steps" --config.train.chunk_steps=100 --config.train.eval_every="$text_steps"
+  --config.train.checkpoint_every="$text_steps")
 if [ "$smoke" = 1 ]; then
-  steps=${STEPS:-4} seeds="0"
+  steps=${STEPS:-4} short=${SHORT_STEPS:-4} seeds="0"
   tp_args=(--quick --no-scaling --seeds 1 --steps 1 --reps 1 --length 16 --cache-dir "")
   config=configs/quick.py
   paper_extra=(--config.model.seq_len=8 --config.train.chunk_steps=2 --config.train.eval_every=2
     --config.data.num_eval=8 --config.data.num_train=100)
+  short_extra=(--config.train.checkpoint_every="$short" --config.model.width=16 --config.model.num_layers=1
+    --config.model.mlp_dim=32)
+  text_kib=64
+  text_extra=(--config.train.steps=4 --config.train.chunk_steps=2 --config.train.eval_every=4
+    --config.train.checkpoint_every=4 --config.train.warmup_steps=1 --config.model.width=16 --config.model.num_layers=1 --config.model.mlp_dim=32
+    --config.model.seq_len=16 --config.data.batch_size=4 --config.data.num_eval=8 --config.sweep.heads=1,2)
 fi
 if [ "${DRY:-0}" = 1 ]; then
-  echo "plan (budget $budget s): kernel_tests cap $cap_tests s; dry_run cap $cap_dry s;" \
-    "throughput cap $cap_throughput s (${tp_args[*]}); paper64: the rest (>= $min_paper s) minus" \
-    "$((grace + reserve)) s, $config seeds $seeds, up to $steps steps"
+  echo "plan (budget $budget s): set-up ~$setup_s s; kernel_tests cap $cap_tests s; dry runs cap $cap_dry s;" \
+    "throughput cap $cap_throughput s (${tp_args[*]});" \
+    "paper_bf16 cap $cap_stage s ($config seeds $seeds, model.dtype=bfloat16, $short steps);" \
+    "text_bf16 cap $cap_stage s (configs/text.py at T = 256 in bfloat16 on $text_kib KiB of Python's docs, ${text_extra[*]});" \
+    "shard2 cap $cap_stage s, only with more than one GPU ($config seeds $seeds over 2 devices, $short steps);" \
+    "paper64: the rest minus $((grace + reserve)) s (gives way first when time runs short; skipped under" \
+    "$min_paper s), $config seeds $seeds on one device, up to $steps steps"
   exit 0
 fi
 
@@ -88,9 +115,13 @@ except ImportError:
 print(json.dumps(info, indent=2))
 EOF
 cat "$work/devices.json"
+gpus=$("$py" -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["devices"]))' "$work/devices.json")
+# The text stage's corpus: Python's own documentation, written here (no network on the device)
+"$py" examples/python_docs.py "$work/python_docs.txt" --kib "$text_kib"
 
 stages=()
 left() { echo $((budget - (SECONDS - started))); }
+fit() { local room=$(($(left) - grace - reserve)); echo $(($1 < room ? $1 : room)); } # a cap within the budget
 stage() {  # stage NAME CAP SIGNAL JSON COMMAND...: capped run; a JSON saying so if it wrote none
   local name=$1 cap=$2 sig=$3 json=$4
   shift 4
@@ -124,7 +155,7 @@ if [ -n "$test_file" ]; then
   # The kernel interprets only on a CPU backend: on the device these tests run the Triton lowering.
   workers=()  # compiles are CPU-bound: spread the cases over a few processes when xdist is there
   "$py" -c 'import xdist' 2>/dev/null && workers=(-n "${TEST_WORKERS:-4}" --dist load)
-  stage kernel_tests "$cap_tests" TERM "" "$py" -m pytest -q -o addopts="" \
+  stage kernel_tests "$(fit "$cap_tests")" TERM "" "$py" -m pytest -q -o addopts="" \
     -p no:cacheprovider "${workers[@]}" $test_file --junitxml "$work/kernel_tests.xml"
   rc=$?
   "$py" - "$work/kernel_tests.xml" "$rc" "$test_file" > "$out/kernel_tests.json" <<'EOF'
@@ -172,8 +203,10 @@ def get_config():
     config.attention = "$attention"
     return config
 EOF
-dry() { timeout -k 5 "$cap_dry" "$py" -m mhjax train --config "$1" --config.sweep.seed="$seeds" --config.train.steps="$steps" \
-  "${paper_extra[@]}" --dry-run; }
+dry_end=$((SECONDS + cap_dry))
+dry_cap() { local room=$((dry_end - SECONDS)); echo $((room > 1 ? room : 1)); }
+dry() { timeout -k 5 "$(dry_cap)" "$py" -m mhjax train --config "$1" --config.sweep.seed="$seeds" \
+  --config.train.steps="$steps" --config.devices=1 "${paper_extra[@]}" --dry-run; }
 if ! dry "$run_config" > "$out/dry_run.txt" 2>&1 && grep -q "config.attention: unknown field" "$out/dry_run.txt"; then
   echo "this checkout has no config.attention: MHJAX_ATTENTION=$attention" | tee -a "$out/dry_run.txt"
   run_config=$config
@@ -181,20 +214,48 @@ if ! dry "$run_config" > "$out/dry_run.txt" 2>&1 && grep -q "config.attention: u
   dry "$run_config" >> "$out/dry_run.txt" 2>&1
 fi
 cat "$out/dry_run.txt"
+# The new stages' configs: the same sweep in bfloat16, the text sweep, the sweep over 2 GPUs
+bf16_args=(--config "$run_config" --config.sweep.seed="$seeds" --config.train.steps="$short" --config.devices=1
+  --config.model.dtype=bfloat16 "${paper_extra[@]}" "${short_extra[@]}")
+text_args=(--config configs/text.py --config.data.path="$work/python_docs.txt" --config.attention="$attention"
+  --config.model.dtype=bfloat16 --config.devices=1 "${text_extra[@]}")
+shard2_args=(--config "$run_config" --config.sweep.seed="$seeds" --config.train.steps="$short" --config.devices=2
+  "${paper_extra[@]}" "${short_extra[@]}")
+timeout -k 5 "$(dry_cap)" "$py" -m mhjax train "${bf16_args[@]}" --dry-run > "$out/dry_run_bf16.txt" 2>&1
+timeout -k 5 "$(dry_cap)" "$py" -m mhjax train "${text_args[@]}" --dry-run > "$out/dry_run_text.txt" 2>&1
+[ "$gpus" -gt 1 ] && timeout -k 5 "$(dry_cap)" "$py" -m mhjax train "${shard2_args[@]}" --dry-run \
+  > "$out/dry_run_shard2.txt" 2>&1
+grep -h "estimate\|prediction\|  in \|  over " "$out"/dry_run_*.txt
 
 # ---- b. throughput: one_program on each attention path, both PyTorch peers
 strategies="one_program:jax"
 [ "$kernel_ok" = 1 ] && strategies="one_program:jax,one_program:pallas"
-room=$(($(left) - min_paper - grace - reserve - grace)) # paper64 keeps at least min_paper s
-cap=$((cap_throughput < room ? cap_throughput : room))
-stage throughput "$cap" TERM "$out/throughput.json" "$py" benchmarks/throughput.py "${tp_args[@]}" \
+stage throughput "$(fit "$cap_throughput")" TERM "$out/throughput.json" "$py" benchmarks/throughput.py "${tp_args[@]}" \
   --strategies "$strategies" --json "$out/throughput.json"
 
-# ---- c. the 64-member paper sweep for whatever time is left
+# ---- c, d, e: a fixed number of steps each (SIGINT at the cap), summarised beside its dry run
+train_stage() {  # train_stage NAME DRY_RUN_TEXT ARGS...
+  local name=$1 dry_text=$2
+  shift 2
+  local start=$SECONDS
+  stage "$name" "$(fit "$cap_stage")" INT "" "$py" -m mhjax train "$@" --workdir "$work/$name" --no-progress
+  "$py" benchmarks/train_run_summary.py --workdir "$work/$name" --log "$out/$name.log" \
+    --dry-run "$dry_text" --wall-s $((SECONDS - start)) --json "$out/$name.json"
+}
+train_stage paper_bf16 "$out/dry_run_bf16.txt" "${bf16_args[@]}"
+train_stage text_bf16 "$out/dry_run_text.txt" "${text_args[@]}"
+if [ "$gpus" -gt 1 ]; then
+  train_stage shard2 "$out/dry_run_shard2.txt" "${shard2_args[@]}"
+else
+  echo "shard2: skipped, $gpus device(s) here"
+fi
+
+# ---- f. the 64-member paper sweep on one device for whatever time is left (it gives way first)
 cap=$(($(left) - grace - reserve))
+[ "$cap" -lt "$min_paper" ] && cap=0 # stage() skips it and says so
 start=$SECONDS
 stage paper64 "$cap" INT "" "$py" -m mhjax train --config "$run_config" --config.sweep.seed="$seeds" \
-  --config.train.steps="$steps" --config.train.checkpoint_every="$steps" "${paper_extra[@]}" \
+  --config.train.steps="$steps" --config.train.checkpoint_every="$steps" --config.devices=1 "${paper_extra[@]}" \
   --workdir "$work/paper64" --no-progress
 "$py" benchmarks/train_run_summary.py --workdir "$work/paper64" --log "$out/paper64.log" \
   --dry-run "$out/dry_run.txt" --wall-s $((SECONDS - start)) --json "$out/paper64.json"
@@ -206,6 +267,18 @@ work, out, attention, total, budget = sys.argv[1:]
 payload = {"stages": json.load(open(os.path.join(work, "stages.json"))), "attention": attention,
            "total_s": int(total), "budget_s": int(budget), "work": work,
            "device": json.load(open(os.path.join(work, "devices.json")))}
+# measured against predicted, per training stage; shard2 against paper64 (one device)
+read = lambda name: json.load(open(os.path.join(out, f"{name}.json"))) if os.path.isfile(
+    os.path.join(out, f"{name}.json")) else {}
+for name in ("paper64", "paper_bf16", "text_bf16", "shard2"):
+    s = read(name)
+    rate, predicted = s.get("steady_member_steps_per_s"), s.get("predicted", {}).get("member_steps_per_s")
+    if rate or predicted:
+        payload.setdefault("measured_vs_predicted", {})[name] = {
+            "measured": rate, "predicted": predicted, "ratio": rate / predicted if rate and predicted else None}
+one, two = read("paper64").get("steady_member_steps_per_s"), read("shard2").get("steady_member_steps_per_s")
+if one and two:
+    payload["shard2_over_one_device"] = two / one
 json.dump(payload, open(os.path.join(out, "stages.json"), "w"), indent=2)
 print(json.dumps(payload, indent=2))
 EOF

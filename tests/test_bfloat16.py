@@ -143,10 +143,17 @@ def test_a_bad_dtype_is_one_line(value):
     assert str(info.value) == f"config.model.dtype: must be one of float32, bfloat16; got {value!r}"
 
 
-def test_the_dry_run_estimate_says_it_prices_float32_under_bfloat16():
-    lines = {d: make_experiment(configured(d, 2)[0]).estimate_lines("cpu") for d in ("float32", "bfloat16")}
-    assert lines["bfloat16"][:-1] == lines["float32"]
-    assert lines["bfloat16"][-1].startswith("model.dtype=bfloat16: the estimate above prices float32")
+def test_the_dry_run_prices_bfloat16_beside_float32():
+    """Each dtype's estimate, and the other dtype's rate on a line of its own: the two agree
+    (models/cost_dtype.py prices bfloat16; tests/test_cost_devices.py holds its bytes)."""
+    experiments = {d: make_experiment(configured(d, 2)[0]) for d in ("float32", "bfloat16")}
+    lines = {d: e.estimate_lines("cpu") for d, e in experiments.items()}
+    rate = {d: e.predict("grouped", "gpu", 1)["member_steps_per_s"] for d, e in experiments.items()}
+    assert rate["bfloat16"] > rate["float32"]
+    assert lines["float32"][-1].startswith(f"  in bfloat16: ~{rate['bfloat16']:,.0f} member-steps/s")
+    assert f"~{rate['bfloat16']:,.0f} member-steps/s" in lines["bfloat16"][1]
+    assert lines["bfloat16"][-2].startswith("  model.dtype=bfloat16: priced in bfloat16")
+    assert lines["bfloat16"][-1].startswith(f"  in float32: ~{rate['float32']:,.0f} member-steps/s")
 
 
 def test_results_json_records_bfloat16_and_float32_results_stay_as_they_were():

@@ -1,8 +1,8 @@
 """Each attention path's activation memory at the run's sequence length (``--dry-run``), and the
 check that ``attention=auto`` on a GPU never runs a path whose predicted memory does not fit.
 
-What a member keeps for its backward pass, per path (fp32; models/flops.py and models/cost.py
-count the same rows):
+What a member keeps for its backward pass, per path (models/cost.activation_bytes: rows in
+config.model.dtype, the maps, row statistics and logits in float32):
 - JAX path: per layer the residual, norms, q/k/v and MLP rows, and the (heads, T, T) scores,
   probabilities and dropout mask: quadratic in T;
 - C++ CPU kernel: the same rows, and (heads, T) row statistics instead of the maps;
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from mhjax.config import ConfigError
 from mhjax.experiments import architecture
-from mhjax.models import cost, flops, pallas_block
+from mhjax.models import cost, pallas_block
 from mhjax.models.attention_choice import AUTO
 
 PATHS = {"jax": "JAX path", "cpu_kernel": "C++ CPU kernel", "pallas": "Pallas kernel"}
@@ -25,16 +25,15 @@ def activations(config, member, path: str) -> tuple[float, float]:
     """(bytes ``member`` keeps for its backward on ``path``, of them the (heads, T, T) maps)."""
     m, d = config.model, config.data
     model = architecture.member_model(config, member)
-    b, t, heads = d.batch_size, m.seq_len, member["heads"]
-    sizes = (b, t, model.width, model.num_layers, model.mlp_dim)
-    full = flops.activation_bytes(*sizes, heads, m.vocab_size, attention_width=model.attention_width)
+    b, t, heads, dtype = d.batch_size, m.seq_len, member["heads"], m.get("dtype", "float32")
+    shape = cost.Shape(b, t, model.width, model.num_layers, model.mlp_dim, m.vocab_size, model.attention_width)
+    full = cost.activation_bytes(shape, heads, False, dtype)
     maps = 4.0 * model.num_layers * 3 * b * heads * t * t
     stats = 4.0 * model.num_layers * b * heads * t
     if path == "jax":
         return full, maps
-    if path == "pallas" and all(pallas_block.block_parts(model.width, model.mlp_dim, model.attention_width)):
-        shape = cost.Shape(b, t, model.width, model.num_layers, model.mlp_dim, m.vocab_size, model.attention_width)
-        return cost.activation_bytes(shape, heads, kernel=True), 0.0
+    if path == "pallas" and all(pallas_block.block_parts(model.width, model.mlp_dim, model.attention_width, dtype)):
+        return cost.activation_bytes(shape, heads, True, dtype), 0.0
     return full - maps + stats, 0.0
 
 

@@ -26,7 +26,7 @@ from mhjax.experiments.base import Experiment
 from mhjax.experiments.constants import SequenceConstants
 from mhjax.experiments.sequence_config import divergence_factor, requested_attention, validate
 from mhjax.experiments.sequence_recipe import SequenceRecipe, weighted_mean  # noqa: F401 (their old home)
-from mhjax.models import cost, count_params
+from mhjax.models import cost, cost_devices, count_params
 from mhjax.models.attention_choice import AUTO, AttentionChoice, resolve_attention
 from mhjax.models.probe import predict
 from mhjax.train.console import Column, SummaryTable
@@ -172,15 +172,19 @@ class SequenceExperiment(Experiment):
             out.append(groups)
         return out
 
-    def predict(self, strategy: str, backend: str, devices: int | None = None) -> dict:
+    def predict(self, strategy: str, backend: str, devices: int | None = None, dtype: str | None = None) -> dict:
         """models/cost.sweep_cost of ``strategy`` on ``backend``'s device preset (an H200
-        for backends without one) over ``devices`` of them (default: this machine's)."""
-        return self.price(self.programs(strategy, backend), backend, devices)
+        for backends without one) over ``devices`` of them (default: this machine's), in
+        ``dtype`` (default: config.model.dtype)."""
+        return self.price(self.programs(strategy, backend), backend, devices, dtype)
 
-    def price(self, programs: list[Program], backend: str, devices: int | None = None) -> dict:
+    def price(
+        self, programs: list[Program], backend: str, devices: int | None = None, dtype: str | None = None
+    ) -> dict:
         """models/cost.sweep_cost of ``programs``, each at its own model's shape."""
         device = cost.DEVICES[cost.BACKEND_DEVICE.get(backend, "h200")]
         devices = devices or self._devices()
+        dtype = dtype or self.config.model.get("dtype", "float32")
         scanned = any(recipe.model.scan_layers for p in programs for _, recipe in recipe_groups(p))
         kernel, groups = self._kernel_priced(backend), self.program_groups(programs)
         shapes = []
@@ -188,19 +192,35 @@ class SequenceExperiment(Experiment):
             t = recipe_groups(p)[0][1].model
             sizes = (t.width, t.num_layers, t.mlp_dim, t.vocab_size, t.attention_width)
             shapes.append(cost.Shape(self.config.data.batch_size, self.config.model.seq_len, *sizes))
-        return {"device": device, **cost.sweep_cost(shapes, groups, device, devices, kernel, scanned)}
+        return {"device": device, **cost.sweep_cost(shapes, groups, device, devices, kernel, scanned, dtype)}
 
     def estimated_bytes_per_member_step(self, backend: str, devices: int) -> float:  # the compiled program's
         p = self.predict(self.resolved_strategy(backend, devices), backend, devices)
         return p["compiled_bytes_per_member_step"]
 
     def estimate_lines(self, backend: str) -> list[str]:
-        """The dry run's cost lines (and, under model.dtype=bfloat16, that they price float32)."""
+        """The dry run's cost lines: the estimate (in config.model.dtype), over N devices beside one
+        device's (models/cost_devices.py), and the same sweep in the other dtype."""
         lines = self._estimate_lines(backend)
-        if self.config.model.get("dtype", "float32") != "float32":
+        dtype = self.config.model.get("dtype", "float32")
+        target = backend if backend in cost.BACKEND_DEVICE else "gpu"
+        devices = self._devices() if backend in cost.BACKEND_DEVICE else 1
+        strategy = self.resolved_strategy(target, devices)
+        if devices > 1:
+            p, one = self.predict(strategy, target, devices), self.predict(strategy, target, 1)
+            lines += cost_devices.lines(p, one, p["device"].name)
+        other = "float32" if dtype == "bfloat16" else "bfloat16"
+        p = self.predict(strategy, target, devices, other)
+        if dtype == "bfloat16":
             lines.append(
-                "model.dtype=bfloat16: the estimate above prices float32 (models/cost.py does not model bfloat16)"
+                "  model.dtype=bfloat16: priced in bfloat16 (models/cost_dtype.py: activations and the kernels' rows "
+                "and weights at 2 bytes, dots at the bfloat16 rate)"
             )
+        lines.append(
+            f"  in {other}: ~{p['member_steps_per_s']:,.0f} member-steps/s, "
+            f"{p['compiled_bytes_per_member_step'] / 1e9:.2f} GB compiled per member-step"
+            + ("" if other == "float32" else " (--config.model.dtype=bfloat16)")
+        )
         return lines
 
     def _estimate_lines(self, backend: str) -> list[str]:

@@ -17,6 +17,7 @@ from mhjax.train import snapshots
 # takes config.model's value; experiments/architecture.py).
 DEFAULTS = {
     "attention": AUTO,
+    "devices": 0,  # every device (train/placement.py); --config.devices=N on a config that leaves it out
     "model.scan_layers": "auto",
     "model.head_dim": None,
     "model.dtype": precision.DEFAULT,  # float32 (models/precision.py)

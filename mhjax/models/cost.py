@@ -21,13 +21,18 @@ rest (softmax, masks, dropout hash, Adam) at the fp32 rate. Bytes are XLA:CPU's 
 the terms below were fitted to, converted to the compiled GPU program's count and divided by
 a bandwidth calibrated on the one device measurement (the calibration below). sweep_cost reports
 per head count which of the two bounds the step.
+
+``dtype`` (config.model.dtype): bfloat16 moves the activations' terms at 2 bytes an element and
+runs dots at the device's bfloat16 rate (models/cost_dtype.py). Over N devices each device
+computes its slice of the member axis, or every member of a program the devices do not divide
+(models/cost_devices.py); the sweep steps at the busiest device's pace.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from mhjax.models import pallas_block
+from mhjax.models import cost_devices, cost_dtype, pallas_block
 from mhjax.models.pallas_attention import KernelCost, kernel_cost
 
 
@@ -41,9 +46,11 @@ class Device(NamedTuple):
     effective_bytes_per_s: float | None = None  # calibrated bandwidth (None: hbm_bytes_per_s)
     # the compiled program's bytes per XLA:CPU byte: (the rest of the step, the JAX attention core)
     compiled_bytes: tuple[float, float] = (1.0, 1.0)
+    bf16_dot_flops: float | None = None  # FLOP/s of bfloat16 matmuls (None: dot_rate's)
 
-    def dot_rate(self) -> float:
-        return self.dot_flops or self.peak_flops
+    def dot_rate(self, dtype: str = "float32") -> float:
+        fp32 = self.dot_flops or self.peak_flops
+        return (self.bf16_dot_flops or fp32) if dtype == "bfloat16" else fp32
 
     def bandwidth(self) -> float:
         return self.effective_bytes_per_s or self.hbm_bytes_per_s
@@ -81,11 +88,13 @@ DEVICES = {
         4.8e12,
         141e9,
         "NVIDIA H200 datasheet: FP32 67 TFLOP/s, TF32 Tensor Core 989 TFLOP/s with 2:4 sparsity (494.7 dense; "
-        "the H100 SXM datasheet gives the same), HBM3e 4.8 TB/s, 141 GB; bandwidth calibrated to 3.12 TB/s "
+        "the H100 SXM datasheet gives the same), BF16 Tensor Core 1,979 TFLOP/s with sparsity (989.5 dense), "
+        "HBM3e 4.8 TB/s, 141 GB; bandwidth calibrated to 3.12 TB/s "
         "effective on 2,104 member-steps/s measured (models/cost.py, calibration)",
         dot_flops=494.7e12,
         effective_bytes_per_s=H200_EFFECTIVE,
         compiled_bytes=(GPU_REST, GPU_JAX_CORE),
+        bf16_dot_flops=989.5e12,
     ),
     # TPUs run fp32 matmuls as bf16 passes at JAX's default precision, so the bf16 MXU peak.
     # Not calibrated: no TPU measurement; XLA:CPU's bytes at the peak bandwidth.
@@ -159,7 +168,8 @@ class Cost(NamedTuple):
     """Per member-step. ``bytes`` is XLA:CPU's count; of it ``core_bytes`` are the JAX
     attention core's and ``kernel_bytes`` the Pallas kernel's (exact, counted analytically);
     of ``flops``, ``dot_flops`` are matmuls. ``scan_bytes``: beside ``bytes``, what scanned
-    layers add on a GPU (XLA:CPU counts a loop body once and cannot see it)."""
+    layers add on a GPU (XLA:CPU counts a loop body once and cannot see it). ``dtype``: the
+    compute dtype priced (models/cost_dtype.py), whose dot rate ``times`` uses."""
 
     flops: float
     bytes: float
@@ -167,77 +177,87 @@ class Cost(NamedTuple):
     core_bytes: float = 0.0
     kernel_bytes: float = 0.0
     scan_bytes: float = 0.0  # the scanned layers' stack copies, in the compiled GPU program's bytes
+    dtype: str = "float32"
 
 
-def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = False) -> Cost:
+def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = False, dtype: str = "float32") -> Cost:
     """One member's training step with attention at ``fine`` heads (``mixed``: the fused
     program's summed fine scores; ``kernel``: the attention core in the Pallas kernel,
-    pallas_attention.kernel_cost, at static head counts only, so not with ``mixed``)."""
+    pallas_attention.kernel_cost, at static head counts only, so not with ``mixed``) in the
+    compute ``dtype`` (models/cost_dtype.py: the activation terms, third in each count, scaled)."""
     b, t, d, layers, m, v = shape[:6]
-    a = shape.attention
+    a, half = shape.attention, cost_dtype.activation_factor(dtype)
     kernel = kernel and not mixed
-    if kernel and not all(pallas_block.block_parts(d, m, a)):
-        return _attention_kernel_cost(shape, fine)
+    if kernel and not all(pallas_block.block_parts(d, m, a, dtype)):
+        return _attention_kernel_cost(shape, fine, dtype)
     if kernel:  # XLA's matmuls: the output projection and the readout; the kernels count their own
         matmul = 3 * 2 * b * t * (layers * a * d + d * v)  # forward + 2x backward
         block_params = layers * (3 * (d * a + a) + 2 * d * m + m + d + 2 * d)
         counts = [
-            (KERNEL_WIDTH, layers * b * t * d),
-            (KERNEL_PARAM, block_params),
-            (VOCAB, b * t * v),
-            (PARAM, shape.params()),
+            (KERNEL_WIDTH, layers * b * t * d, half),
+            (KERNEL_PARAM, block_params, 1.0),
+            (VOCAB, b * t * v, 1.0),
+            (PARAM, shape.params(), 1.0),
         ]
-        flops, nbytes = sum(c[0] * n for c, n in counts), sum(c[1] * n for c, n in counts)
-        k = kernels_cost(shape, fine)
-        kernel_flops, kernel_bytes, kernel_dots = layers * k.flops, layers * k.bytes, layers * k.dot_flops
-        return Cost(matmul + flops + kernel_flops, nbytes + kernel_bytes, matmul + kernel_dots, 0.0, kernel_bytes)
+        k = kernels_cost(shape, fine, dtype)
+        kernel_bytes = layers * k.bytes
+        flops, dots = matmul + _flops(counts) + layers * k.flops, matmul + layers * k.dot_flops
+        return Cost(flops, _bytes(counts) + kernel_bytes, dots, 0.0, kernel_bytes, dtype=dtype)
     matmul = 3 * 2 * b * t * (layers * (4 * d * a + 2 * d * m + 2 * t * a) + d * v)  # forward + 2x backward
     scores, elements = layers * b * t * t, layers * b * fine * t * t
     counts = [
-        (WIDTH, layers * b * t * d),
-        (MLP, layers * b * t * m),
-        (VOCAB, b * t * v),
-        (PARAM, shape.params()),
+        (WIDTH, layers * b * t * d, half),
+        (MLP, layers * b * t * m, half),
+        (VOCAB, b * t * v, 1.0),
+        (PARAM, shape.params(), 1.0),
     ]
-    core = [(ATTENTION, elements), (SCORE_ROW, scores)]
+    core = [(ATTENTION, elements, 1.0), (SCORE_ROW, scores, 1.0)]
     if mixed:
-        core.append(((MIXING[0] * fine, MIXING[1]), elements))
-    core_bytes = sum(c[1] * n for c, n in core)
-    flops, nbytes = sum(c[0] * n for c, n in counts + core), sum(c[1] * n for c, n in counts) + core_bytes
-    return Cost(matmul + flops, nbytes, matmul, core_bytes)
+        core.append(((MIXING[0] * fine, MIXING[1]), elements, 1.0))
+    core_bytes = _bytes(core)
+    return Cost(matmul + _flops(counts + core), _bytes(counts) + core_bytes, matmul, core_bytes, dtype=dtype)
 
 
-def _attention_kernel_cost(shape: Shape, heads: int) -> Cost:
+def _flops(counts) -> float:
+    return sum(c[0] * n for c, n, _ in counts)
+
+
+def _bytes(counts) -> float:
+    return sum(c[1] * n * scale for c, n, scale in counts)
+
+
+def _attention_kernel_cost(shape: Shape, heads: int, dtype: str = "float32") -> Cost:
     """member_cost under the attention kernel alone, the block's norms and MLP as XLA runs them."""
     b, t, d, layers, m, v = shape[:6]
-    a = shape.attention
+    a, half = shape.attention, cost_dtype.activation_factor(dtype)
     matmul = 3 * 2 * b * t * (layers * (4 * d * a + 2 * d * m) + d * v)
     counts = [
-        (WIDTH, layers * b * t * d),
-        (ATTENTION_KERNEL_WIDTH, layers * b * t * d),
-        (MLP, layers * b * t * m),
-        (VOCAB, b * t * v),
-        (PARAM, shape.params()),
+        (WIDTH, layers * b * t * d, half),
+        (ATTENTION_KERNEL_WIDTH, layers * b * t * d, half),
+        (MLP, layers * b * t * m, half),
+        (VOCAB, b * t * v, 1.0),
+        (PARAM, shape.params(), 1.0),
     ]
-    k = kernel_cost(b, t, a, heads)
-    flops = matmul + sum(c[0] * n for c, n in counts) + layers * k.flops
-    nbytes = sum(c[1] * n for c, n in counts) + layers * k.bytes
-    return Cost(flops, nbytes, matmul + layers * k.dot_flops, 0.0, layers * k.bytes)
+    k = kernel_cost(b, t, a, heads, cost_dtype.element_bytes(dtype))
+    kernel_bytes = layers * k.bytes
+    flops = matmul + _flops(counts) + layers * k.flops
+    return Cost(flops, _bytes(counts) + kernel_bytes, matmul + layers * k.dot_flops, 0.0, kernel_bytes, dtype=dtype)
 
 
-def kernels_cost(shape: Shape, heads: int) -> KernelCost:
+def kernels_cost(shape: Shape, heads: int, dtype: str = "float32") -> KernelCost:
     """One layer's Pallas kernels, forward and backward, for a member at ``heads``: attention
     (pallas_attention.kernel_cost) and the block's parts that run as kernels
-    (pallas_block.block_parts: the norm and q/k/v projection, the MLP block). member_cost uses it
+    (pallas_block.block_parts: the norm and q/k/v projection, the MLP block), their rows and
+    weights read in ``dtype`` (the kernels' ``itemsize``). member_cost uses it
     where both block kernels run (pallas_block.fits: within one program's shared memory), else the attention kernel's
     terms alone (a model where only one of the two runs is priced that way too: an
     approximation)."""
     b, t, d, _, m, _ = shape[:6]
-    a = shape.attention
-    norm, mlp = pallas_block.block_parts(d, m, a)
-    parts = [kernel_cost(b, t, a, heads)]
-    parts += [pallas_block.norm_dense_cost(b * t, d, 3 * a)] if norm else []
-    parts += [pallas_block.mlp_block_cost(b * t, d, m)] if mlp else []
+    a, size = shape.attention, cost_dtype.element_bytes(dtype)
+    norm, mlp = pallas_block.block_parts(d, m, a, dtype)
+    parts = [kernel_cost(b, t, a, heads, size)]
+    parts += [pallas_block.norm_dense_cost(b * t, d, 3 * a, size)] if norm else []
+    parts += [pallas_block.mlp_block_cost(b * t, d, m, size)] if mlp else []
     return KernelCost(*(sum(column) for column in zip(*parts)))
 
 
@@ -249,9 +269,9 @@ def device_bytes(cost: Cost, device: Device) -> float:
 
 
 def times(cost: Cost, device: Device) -> tuple[float, float]:
-    """(compute seconds, memory seconds) of a step: dots at the dot rate, the rest of the
-    arithmetic at the fp32 rate, bytes at the calibrated bandwidth."""
-    compute = cost.dot_flops / device.dot_rate() + (cost.flops - cost.dot_flops) / device.peak_flops
+    """(compute seconds, memory seconds) of a step: dots at the dot rate of the cost's dtype, the
+    rest of the arithmetic at the fp32 rate, bytes at the calibrated bandwidth."""
+    compute = cost.dot_flops / device.dot_rate(cost.dtype) + (cost.flops - cost.dot_flops) / device.peak_flops
     return compute, device_bytes(cost, device) / device.bandwidth()
 
 
@@ -260,38 +280,41 @@ def step_seconds(cost: Cost, device: Device) -> float:
 
 
 def sweep_cost(
-    shape: Shape | list[Shape], programs, device: Device, devices: int = 1, kernel: bool = False, scanned: bool = False
+    shape: Shape | list[Shape],
+    programs,
+    device: Device,
+    devices: int = 1,
+    kernel: bool = False,
+    scanned: bool = False,
+    dtype: str = "float32",
 ) -> dict:
     """Predicted figures of a sweep whose programs run one after another.
 
-    ``programs``: per program, its groups as (members, fine heads, mixed). A program's
-    member axis is sharded over ``devices`` when they divide it, else every device
-    computes every member (placement.py), so that case costs ``devices`` times more.
-    Returns per member-step FLOPs and bytes (XLA:CPU's count and the device's compiled
-    program's, averaged over members), member-steps/s of the whole sweep, the memory per
-    device (states of every member, activations of the largest program; fp32) and, per fine
+    ``programs``: per program, its groups as (members, fine heads, mixed), in member-axis order.
+    Over ``devices``, each computes its slice of a program's members where they divide it,
+    else every member (placement.py); the sweep steps at the busiest device's pace
+    (models/cost_devices.py). Returns per member-step FLOPs and bytes (XLA:CPU's count and the
+    device's compiled program's, averaged over members), member-steps/s of the whole sweep, the
+    memory of the fullest device (states of its members, activations of its largest program;
+    ``dtype`` for activations, float32 states), ``per_device`` (cost_devices.summary) and, per fine
     head count, the step's compute and memory seconds and which bounds it. ``kernel``: static
     head counts run the Pallas kernel. ``scanned``: the layers run as one scanned block
     (SCAN_KERNEL_WIDTH, priced under the kernels only: the JAX path is not scanned on a GPU).
     ``shape``: every program's, or a list of one per program (programs of other sizes: a sweep
-    over architecture fields, experiments/architecture.py).
+    over architecture fields, experiments/architecture.py). ``dtype``: the compute dtype
+    (models/cost_dtype.py).
     """
     members = sum(n for groups in programs for n, _, _ in groups)
-    flops = nbytes = compiled = dots = rest = seconds = 0.0
-    states = activations = 0.0
+    flops = nbytes = compiled = dots = rest = 0.0
     shapes = shape if isinstance(shape, list) else [shape] * len(programs)
-    bound = {}
-    for shape, groups in zip(shapes, programs):
-        member_state = 16.0 * shape.params()  # params, gradients, Adam m and v
-        size = sum(n for n, _, _ in groups)
-        share = 1.0 / devices if size % devices == 0 else 1.0
-        program_activations = 0.0
+    loads, replicated, bound = [cost_devices.Load() for _ in range(max(devices, 1))], [], {}
+    for index, (shape, groups) in enumerate(zip(shapes, programs)):
+        priced = {}
         for n, fine, mixed in groups:
-            cost = member_cost(shape, fine, mixed, kernel)
+            cost = member_cost(shape, fine, mixed, kernel, dtype)
             if scanned and kernel and not mixed:  # priced for the kernels' scan only (measured there)
-                cost = cost._replace(
-                    scan_bytes=SCAN_KERNEL_WIDTH * shape.num_layers * shape.batch * shape.length * shape.width
-                )
+                scan = SCAN_KERNEL_WIDTH * shape.num_layers * shape.batch * shape.length * shape.width
+                cost = cost._replace(scan_bytes=scan * cost_dtype.activation_factor(dtype))
             flops, nbytes = flops + n * cost.flops, nbytes + n * cost.bytes
             compiled, dots = compiled + n * device_bytes(cost, device), dots + n * cost.dot_flops
             rest += n * (cost.bytes - cost.core_bytes - cost.kernel_bytes)
@@ -301,34 +324,41 @@ def sweep_cost(
                 "memory_s": memory,
                 "bound": "compute" if compute > memory else "memory",
             }
-            seconds += n * share * max(compute, memory)
-            program_activations += n * share * activation_bytes(shape, fine, kernel and not mixed)
-        states += size * share * member_state
-        activations = max(activations, program_activations)
+            acts = activation_bytes(shape, fine, kernel and not mixed, dtype)
+            priced[(fine, mixed)] = (max(compute, memory), cost.flops, device_bytes(cost, device), acts)
+        if devices > 1 and sum(n for n, _, _ in groups) % devices:
+            replicated.append(index)
+        for load, mine in zip(loads, cost_devices.device_groups(groups, devices)):
+            rows = [(n, *priced[(fine, mixed)]) for n, fine, mixed in mine]
+            load.add(rows, 16.0 * shape.params(), cost_devices.CHECKPOINT_BYTES_PER_PARAM * shape.params())
+    per_device = cost_devices.summary(loads, replicated)
     return {
         "flops_per_member_step": flops / members,
         "dot_flops_per_member_step": dots / members,
         "bytes_per_member_step": nbytes / members,
         "rest_bytes_per_member_step": rest / members,  # of bytes, neither the JAX core's nor the kernel's
         "compiled_bytes_per_member_step": compiled / members,
-        "member_steps_per_s": members / seconds,
-        "memory_per_device_bytes": states + activations,
+        "member_steps_per_s": members / per_device["seconds_per_step"],
+        "memory_per_device_bytes": max(load.memory for load in loads),
+        "per_device": per_device,
+        "dtype": dtype,
         "bound_by_heads": dict(sorted(bound.items())),
     }
 
 
-def activation_bytes(shape: Shape, fine: int, kernel: bool = False) -> float:
+def activation_bytes(shape: Shape, fine: int, kernel: bool = False, dtype: str = "float32") -> float:
     """Activations one member keeps for its backward pass: per layer the residual stream,
-    norms, q/k/v and MLP rows and the (F, T, T) scores, probabilities and dropout mask (with
-    the kernels, which recompute norms and the MLP: the block's input, q/k/v, the attention
-    output and (F, T) row statistics, the MLP's input); plus the logits (fp32)."""
+    norms, q/k/v and MLP rows (in ``dtype``) and the (F, T, T) scores, probabilities and dropout
+    mask (float32; with the kernels, which recompute norms and the MLP: the block's input, q/k/v,
+    the attention output and the MLP's input, and (F, T) float32 row statistics); plus the
+    logits and their gradient (float32)."""
     b, t, d, layers, m, v = shape[:6]
-    a = shape.attention
+    a, size = shape.attention, cost_dtype.element_bytes(dtype)
     if kernel:  # the block's input, q/k/v, the attention output and its row statistics, the MLP's input
-        per_layer = b * t * (2 * d + 4 * a) + b * fine * t
+        rows, maps = b * t * (2 * d + 4 * a), b * fine * t
     else:
-        per_layer = b * t * (5 * d + 3 * a + 2 * m) + 3 * b * fine * t * t
-    return 4.0 * (layers * per_layer + 2 * b * t * v)
+        rows, maps = b * t * (5 * d + 3 * a + 2 * m), 3 * b * fine * t * t
+    return layers * (size * rows + 4.0 * maps) + 4.0 * 2 * b * t * v
 
 
 def prediction_text(p: dict, member_steps: int) -> str:
