@@ -22,9 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mhjax.config import apply_overrides  # noqa: E402
 from mhjax.data import text  # noqa: E402
-from mhjax.experiments import make_experiment, override_defaults  # noqa: E402
+from mhjax.experiments import make_experiment  # noqa: E402
 from mhjax.experiments.sequence_recipe import SequenceRecipe  # noqa: E402
 from mhjax.train.loop import Sweep  # noqa: E402
 from mhjax.workflows.configs import load_config  # noqa: E402
@@ -33,10 +32,8 @@ CPU = {"model.width": 64, "model.num_layers": 2, "model.mlp_dim": 256, "model.se
 
 
 def sweep_of(path: str, steps: int) -> Sweep:
-    config = load_config("configs/text.py")
     overrides = {**CPU, "data.path": path, "train.chunk_steps": steps, "train.warmup_steps": 10}
-    config = apply_overrides(config, overrides, override_defaults(config))
-    config.sweep.heads = (1, 4, 16)
+    config = load_config("configs/text.py", {**overrides, "sweep.heads": (1, 4, 16)})
     return Sweep(make_experiment(config), "cpu")
 
 

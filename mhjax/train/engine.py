@@ -2,7 +2,8 @@
 
 A *recipe* (the ``Recipe`` protocol below) says how ONE member trains; ``consts`` holds that
 member's numeric settings (keys, head count, learning rate, ...). The engine vmaps it over
-the member axis and jits once per program and chunk length, donating the state buffers. A
+the member axis and jits once per program and chunk length, donating the state buffers; a
+recipe may draw a chunk's data before its scan (Recipe.prefetch: a host read once per chunk). A
 recipe whose model batches over the member axis itself (``vmap_inside_grad``: the
 one_program strategy's attention layout) has the vmap moved inside one gradient of the
 summed member losses (members_step): the same gradients, members being independent.
