@@ -19,7 +19,8 @@ from mhjax.analysis.metrics import task_sequences
 from mhjax.config import ConfigError
 from mhjax.data import sequences, text
 from mhjax.experiments import make_experiment
-from tests.conftest import config_source, tiny_sequence_config, tiny_train
+from mhjax.train import loop
+from tests.conftest import config_source, set_field, tiny_sequence_config, tiny_train
 from tests.errors_common import ROOT, assert_one_line_error
 
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -104,21 +105,60 @@ def test_members_differing_in_heads_and_learning_rate_draw_the_same_windows(tmp_
     assert not np.array_equal(draws[0][0][0], draws[1][0][0])  # another seed: other windows
 
 
-def test_a_file_above_the_on_device_limit_is_read_by_the_host_with_equal_results(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "strategy,groups,pieces",
+    [
+        ("fused", 1, False),  # members vmapped: one group
+        pytest.param("fused", 1, True, marks=pytest.mark.slow),  # the first chunk cut: make_partial_chunk
+        pytest.param("unrolled", 4, True, marks=pytest.mark.slow),  # a group per member
+        pytest.param("one_program", 1, True, marks=pytest.mark.slow),  # the layout: one gradient of all members
+    ],
+)
+def test_a_file_above_the_on_device_limit_is_read_by_the_host_once_per_chunk_with_equal_results(
+    tmp_path, monkeypatch, strategy, groups, pieces
+):
     data = bytes(np.random.default_rng(2).integers(0, 64, 4000, dtype=np.uint8))
-    config = tiny_train(text_config(write(tmp_path / "c.txt", data), heads=(1, 2), seed=(0, 1)), 4, 2, 2, 4)
-    config.strategy = "fused"  # one program, members vmapped: the callback reads every member's windows at once
-    on_device = mhjax.sweep(config, tmp_path / "device", progress=False).results
+    config = tiny_train(text_config(write(tmp_path / "c.txt", data), heads=(1, 2), seed=(0, 1)), 6, 3, 3, 6)
+    config.strategy = strategy
+    if pieces:
+        set_field(config, "train.snapshot_steps", (1,))  # the first chunk cut into pieces of 1 and 2 steps
+    on_device = mhjax.sweep(config, tmp_path / "device", progress=False)
     monkeypatch.setattr(text, "ON_DEVICE_LIMIT", 1000)
     text._LOADED.clear(), text._BOUND.clear()
-    assert isinstance(text.load(config.data.path).train, np.memmap)
+    train = text.load(config.data.path).train
+    assert isinstance(train, np.memmap)
+    reads, runs, read = [], [], text.read_windows
+
+    def counted(ids, starts, length):
+        reads.append((ids.size == train.size, np.shape(starts)))
+        return read(ids, starts, length)
+
+    def counting(name, method):
+        return lambda self, program, *args: runs.append(name) or method(self, program, *args)
+
+    monkeypatch.setattr(text, "read_windows", counted)
+    for name in ("run_chunk", "run_piece"):
+        monkeypatch.setattr(loop.Sweep, name, counting(name, getattr(loop.Sweep, name)))
     try:
-        from_host = mhjax.sweep(config, tmp_path / "host", progress=False).results
+        from_host = mhjax.sweep(config, tmp_path / "host", progress=False)
     finally:
         text._LOADED.clear(), text._BOUND.clear()
-    for a, b in zip(on_device, from_host):
+    # one read per chunk (or piece: its program's 2 steps) and group of members, each of the
+    # whole chunk's windows (members, steps, batch), not one read per step
+    training = [shape for is_train, shape in reads if is_train]
+    want = ["run_piece", "run_piece", "run_chunk"] if pieces else ["run_chunk", "run_chunk"]
+    assert runs == want and len(training) == len(runs) * groups, (runs, reads)
+    steps = [2 if run == "run_piece" else 3 for run in runs for _ in range(groups)]
+    assert [s[1:] for s in training] == [(n, 4) for n in steps]
+    assert sum(s[0] for s in training) == len(runs) * 4
+    for a, b in zip(on_device.results, from_host.results):
         for field in ("train_loss", "eval_loss", "eval_accuracy", "eval_bits_per_byte", "heldout_unigram_entropy_bits"):
             assert a[field] == b[field], (a["name"], field)
+        for x, y in zip(
+            jax.tree_util.tree_leaves(on_device.params(a["name"])),
+            jax.tree_util.tree_leaves(from_host.params(a["name"])),
+        ):
+            np.testing.assert_array_equal(x, y)  # bit for bit
 
 
 BAD_FILES = [
@@ -128,6 +168,12 @@ BAD_FILES = [
     ("too-short-train", b"abcdefghi" * 2, ["--config.data.holdout=0.5"], "training part has 9 tokens"),
     ("odd-bin", b"abc", [], "uint16 token ids, 2 bytes each) of an odd size (3 bytes)"),
     ("id-above-vocab", bytes(range(200)) * 2, ["--config.model.vocab_size=100"], "holds byte 199; vocab_size must"),
+    (
+        "bin-id-above-vocab",
+        np.arange(400, dtype="<u2").tobytes(),
+        ["--config.model.vocab_size=399"],
+        "holds token id 399; vocab_size must be above it (at least 400), got 399",
+    ),
     ("unset", "", [], "config.data.path: the text task reads a corpus file; set it"),
     ("holdout", b"abcdefghij" * 100, ["--config.data.holdout=1.5"], "config.data.holdout: must be a number in (0, 1)"),
 ]
@@ -137,13 +183,36 @@ BAD_FILES = [
 def test_bad_files_are_one_line_exit_2(tmp_path, capsys, data, extra, match):
     config = tmp_path / "text.py"
     config.write_text(config_source(text_config("x")))
-    name = "c.bin" if "odd size" in match else "c.txt"
+    name = "c.bin" if "odd size" in match or "token id" in match else "c.txt"
     path = "" if data == "" else str(tmp_path / name)
     if isinstance(data, bytes):
         write(tmp_path / name, data)
     argv = ["train", "--config", str(config), f"--config.data.path={path}", *extra, "--workdir", str(tmp_path / "w")]
     assert_one_line_error(capsys, cli.main(argv), match)
     assert not os.path.exists(tmp_path / "w")
+
+
+def test_a_bin_file_trains_from_the_cli_recorded_in_bits_per_token(tmp_path, capsys):
+    # nanoGPT's format: uint16 ids, little-endian, above 255 (model.vocab_size above the largest)
+    ids = (np.random.default_rng(3).integers(0, 300, 3000) // 3 * 3).astype("<u2")
+    path = write(tmp_path / "train.bin", ids.tobytes())
+    config = tmp_path / "text.py"
+    config.write_text(config_source(tiny_train(text_config("x", vocab_size=320, heads=(1, 2)), 4, 2, 2, 4)))
+    workdir = str(tmp_path / "w")
+    argv = ["train", "--config", str(config), f"--config.data.path={path}", "--workdir", workdir]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "held-out bits/token" in out and "bits/byte" not in out, out
+    recorded = json.load(open(os.path.join(workdir, "mhjax.json")))
+    sha = __import__("hashlib").sha256(ids.tobytes()).hexdigest()
+    want = {"path": path, "size": 6000, "sha256": sha, "format": "uint16"}
+    assert recorded["tasks"]["text"]["data"] == recorded["data_files"]["task text"] == want
+    held = ids[2700:]
+    p = np.bincount(held)[np.bincount(held) > 0] / held.size
+    for member in json.load(open(os.path.join(workdir, "results.json")))["members"]:
+        assert member["text_format"] == "uint16" and "eval_bits_per_byte" not in member  # bits per byte: bytes only
+        assert member["eval_bits_per_token"] == pytest.approx(member["eval_loss"] / math.log(2), rel=1e-4)
+        assert member["heldout_unigram_entropy_bits"] == pytest.approx(float(-(p * np.log2(p)).sum()))
 
 
 # ------------------------- a tiny model on Python's docs -------------------------

@@ -61,6 +61,7 @@ class Task:
     heldout: Callable | None = None  # (key, num, length, vocab_size) -> held-out sequences
     bind: Callable | None = None  # config -> the Task over the config's data
     facts: dict = dataclasses.field(default_factory=dict)  # a bound task's facts, in its members' results
+    host_reads: bool = False  # its training forms read the host (text above its on-device limit): prefetched per chunk
 
     @property
     def kwargs(self) -> dict:

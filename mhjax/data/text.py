@@ -14,10 +14,17 @@ windows; evaluation and analysis draw from the held-out part (the task's ``heldo
 Where the corpus lives: a file up to ``ON_DEVICE_LIMIT`` (16 MiB: 16 Mi bytes, 8 Mi tokens of a
 .bin) goes to the device, and the task's forms close over it, a constant of each compiled step
 (measured on 2 loaded CPU cores, docs/text.md: a gather from a 1 MiB constant compiles in ~1.1 s,
-8 MiB in ~1.3 s, 32 MiB in ~2.7 s). A larger file is memory-mapped: the offsets are drawn in the
-step from the same keys, and a host callback (``jax.pure_callback``) reads the windows, so both
-give equal batches. The callback runs once per step (not per chunk) and a program holding one
-is not kept in the persistent compile cache.
+8 MiB in ~1.3 s, 32 MiB in ~2.7 s). A larger file is memory-mapped and fed from the host per
+chunk: the task is marked ``host_reads``, so the recipe draws a whole chunk's batches before the
+chunk's scan (SequenceRecipe.prefetch, engine.chunk_data), the offsets from the same per-step keys,
+and one host callback (``jax.pure_callback``, vmapped over the chunk's steps and the program's
+members) reads every window of the chunk: equal batches either way, one read per chunk and
+program (per group of an unrolled program). Memory: a chunk's batches are held on the device,
+chunk_steps x batch_size windows of T tokens per member as int32 inputs, int32 targets and
+float32 weights (12 bytes a token: configs/text.py, 250 x 32 x 256, 24.6 MB a member), besides
+the callback's chunk_steps x batch_size x (T + 1) int32 ids. Held-out windows (evaluation,
+analysis) are read by one callback per evaluation. A program holding a callback is not kept in
+the persistent compile cache.
 """
 
 from __future__ import annotations
@@ -148,14 +155,15 @@ def windows(ids, key, num: int, length: int):
 
 def host_windows(ids: np.ndarray, starts, length: int):
     """The windows at ``starts`` (num,) read from the memory-mapped ``ids`` by the host: (num,
-    length + 1) int32. Vmapped (members), the callback gets every member's starts at once."""
-
-    def read(starts):
-        starts = np.asarray(starts, np.int64)
-        return np.asarray(ids[starts[..., None] + np.arange(length + 1)], np.int32)
-
+    length + 1) int32. Vmapped (a chunk's steps, the members), the callback gets every starts at once."""
     shape = jax.ShapeDtypeStruct((*starts.shape, length + 1), jnp.int32)
-    return jax.pure_callback(read, shape, starts, vmap_method="expand_dims")
+    return jax.pure_callback(lambda s: read_windows(ids, s, length), shape, starts, vmap_method="expand_dims")
+
+
+def read_windows(ids: np.ndarray, starts, length: int) -> np.ndarray:
+    """The host's read: the windows of ``length + 1`` ids at ``starts`` (any shape), int32."""
+    starts = np.asarray(starts, np.int64)
+    return np.asarray(ids[starts[..., None] + np.arange(length + 1)], np.int32)
 
 
 def text(key, length: int, vocab_size: int):
@@ -204,6 +212,7 @@ def _task(corpus: Corpus) -> Task:
         bind=None,
         source={**registered.source, "data": corpus.record},
         facts={"text_format": corpus.encoding, "heldout_unigram_entropy_bits": corpus.unigram_entropy_bits()},
+        host_reads=isinstance(train, np.memmap),
     )
 
 

@@ -77,8 +77,8 @@ class SequenceRecipe(Recipe):
             "fresh": jax.random.fold_in(data, 2),
         }
 
-    def loss(self, params, consts, step):
-        tokens, targets, weights = sequences.train_batch(
+    def _batch(self, consts, step):
+        return sequences.train_batch(
             self._data_keys(consts),
             consts.task_id,
             step,
@@ -89,6 +89,18 @@ class SequenceRecipe(Recipe):
             vocab_size=self.vocab,
             tasks=self.tasks,
         )
+
+    def prefetch(self, consts, first_step, length):
+        """The batches of a chunk's steps, drawn at once (the same keys, so the same batches), when
+        a task reads the host (text above its on-device limit): one read per chunk, its
+        (length, batch, T) inputs, targets and weights held for the chunk. None (every other
+        task): each step draws its own batch."""
+        if not any(task.host_reads for task in self.tasks):
+            return None
+        return jax.vmap(lambda step: tuple(self._batch(consts, step)))(first_step + jnp.arange(length))
+
+    def loss(self, params, consts, step, data=None):
+        tokens, targets, weights = self._batch(consts, step) if data is None else data
         dropout_key = jax.random.fold_in(jax.random.fold_in(consts.key, 1), step)
         logits = self.model.apply(
             {"params": params}, tokens, self._heads(consts), deterministic=False, rngs={"dropout": dropout_key}

@@ -2,7 +2,8 @@
 
 A *recipe* (the ``Recipe`` protocol below) says how ONE member trains; ``consts`` holds that
 member's numeric settings (keys, head count, learning rate, ...). The engine vmaps it over
-the member axis and jits once per program and chunk length, donating the state buffers. A
+the member axis and jits once per program and chunk length, donating the state buffers; a
+recipe may draw a chunk's data before its scan (Recipe.prefetch: a host read once per chunk). A
 recipe whose model batches over the member axis itself (``vmap_inside_grad``: the
 one_program strategy's attention layout) has the vmap moved inside one gradient of the
 summed member losses (members_step): the same gradients, members being independent.
@@ -47,9 +48,18 @@ class Recipe(Protocol):
         """The member's optimizer (hyperparameters may come from ``consts``)."""
         ...
 
-    def loss(self, params, consts, step) -> tuple[jax.Array, dict]:
-        """(scalar training loss at ``step``, {metric: scalar} logged as train/<metric>)."""
+    def loss(self, params, consts, step, data=None) -> tuple[jax.Array, dict]:
+        """(scalar training loss at ``step``, {metric: scalar} logged as train/<metric>). ``data``:
+        the step's slice of ``prefetch``'s data; only passed when the recipe prefetches."""
         ...
+
+    def prefetch(self, consts, first_step, length: int) -> Any:
+        """None (this default): ``loss`` draws its step's data itself. Otherwise the data of the
+        ``length`` steps from ``first_step``, a pytree whose leaves lead with ``length``, drawn
+        once before a chunk's scan (make_train_chunk): step ``first_step + t`` gets slice t as
+        ``loss``'s ``data``. Data read by the host (a jax.pure_callback, vmapped over the steps
+        and the members) is then read once per chunk and program, not once per step."""
+        return None
 
     def evaluate(self, params, consts, step) -> dict:
         """{metric: scalar} of the member's evaluation at theta_step (logged as eval/<metric>)."""
@@ -191,10 +201,17 @@ def init_member(recipe, consts) -> MemberState:
     )
 
 
-def train_step(recipe, state: MemberState, consts):
-    """One member's step. A non-finite loss or update freezes the member (state unchanged
-    from then on) and records the step; other members are unaffected."""
-    (loss, aux), grads = jax.value_and_grad(recipe.loss, has_aux=True)(state.params, consts, state.step)
+def _data(data) -> dict:
+    """``loss``'s keyword for a step's prefetched data: none when the recipe does not prefetch."""
+    return {} if data is None else {"data": data}
+
+
+def train_step(recipe, state: MemberState, consts, data=None):
+    """One member's step (``data``: its slice of the recipe's prefetched data, if any). A
+    non-finite loss or update freezes the member (state unchanged from then on) and records the
+    step; other members are unaffected."""
+    loss_fn = jax.value_and_grad(recipe.loss, has_aux=True)
+    (loss, aux), grads = loss_fn(state.params, consts, state.step, **_data(data))
     return apply_gradients(recipe, state, consts, loss, aux, grads)
 
 
@@ -233,16 +250,18 @@ def apply_gradients(recipe, state: MemberState, consts, loss, aux, grads):
     return new_state, metrics
 
 
-def members_step(recipe, states: MemberState, consts):
-    """One step of stacked members. A recipe with ``vmap_inside_grad`` (a model that batches
-    over the whole member axis itself, attention.layout_attention) has every member's
-    gradient taken as ONE gradient of the summed member losses, the vmap inside it; members
-    are independent, so the gradient of the sum is each member's own gradient (tested)."""
+def members_step(recipe, states: MemberState, consts, data=None):
+    """One step of stacked members (``data``: their prefetched data of the step, or None). A
+    recipe with ``vmap_inside_grad`` (a model that batches over the whole member axis itself,
+    attention.layout_attention) has every member's gradient taken as ONE gradient of the
+    summed member losses, the vmap inside it; members are independent, so the gradient of the
+    sum is each member's own gradient (tested)."""
     if not recipe.vmap_inside_grad:
-        return jax.vmap(lambda s, c: train_step(recipe, s, c))(states, consts)
+        return jax.vmap(lambda s, c, d: train_step(recipe, s, c, d))(states, consts, data)
 
     def total(params):
-        losses, aux = jax.vmap(recipe.loss)(params, consts, states.step)
+        loss = lambda p, c, s, d: recipe.loss(p, c, s, **_data(d))  # noqa: E731
+        losses, aux = jax.vmap(loss)(params, consts, states.step, data)
         return jnp.sum(losses), (losses, aux)
 
     (_, (losses, aux)), grads = jax.value_and_grad(total, has_aux=True)(states.params)
@@ -292,26 +311,44 @@ def make_init(recipe, out_shardings=None, mesh=None):
     return jax.jit(fn, out_shardings=out_shardings)
 
 
-def _chunk_steps(recipe, consts):
-    """(to_carry(states), step(carry) -> (carry, metrics), from_carry(carry)) of a chunk's scan."""
+def chunk_data(recipe, states: MemberState, consts, length: int):
+    """The recipe's prefetched data of the ``length`` steps from each member's step, as a scan's
+    xs (leaves (length, members, ...)); None for a recipe that draws in each step."""
+    data = jax.vmap(lambda c, s: recipe.prefetch(c, s, length))(consts, states.step)
+    return jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, 0, 1), data)
+
+
+def _chunk_steps(recipe, consts, length: int):
+    """(to_carry(states), data(carry): the scan's xs, step(carry, x) -> (carry, metrics),
+    from_carry(carry)) of a chunk's scan of ``length`` steps."""
     if isinstance(recipe, Unrolled):
         # The scan carries one state per group, so a step neither slices nor concatenates.
         group_consts = recipe.split(consts)
 
-        def step(carry):
-            out = [members_step(r, s, c) for r, s, c in zip(recipe.recipes, carry, group_consts)]
+        def data(carry):
+            return tuple(chunk_data(*a, length) for a in zip(recipe.recipes, carry, group_consts))
+
+        def step(carry, x):
+            out = [members_step(*a) for a in zip(recipe.recipes, carry, group_consts, x)]
             return tuple(o[0] for o in out), _concat([o[1] for o in out])
 
-        return lambda states: tuple(recipe.split(states)), step, _concat
-    return (lambda states: states), (lambda carry: members_step(recipe, carry, consts)), (lambda carry: carry)
+        return lambda states: tuple(recipe.split(states)), data, step, _concat
+    return (
+        lambda states: states,
+        lambda carry: chunk_data(recipe, carry, consts, length),
+        lambda carry, x: members_step(recipe, carry, consts, x),
+        lambda carry: carry,
+    )
 
 
 def make_train_chunk(recipe, length: int, mesh=None):
-    """jit(states, consts) -> (states, metrics with leaves (length, members)); ``mesh`` as make_init."""
+    """jit(states, consts) -> (states, metrics with leaves (length, members)); ``mesh`` as make_init.
+    A recipe's prefetched data (Recipe.prefetch) is drawn before the scan and scanned over."""
 
     def chunk(states, consts):
-        to_carry, step, from_carry = _chunk_steps(recipe, consts)
-        final, metrics = jax.lax.scan(lambda carry, _: step(carry), to_carry(states), None, length=length)
+        to_carry, data, step, from_carry = _chunk_steps(recipe, consts, length)
+        carry = to_carry(states)
+        final, metrics = jax.lax.scan(step, carry, data(carry), length=length)
         return from_carry(final), metrics
 
     members, steps, _ = _specs()
@@ -321,22 +358,24 @@ def make_train_chunk(recipe, length: int, mesh=None):
 def make_partial_chunk(recipe, length: int, mesh=None):
     """jit(states, consts, count) -> (states after ``count`` steps, metrics (length, members)):
     one program for every chunk of up to ``length`` steps (``count`` is traced; the steps from
-    ``count`` on are skipped by a conditional, their metric rows NaN). The trainer cuts its first
-    chunk into such pieces to evaluate at early steps without compiling one program per piece.
-    ``mesh`` as make_init."""
+    ``count`` on are skipped by a conditional, their metric rows NaN; a recipe's prefetched data
+    covers all ``length``). The trainer cuts its first chunk into such pieces to evaluate at
+    early steps without compiling one program per piece. ``mesh`` as make_init."""
 
     def chunk(states, consts, count):
-        to_carry, step, from_carry = _chunk_steps(recipe, consts)
+        to_carry, data, step, from_carry = _chunk_steps(recipe, consts, length)
         carry = to_carry(states)
-        shapes = jax.eval_shape(lambda c: step(c)[1], carry)
+        xs = (jnp.arange(length), data(carry))
+        shapes = jax.eval_shape(lambda c, x: step(c, x)[1], carry, jax.tree_util.tree_map(lambda a: a[0], xs[1]))
         blank = jax.tree_util.tree_map(
             lambda s: jnp.full(s.shape, jnp.nan if jnp.issubdtype(s.dtype, jnp.inexact) else 0, s.dtype), shapes
         )
 
-        def body(carry, t):
-            return jax.lax.cond(t < count, step, lambda c: (c, blank), carry)
+        def body(carry, x):
+            t, d = x
+            return jax.lax.cond(t < count, lambda c: step(c, d), lambda c: (c, blank), carry)
 
-        final, metrics = jax.lax.scan(body, carry, jnp.arange(length))
+        final, metrics = jax.lax.scan(body, carry, xs)
         return from_carry(final), metrics
 
     members, steps, scalar = _specs()
