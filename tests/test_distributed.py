@@ -61,7 +61,6 @@ def reference(tmp_path_factory):
     return root, _final_params(str(root / "single"))
 
 
-@pytest.mark.slow  # ~35 s: tests/test_member_shards.py checks 2 fake devices per kernel, equal to one device
 def test_four_devices_shard_members_and_match_one_device(reference):
     root, single = reference
     proc = _train(["--config", str(root / "tiny.py"), "--workdir", str(root / "four")], devices=4)
