@@ -142,12 +142,13 @@ def test_auto_strategy_on_accelerators_follows_the_cost_model(monkeypatch):
     assert two.auto_strategy("gpu") == "one_program"
     # ... and when every head count's program shards too, one_program ties grouped, with one program
     assert make_experiment(tiny_sequence_config(heads=(1, 2), seed=(0, 1))).auto_strategy("gpu") == "one_program"
+    on_two = two.predict("grouped", "gpu")  # devices are counted when predicting
     # planned for a target's devices, not this machine's (train/deviceless.py)
     monkeypatch.setattr(jax, "device_count", lambda *a: 1)
     planned = make_experiment(tiny_sequence_config(heads=(1, 2)))
     planned.planned_devices = 2
     assert planned.auto_strategy("gpu") == "one_program"
-    assert planned.predict("grouped", "gpu") == two.predict("grouped", "gpu")
+    assert planned.predict("grouped", "gpu") == on_two and on_two["per_device"]["devices"] == 2
 
 
 def test_one_program_spreads_its_groups_over_the_planned_devices():
