@@ -133,6 +133,8 @@ def test_attention_kernel_reads_bfloat16_and_equals_the_jax_path(heads, length, 
     _assert_close(got, want)
 
 
+# ~8 s: the layout is the float32 tests'
+@pytest.mark.slow
 def test_attention_kernel_in_one_program_layout_reads_bfloat16_and_equals_the_jax_path():
     """Two head-count groups (heads 1 and 4) of one_program, with dropout: each group's call reads
     and writes the bfloat16 projection of every member in place."""
@@ -224,6 +226,8 @@ def _model_step(implementation, dtype):
     return jax.jit(jax.value_and_grad(loss))(params), jax.make_jaxpr(jax.grad(loss))(params).jaxpr
 
 
+# ~16 s: each kernel is checked alone above
+@pytest.mark.slow
 def test_a_bfloat16_transformer_runs_every_block_part_as_a_bfloat16_kernel_and_equals_the_jax_path():
     """Under attention=pallas a bfloat16 block takes all three kernels (norm_dense, attention,
     mlp_block; forward and backward, in each of 2 layers), each reading and writing the bfloat16

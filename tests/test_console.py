@@ -51,6 +51,8 @@ def test_the_first_chunk_is_cut_at_early_evaluation_steps():
     assert ahead.chunk_plan(0, 25, 10) == ahead.ChunkPlan([], [10, 10, 5])
 
 
+# ~13 s: a property of the loop no other change touches often
+@pytest.mark.slow
 def test_the_loop_calls_only_executables_compiled_ahead(tmp_path, monkeypatch):
     """jit functions that refuse to be called (lowering still works): the run must go through
     the compiled executables alone, the last shorter chunk and the resume included."""

@@ -28,6 +28,8 @@ def hlo_cost(experiment, strategy):
     return flops / len(experiment.members), nbytes / len(experiment.members)
 
 
+# ~21 s: the hand-count tests check every term
+@pytest.mark.slow
 def test_cost_model_matches_xlas_count_on_unseen_shapes():
     config = tiny_sequence_config(heads=(1, 4))
     config.attention = "jax"  # the kernels hide their cost from XLA

@@ -61,6 +61,8 @@ def reference(tmp_path_factory):
     return root, _final_params(str(root / "single"))
 
 
+# ~27 s: the two-process test below shards members over devices too
+@pytest.mark.slow
 def test_four_devices_shard_members_and_match_one_device(reference):
     root, single = reference
     proc = _train(["--config", str(root / "tiny.py"), "--workdir", str(root / "four")], devices=4)

@@ -103,6 +103,8 @@ def test_the_new_member_equals_itself_trained_alone(grown, tmp_path):
     assert grown_entry["eval_accuracy"] == pytest.approx(alone_entry["eval_accuracy"], abs=1e-6)
 
 
+# ~18 s: test_sweep_skip reads a grown workdir through mhjax.load, to_pandas and forward
+@pytest.mark.slow
 def test_readers_see_every_part(grown):
     workdir = grown[0]
     run = mhjax.load(workdir)

@@ -106,7 +106,10 @@ def test_attention_matches_naive_numpy(heads):
     assert np.all(np.triu(np.asarray(probs), 1) == 0)  # causal: row = query, column = key
 
 
-@pytest.mark.parametrize("heads", [1, 2, 4, 8])
+# 2 and 8 heads (slow): 1 and 4 hold the same code
+@pytest.mark.parametrize(
+    "heads", [1, pytest.param(2, marks=pytest.mark.slow), 4, pytest.param(8, marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_grouped_heads_equal_plain_heads(heads, deterministic):
     """A member with H heads inside an 8-fine-head program == the plain H-head model,

@@ -224,7 +224,9 @@ def test_a_tiny_sweep_trains_to_the_same_losses_under_jax_and_pallas(strategy):
         np.testing.assert_allclose(pallas, losses["jax"][name], rtol=VALUE_RTOL)
 
 
-@pytest.mark.parametrize("implementation,maps", [("pallas", False), pytest.param("jax", True, marks=pytest.mark.slow)])
+# both slow (~11 s each): tests/test_path_memory.py prices the T x T arrays of each path
+@pytest.mark.slow
+@pytest.mark.parametrize("implementation,maps", [("pallas", False), ("jax", True)])
 def test_no_t_by_t_array_outside_the_kernel(implementation, maps):
     """The compiled one_program training step at T = 12 (16 on chip): the JAX path holds
     (..., 12, 12) arrays, the kernel's program none (its tiles are 16 x 16, inside the kernel)."""

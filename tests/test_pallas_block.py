@@ -150,6 +150,8 @@ def test_mlp_block_keeps_hash_dropouts_elements():
     np.testing.assert_allclose(np.asarray(out - x)[kept], inv_keep, rtol=1e-5)
 
 
+# ~10 s: test_block_kernels runs the kernels vmapped in a model
+@pytest.mark.slow
 def test_vmapped_over_members_equals_each_member_alone():
     """jax.vmap over 3 members (each its own x, weights and seed) of both kernels, values and
     gradients (taken inside the vmap, and of the summed member losses from outside it, as

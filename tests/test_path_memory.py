@@ -34,6 +34,8 @@ def test_the_dry_run_names_each_paths_memory_at_long_t(capsys):
     assert any(line.strip().startswith("Pallas kernel") for line in lines)
 
 
+# ~17 s: the dry-run test below names each path's memory
+@pytest.mark.slow
 def test_auto_on_a_gpu_never_takes_a_path_that_does_not_fit():
     long = make_experiment(mhjax.load_config("paper", {"model.seq_len": 1024, "sweep.seed": (0, 1)}))
     assert long.auto_strategy("gpu") != "fused"  # fused traces head counts: the JAX path, 283 GiB

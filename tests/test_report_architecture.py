@@ -52,6 +52,8 @@ def test_figures_take_heads_on_x_a_line_per_head_dim_and_a_panel_per_width(tmp_p
     assert [f[1](*f[2], str(tmp_path / ("x" + f[0]))) for f in figures] == [True, False, False, True]
 
 
+# ~22 s: the synthetic test draws the same figures; test_architecture_outputs runs the report
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_the_report_of_a_heads_by_head_dim_sweep_embeds_the_architecture_figures(tmp_path):
     config = tiny_train(tiny_sequence_config(heads=(1, 2), head_dim=(8, 16)), 2, 2, 0, 2)

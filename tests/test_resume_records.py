@@ -235,6 +235,8 @@ def test_a_checkpoint_without_the_loss_path_still_resumes_and_says_from_where_it
         assert member["max_train_loss"] > 0 and member["loss_exceeded_at_step"] is None
 
 
+# ~12 s: test_snapshots and the kill tests cover each half
+@pytest.mark.slow
 def test_snapshots_written_survive_a_kill_a_resume_and_training_longer(tmp_path, monkeypatch):
     """Killed during steps 3-6 (snapshots 0 and 3 written, no checkpoint yet), run again, then
     trained longer with other snapshot steps: every snapshot written is kept as written, and each

@@ -5,8 +5,10 @@ skipped points only."""
 import json
 import os
 
+import numpy as np
 import pytest
 
+import mhjax
 from mhjax import cli
 from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
@@ -80,3 +82,8 @@ def test_dropping_the_skip_grows_the_sweep_by_the_skipped_point_only(tmp_path):
     assert {n: grown[n] for n in kept} == kept  # the trained members' entries as they were
     for key in ("train_loss", "eval_loss", "eval_accuracy", "params", "eval_accuracy_by_position"):
         assert grown["copy-d4-h4-s0"][key] == grown["copy-h4-s0"][key], key
+    run = mhjax.load(workdir)  # readers see both parts
+    assert sorted(run.member_names) == sorted(GRID) and len(run.to_pandas()) == 4
+    tokens = np.zeros((1, 8), np.int32)
+    out = {name: run.forward(name, tokens) for name in ("copy-h4-s0", "copy-d4-h4-s0")}
+    np.testing.assert_array_equal(out["copy-h4-s0"].attention[0], out["copy-d4-h4-s0"].attention[0])

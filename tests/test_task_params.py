@@ -50,6 +50,8 @@ def test_recall_pairs_default_is_length_over_four_and_a_value_binds():
         check_task("recall", 24, 16, params={"pairs": 12})
 
 
+# ~20 s: test_sweep checks shared draws over learning rates
+@pytest.mark.slow
 def test_a_swept_task_parameter_makes_members_that_share_their_keys():
     config = apply_overrides(
         tiny_sequence_config(task=("copy", "recall"), heads=(2,)), {"task_params.recall.pairs": "1,2"}

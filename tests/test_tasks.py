@@ -248,6 +248,8 @@ def test_a_rare_out_of_range_target_stops_training_with_one_line_and_keeps_the_l
 # --------------------------------------------------------------------------- #
 # Weights: only weighted positions count
 # --------------------------------------------------------------------------- #
+# ~10 s: weights are checked per task
+@pytest.mark.slow
 def test_targets_at_unweighted_positions_change_nothing():
     """Two tasks equal but for the targets where the weight is 0 have the same training loss,
     gradients and held-out metrics; the loss is the weighted mean over the counted positions."""

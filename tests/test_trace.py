@@ -123,6 +123,8 @@ def test_tensorboard_train_loss_holds_every_traced_step(traced_run):
         assert np.array_equal(steps, got["step"]) and np.allclose(losses, got["loss"], rtol=1e-6)
 
 
+# ~11 s: the thinning rule is unit-tested
+@pytest.mark.slow
 def test_past_ten_thousand_steps_the_trace_and_tensorboard_keep_log_spaced_steps(tmp_path):
     config = traced_config()
     config.sweep.heads = (2,)
