@@ -46,7 +46,7 @@ def _matches(member, entry: dict) -> bool:
 
 
 def _same(a, b) -> bool:
-    return type(a) is type(b) and a == b or (a is None and b is None)
+    return type(a) is type(b) and a == b  # 1 is not 1.0 nor True: a swept value exactly
 
 
 def _entry(i: int, entry, sweep: dict) -> dict:
