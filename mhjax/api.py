@@ -105,11 +105,12 @@ def sweep(config, workdir, progress: bool = True, fail_on_divergence: bool = Fal
 def compile_for(config, target: str = "h200", progress: bool = True):
     """``mhjax train --config ... --dry-run --target target`` as a function: compile every
     executable of ``config``'s sweep (a ConfigDict, a path or a bundled name) for ``target``
-    (h200, h100, a100 or a GpuTargetConfig text file) on this machine, nothing run. Returns a
-    report: ``.executables`` (key, seconds, arguments/outputs/temp bytes per device, Triton
-    kernels, f32 (T, T) values, bytes per member-step) and ``.target`` (its memory_bytes).
-    Needs jax[cuda13] at the installed jax version (without it: ConfigError naming the install
-    command); on a machine without a GPU, set JAX_PLATFORMS=cpu before JAX starts."""
+    (GPUs: h100, h200, a100, NAMExN or a GpuTargetConfig text file; TPU slices: v5e-4, v5e-8) on
+    this machine, nothing run. Returns a report: ``.executables`` (key, seconds,
+    arguments/outputs/temp bytes per device, Triton kernels, f32 (T, T) values, bytes per
+    member-step) and ``.target`` (its memory_bytes). Needs jax[cuda13] (GPUs) or jax[tpu] (TPU
+    slices) at the installed jax version (without it: ConfigError naming the install command);
+    on a machine without a GPU, set JAX_PLATFORMS=cpu before JAX starts."""
     if not isinstance(config, ml_collections.ConfigDict):
         config = load_config(config)
     log = (lambda message: print(message, file=sys.stderr)) if progress else (lambda message: None)

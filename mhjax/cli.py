@@ -70,8 +70,10 @@ def _parser() -> argparse.ArgumentParser:
         "--target",
         metavar="NAME|FILE",
         default=None,
-        help="with --dry-run: compile every executable for this GPU (h200, h100, a100 or a GpuTargetConfig "
-        "text file) on this machine and print compile times, memory and kernels; needs jax[cuda13]",
+        help="with --dry-run: compile every executable for a device that is not here and print compile "
+        "times, memory and kernels. GPUs (need jax[cuda13] at jax's version): h100, h200, a100, NAMExN for N "
+        "of them on one host (e.g. h200x8) or a GpuTargetConfig text file; TPU slices (need jax[tpu]): "
+        "v5e-4, v5e-8",
     )
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument(

@@ -116,3 +116,14 @@ def test_a_sweep_compiled_for_a_v5e_slice_is_split_over_its_chips_with_the_tpu_c
     assert all(e.cost.get("flops", 0) > 0 and e.cost.get("bytes accessed", 0) > 0 for e in chunks)
     text = "\n".join(deviceless.lines(report))
     assert "4 x TPU v5 lite (v5e-4)" in text and "TPU compiler's cost analysis" in text
+
+
+def test_train_help_names_every_target_and_what_it_needs(capsys):
+    """--help lists each bundled GPU target, NAMExN and each TPU slice with its install extra."""
+    from mhjax import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in [*targets.bundled(), *targets.TPUS, "NAMExN", "jax[cuda13]", "jax[tpu]"]:
+        assert name in text, name
