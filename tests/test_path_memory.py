@@ -53,3 +53,21 @@ def test_auto_on_a_gpu_never_takes_a_path_that_does_not_fit():
         mhjax.load_config("paper", {"model.seq_len": 1024, "strategy": "fused", "attention": "jax"})
     )
     assert asked.programs("fused", "gpu")  # asked for by name: the user's call, not auto's
+
+
+def test_the_dry_run_traces_each_distinct_model_once(monkeypatch):
+    """describe asks member_info for every member and path; the model is traced once per distinct
+    shape (here heads 1 and 4), not once per call, and the counts equal a fresh trace's."""
+    from mhjax.experiments import sequence
+
+    traces = []
+    real = sequence.count_params  # called once per trace of the model's init
+    monkeypatch.setattr(sequence, "_PARAM_COUNTS", {})
+    monkeypatch.setattr(sequence, "count_params", lambda p: traces.append(1) or real(p))
+    experiment = make_experiment(tiny_sequence_config(heads=(1, 4), seed=(0, 1, 2, 3)))
+    experiment.describe("cpu")
+    assert len(traces) == 2
+    counts = {m["heads"]: experiment.member_info(m)["params"] for m in experiment.members}
+    monkeypatch.setattr(sequence, "_PARAM_COUNTS", {})
+    assert counts == {h: experiment.member_info(m)["params"] for m in experiment.members for h in [m["heads"]]}
+    assert len(traces) == 4

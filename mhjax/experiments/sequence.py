@@ -258,10 +258,11 @@ class SequenceExperiment(Experiment):
 
     def member_info(self, member: Member) -> dict:
         """Static facts for results.json."""
-        m = self.config.model
         model = architecture.member_model(self.config, member).transformer(member["heads"])
-        shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, m.seq_len), jnp.int32)))
-        return {"params": count_params(shapes["params"]), **sequence_programs.step_gflop(self.config, member)}
+        return {
+            "params": _param_count(model, self.config.model.seq_len),
+            **sequence_programs.step_gflop(self.config, member),
+        }
 
     record_model = staticmethod(sequence_results.record_model)  # Run.model without task code
     check_chunk = target_range.check_chunk  # a target outside the vocabulary stops the run
@@ -322,3 +323,16 @@ class SequenceExperiment(Experiment):
             *path_memory.lines(self, self.attention_used(backend)),
             *sequence_programs.member_lines(self, self.attention_used(backend)),
         ]
+
+
+_PARAM_COUNTS: dict[tuple[str, int], int] = {}  # (the module's repr: every attribute, T) -> count
+
+
+def _param_count(model, seq_len: int) -> int:
+    """The model's parameter count, traced once per distinct module: the dry run asks for every
+    member and attention path (hundreds of calls, a few distinct shapes; ~0.5 s a trace)."""
+    key = (repr(model), seq_len)
+    if key not in _PARAM_COUNTS:
+        shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, seq_len), jnp.int32)))
+        _PARAM_COUNTS[key] = count_params(shapes["params"])
+    return _PARAM_COUNTS[key]
