@@ -163,6 +163,8 @@ def test_a_file_above_the_on_device_limit_is_read_by_the_host_once_per_chunk_wit
 
 BAD_FILES = [
     ("missing", None, [], "config.data.path: file not found"),
+    ("directory", "dir", [], "c.txt is a directory; give a corpus file"),
+    ("one-token", b"abcdefghij" * 2, ["--config.data.holdout=0.05"], "(last 0.05) part has 1 token, fewer than"),
     ("empty", b"", [], "is empty"),
     ("too-short-heldout", b"abcdefghij" * 8, [], "held-out (last 0.1) part has 8 tokens, fewer than model.seq_len + 2"),
     ("too-short-train", b"abcdefghi" * 2, ["--config.data.holdout=0.5"], "training part has 9 tokens"),
@@ -187,6 +189,8 @@ def test_bad_files_are_one_line_exit_2(tmp_path, capsys, data, extra, match):
     path = "" if data == "" else str(tmp_path / name)
     if isinstance(data, bytes):
         write(tmp_path / name, data)
+    elif data == "dir":
+        os.mkdir(tmp_path / name)
     argv = ["train", "--config", str(config), f"--config.data.path={path}", *extra, "--workdir", str(tmp_path / "w")]
     assert_one_line_error(capsys, cli.main(argv), match)
     assert not os.path.exists(tmp_path / "w")
@@ -270,6 +274,14 @@ def test_a_changed_file_is_refused_on_resume_and_analysis(docs_run, tmp_path, ca
         code = cli.main(["analyze", "--workdir", workdir, "--no-tensorboard"])
         line = assert_one_line_error(capsys, code, "task 'text': its data file")
         assert "changed since training (sha256 differs)" in line and "--allow-changed-task" in line
+        copied = mhjax.load(workdir)
+        windows = np.arange(64, dtype=np.int32).reshape(2, 32) % 256
+        for targets in (None, windows):  # given targets too: the windows came from the file
+            with pytest.raises(ConfigError, match=r"its data file .* changed since training .*allow_changed_task=True"):
+                copied.forward("text-h1-s0", windows, targets)
+        out = copied.forward("text-h1-s0", windows, windows, allow_changed_task=True)
+        sha = __import__("hashlib").sha256(original[::-1]).hexdigest()
+        assert out.allow_changed_task and out.task_sha256["current"] == sha != out.task_sha256["recorded"]
         config = tmp_path / "c.py"
         config.write_text(config_source(run.config))
         code = cli.main(["train", "--config", str(config), "--workdir", workdir])
