@@ -381,3 +381,16 @@ def test_sample_from_the_command_line_prints_the_text_and_refuses_bad_input_in_o
         assert_one_line_error(capsys, cli.main([*argv, *extra]), match)
     code = cli.main(["sample", "--workdir", run.workdir, "--member", "text-h1-s0", "--prompt", "", "--tokens", "3"])
     assert_one_line_error(capsys, code, "--prompt: give at least one token")
+
+
+def test_prompts_encode_and_samples_decode_as_the_member_reads_tokens():
+    from mhjax.workflows.sample import decode, encode
+
+    assert encode("hé", True, None).tolist() == [104, 195, 169]  # a byte file's members: UTF-8 bytes
+    assert decode([104, 195, 169, 0xFF, 300], True, None) == "hé\ufffd\ufffd"  # invalid or above 255: U+FFFD
+    vocab = ["a", "b c", "a"]  # line number = id; a repeated token reads as its first line
+    assert encode("12 7,301", False, None).tolist() == [12, 7, 301]
+    assert encode("a 2", False, vocab).tolist() == [0, 2]
+    assert decode([1, 0, 5], False, vocab, "|") == "b c|a|<5>" and decode([1], False, None) is None
+    with pytest.raises(ConfigError, match=r"^--prompt: 'b' is neither an id nor a line of --vocab$"):
+        encode("a b", False, vocab)

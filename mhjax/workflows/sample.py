@@ -68,11 +68,12 @@ def encode(prompt, byte_text: bool, vocab: list[str] | None) -> np.ndarray:
 
 
 def decode(ids, byte_text: bool, vocab: list[str] | None, join: str = " ") -> str | None:
-    """Token ids as text: bytes decoded as UTF-8 (an invalid sequence as U+FFFD); ids through
-    ``vocab`` joined by ``join`` (an id past its end as <id>); None without either."""
+    """Token ids as text: bytes decoded as UTF-8 (an invalid sequence, or an id above 255 of a
+    vocab_size set above 256, as U+FFFD); ids through ``vocab`` joined by ``join`` (an id past its
+    end as <id>); None without either."""
     ids = [int(i) for i in ids]
     if byte_text:
-        return bytes(ids).decode("utf-8", errors="replace")
+        return b"".join(bytes([i]) if i < 256 else "\ufffd".encode() for i in ids).decode("utf-8", errors="replace")
     if vocab is None:
         return None
     return join.join(vocab[i] if i < len(vocab) else f"<{i}>" for i in ids)
