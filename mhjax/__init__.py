@@ -3,8 +3,8 @@
 The Python API (imported on first use, so ``import mhjax`` stays fast):
 ``load_config``, ``sweep`` (trains; ``mhjax.train`` is the trainer's subpackage), ``compile_for``
 (compiles a sweep for a GPU that is not here), ``load``, ``Run``, ``Forward`` (what ``Run.forward``
-returns), ``ConfigError``, ``DivergedError`` (``sweep(..., fail_on_divergence=True)``), tasks as
-plug-ins: ``task``, ``register_task``, ``registered_tasks``, and the
+returns), ``Sample`` (what ``Run.sample`` returns), ``ConfigError``, ``DivergedError``
+(``sweep(..., fail_on_divergence=True)``), tasks as plug-ins: ``task``, ``register_task``, ``registered_tasks``, and the
 mixture experiment's plug-ins: ``mixture_data``, ``register_mixture_data``, ``register_mixture``.
 """
 
@@ -23,6 +23,7 @@ _LAZY = {
     "load": ("mhjax.api", "load"),
     "Run": ("mhjax.api", "Run"),
     "Forward": ("mhjax.analysis.forward", "Forward"),
+    "Sample": ("mhjax.workflows.sample", "Sample"),
     "ConfigError": ("mhjax.config", "ConfigError"),
     "DivergedError": ("mhjax.train.status", "DivergedError"),
     "task": ("mhjax.data.tasks", "task"),

@@ -26,6 +26,7 @@ from mhjax.workflows.analyze import analyze_workdir
 from mhjax.workflows.configs import load_config as _load_config
 from mhjax.workflows.forward import member_forward
 from mhjax.workflows.report import stale_line, write_report
+from mhjax.workflows.sample import member_sample
 from mhjax.workflows.train import train
 from mhjax.workflows.workdir import open_workdir
 
@@ -315,6 +316,33 @@ class Run:
             patch_tokens,
             patch_positions,
             step,
+        )
+
+    @python_errors
+    def sample(
+        self,
+        member: str,
+        prompt,
+        tokens: int = 200,
+        temperature: float = 1.0,
+        top_k=None,
+        seed: int = 0,
+        step=None,
+        vocab=None,
+        join: str = " ",
+    ):
+        """``mhjax sample``: member ``member`` (its latest checkpoint, or ``step``: a kept
+        checkpoint or a snapshot) continuing ``prompt`` by ``tokens`` tokens, each predicted from
+        the last seq_len tokens by a full forward pass (learned positions: no key/value cache, none
+        needed; one compile for any prompt and length). ``temperature`` 0: greedy; ``top_k``: among
+        the k most likely (None: all); token i drawn with fold_in(PRNGKey(seed), i). ``prompt``:
+        text for a byte file's members (UTF-8), token ids (a sequence, or "12 7 301") for the
+        others, or tokens of ``vocab`` (a file, one token per line, line number = id, or a list).
+        Returns a Sample: ``prompt_ids``, ``ids`` (the continuation), ``text`` (prompt and
+        continuation decoded; None without bytes or a vocabulary), ``continuation``, ``step``,
+        ``context`` (workflows/sample.py)."""
+        return member_sample(
+            self._opened, self._member(member), prompt, tokens, temperature, top_k, seed, step, vocab, join
         )
 
     def to_pandas(self):

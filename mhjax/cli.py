@@ -92,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     dist.add_argument("--process-id", type=int, default=None, help="this process's id (with --coordinator)")
 
     register_analyze(sub)
+    register_sample(sub)
 
     report = sub.add_parser(
         "report",
@@ -214,7 +215,49 @@ def register_analyze(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-COMMANDS = ("train", "analyze", "report", "configs", "example2")  # the order of use, as in --help
+def register_sample(subparsers) -> argparse.ArgumentParser:
+    """Add the ``sample`` subparser (mhjax/commands/sample.py) to an ``add_subparsers()`` object."""
+    p = subparsers.add_parser(
+        "sample",
+        help="continue a prompt with a trained member (text: bytes in, text out)",
+        formatter_class=_HelpFormatter,
+        description="Continue --prompt by --tokens tokens sampled from member --member of a trained sequence "
+        "sweep. The model has learned positions and a context of model.seq_len tokens: each token is predicted "
+        "from the last seq_len tokens by a full forward pass, as nanoGPT's generate does (no key/value cache, "
+        "none needed: one compiled step for any prompt and length). A byte file's members read the prompt as "
+        "UTF-8 text and print text; other members (a .bin corpus, a synthetic task) read and print token ids, "
+        "or text through --vocab. Prints the prompt and its continuation.",
+    )
+    p.add_argument("--workdir", metavar="W", required=True, help="a trained sequence sweep workdir")
+    p.add_argument("--member", metavar="M", required=True, help="a member's name, e.g. text-h4-s0")
+    p.add_argument(
+        "--step", type=int, default=None, help="a kept checkpoint or snapshot step (default: the latest checkpoint)"
+    )
+    p.add_argument(
+        "--prompt",
+        metavar="TEXT",
+        required=True,
+        help="text (a byte file's members), else token ids '12 7 301' or words of the vocabulary file",
+    )
+    p.add_argument("--tokens", metavar="N", type=int, default=200, help="how many tokens to sample")
+    p.add_argument("--temperature", metavar="T", type=float, default=1.0, help="0: greedy (the most likely token)")
+    p.add_argument(
+        "--top-k", metavar="K", type=int, default=None, help="sample among the K most likely tokens (default: all)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the draws (token i: fold_in(PRNGKey(seed), i))")
+    p.add_argument(
+        "--vocab",
+        metavar="FILE",
+        default=None,
+        help="a vocabulary for token ids: one token per line, line number = id (a .bin corpus's members)",
+    )
+    p.add_argument(
+        "--join", metavar="TEXT", default=None, help="with --vocab: what goes between tokens (default: a space)"
+    )
+    return p
+
+
+COMMANDS = ("train", "analyze", "sample", "report", "configs", "example2")  # the order of use, as in --help
 
 
 def _command(name: str):

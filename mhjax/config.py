@@ -120,6 +120,13 @@ def _literal(text: str):
         return text
 
 
+NONE_WORDS = ("none", "null", "")  # what an override may write for None, any case
+
+
+def _names_none(text: str) -> bool:
+    return text.strip().lower() in NONE_WORDS
+
+
 def _parse_value(text: str, current):
     """Parse an override string to the type of the field it replaces (a one-element tuple, as
     "0.1," parses, stands for its element in a field that is not a list)."""
@@ -156,7 +163,8 @@ def apply_overrides(
 ) -> ml_collections.ConfigDict:
     """overrides: dotted field -> string value, e.g. {"train.steps": "100"}. ``defaults``
     ({dotted field: default value}, the experiment's table): a field the config leaves out may be
-    set too, typed as its default; "<section>.*" admits any new field of that section (parsed as
+    set too, typed as its default (a field whose default is None takes None, written None, none,
+    null or empty, though the file set a value); "<section>.*" admits any new field of that section (parsed as
     a Python literal, e.g. a plug-in's own data field)."""
     config = ml_collections.ConfigDict(config.to_dict())  # copy; keep the caller's untouched
     defaults = defaults or {}
@@ -178,10 +186,12 @@ def apply_overrides(
         if not isinstance(node, ml_collections.ConfigDict) or (last not in node and not known):
             raise ConfigError(f"config.{field}: unknown field (known here: {_known(node, defaults, parts[:-1])})")
         current = node[last] if last in node else defaults.get(field)
+        none_allowed = current is None or (field in defaults and defaults[field] is None)
         if current is None and field in defaults:
             current = defaults[field]
         try:
-            value = _parse_value(text, current)
+            # a field whose default is None takes None wherever a file set it (None, none, null, empty)
+            value = None if none_allowed and _names_none(text) else _parse_value(text, current)
         except TypeError as exc:
             raise ConfigError(f"config.{field}: expected {exc}, got {text!r}") from None
         with node.unlocked():

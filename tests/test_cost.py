@@ -174,3 +174,30 @@ def test_scanned_layers_under_the_kernels_add_their_measured_stack_copies():
     assert scanned["member_steps_per_s"] < unrolled["member_steps_per_s"]
     jax_path = [cost.sweep_cost(shape, groups, h200, scanned=s)["member_steps_per_s"] for s in (False, True)]
     assert jax_path[0] == jax_path[1]
+
+
+def test_the_estimate_and_the_member_table_say_which_flops_they_count(tmp_path):
+    # docs/text.md's CPU overrides of configs/text.py: the MLP kernel fits in bfloat16 only, so the
+    # FLOPs as priced move with the dtype while the analytic matmuls do not (docs/bfloat16.md)
+    import mhjax
+    from mhjax.experiments import sequence_programs
+    from mhjax.models import flops
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_bytes(bytes(range(256)) * 8)
+    sizes = {"model.width": 64, "model.num_layers": 2, "model.mlp_dim": 256, "model.seq_len": 64}
+    overrides = {"data.path": str(corpus), "model.dtype": "bfloat16", "sweep.heads": (1, 4, 16), **sizes}
+    experiment = make_experiment(mhjax.load_config("text", overrides))
+    priced = []
+    for dtype in ("float32", "bfloat16"):  # the dry run's estimate line is prediction_text's
+        p = experiment.predict(experiment.resolved_strategy("gpu", 1), "gpu", 1, dtype)
+        line = cost.prediction_text(p, 1000)
+        every, dots = p["flops_per_member_step"] / 1e9, p["dot_flops_per_member_step"] / 1e9
+        assert f"{every:.2f} GFLOP per member-step as priced (every FLOP the program runs" in line, line
+        assert f"{dots:.2f} of them in matmuls" in line, line
+        priced.append(every)
+    analytic = flops.train_step_flops(32, 64, 64, 2, 256, 256) / 1e9
+    table = sequence_programs.member_lines(experiment)
+    assert "matmul GFLOP/step" in table[0] and table[-1] == sequence_programs.MATMUL_NOTE
+    assert all(row.split()[2] == f"{analytic:.3f}" == "1.510" for row in table[1:4]), table
+    assert priced[1] > priced[0] > analytic  # the MLP kernel's recomputation, bfloat16 only

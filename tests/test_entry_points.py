@@ -90,6 +90,17 @@ def test_analyze_released_checkpoint(tmp_path):
         assert os.path.getsize(tmp_path / name) > 0, name
 
 
+@runs("sample")
+def test_sample(trained):
+    workdir = trained[-1]
+    argv = ["sample", "--workdir", workdir, "--member", "copy-h2-s0", "--prompt", "1 2 3", "--tokens", "3"]
+    code, out, err = main([*argv, "--temperature", "0"])
+    assert code == 0, err
+    ids = [int(x) for x in out.split()]  # a synthetic task's member: token ids, the prompt's first
+    assert ids[:3] == [1, 2, 3] and len(ids) == 6 and all(0 <= i < 16 for i in ids)
+    assert "copy-h2-s0 at step 2: 3 tokens at temperature 0, top-k all, seed 0" in err
+
+
 @runs("report")
 def test_report(trained):
     workdir = trained[-1]

@@ -111,3 +111,30 @@ def test_a_sweep_with_the_lm_optimizer_logs_its_schedule_and_refuses_to_train_lo
     config.train.steps = 9
     with pytest.raises(ConfigError, match="holds a run of 6 steps: train.schedule 'warmup_cosine' decays"):
         train(make_experiment(config), workdir, progress=False, log=lambda m: None)
+
+
+@pytest.mark.parametrize("written", ["None", "none", "null", "NULL", ""])
+def test_clip_norm_takes_none_where_the_config_file_set_a_number(written):
+    # configs/text.py sets clip_norm = 1.0; its default is None, so None (in any spelling) is allowed
+    from mhjax.config import apply_overrides, load_config_file
+    from mhjax.experiments import override_defaults
+    from mhjax.workflows.configs import config_path
+
+    config = load_config_file(config_path("text"))
+    assert config.train.clip_norm == 1.0
+    cleared = apply_overrides(config, {"train.clip_norm": written}, override_defaults(config))
+    assert cleared.train.clip_norm is None and optimizer.Settings.from_config(cleared).clip_norm is None
+    with pytest.raises(ConfigError, match=r"config.train.clip_norm: expected a number, got 'x'"):
+        apply_overrides(config, {"train.clip_norm": "x"}, override_defaults(config))  # a typo stays refused
+
+
+def test_load_config_takes_python_none_for_a_field_whose_default_is_none(tmp_path):
+    import mhjax
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_bytes(bytes(range(256)) * 16)  # held-out 410 bytes: above T + 2
+    overrides = {"data.path": str(corpus), "train.clip_norm": None, "train.snapshot_steps": None}
+    config = mhjax.load_config("text", overrides)
+    assert config.train.clip_norm is None and config.train.snapshot_steps is None
+    with pytest.raises(ConfigError, match=r"config.train.steps: expected an integer"):
+        mhjax.load_config("text", {"data.path": str(corpus), "train.steps": None})  # its default is not None

@@ -163,6 +163,8 @@ def test_a_file_above_the_on_device_limit_is_read_by_the_host_once_per_chunk_wit
 
 BAD_FILES = [
     ("missing", None, [], "config.data.path: file not found"),
+    ("directory", "dir", [], "c.txt is a directory; give a corpus file"),
+    ("one-token", b"abcdefghij" * 2, ["--config.data.holdout=0.05"], "(last 0.05) part has 1 token, fewer than"),
     ("empty", b"", [], "is empty"),
     ("too-short-heldout", b"abcdefghij" * 8, [], "held-out (last 0.1) part has 8 tokens, fewer than model.seq_len + 2"),
     ("too-short-train", b"abcdefghi" * 2, ["--config.data.holdout=0.5"], "training part has 9 tokens"),
@@ -187,6 +189,8 @@ def test_bad_files_are_one_line_exit_2(tmp_path, capsys, data, extra, match):
     path = "" if data == "" else str(tmp_path / name)
     if isinstance(data, bytes):
         write(tmp_path / name, data)
+    elif data == "dir":
+        os.mkdir(tmp_path / name)
     argv = ["train", "--config", str(config), f"--config.data.path={path}", *extra, "--workdir", str(tmp_path / "w")]
     assert_one_line_error(capsys, cli.main(argv), match)
     assert not os.path.exists(tmp_path / "w")
@@ -213,6 +217,16 @@ def test_a_bin_file_trains_from_the_cli_recorded_in_bits_per_token(tmp_path, cap
         assert member["text_format"] == "uint16" and "eval_bits_per_byte" not in member  # bits per byte: bytes only
         assert member["eval_bits_per_token"] == pytest.approx(member["eval_loss"] / math.log(2), rel=1e-4)
         assert member["heldout_unigram_entropy_bits"] == pytest.approx(float(-(p * np.log2(p)).sum()))
+    # sampled: token ids in and out, or tokens of a vocabulary file (one a line, line number = id)
+    want = mhjax.load(workdir).sample("text-h2-s0", [3, 6, 9], 4, temperature=0).ids.tolist()
+    argv = ["sample", "--workdir", workdir, "--member", "text-h2-s0", "--tokens", "4", "--temperature", "0"]
+    assert cli.main([*argv, "--prompt", "3,6 9"]) == 0
+    assert capsys.readouterr().out.split() == [str(i) for i in [3, 6, 9, *want]]
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(f"w{i}\n" for i in range(300)))  # ids 300-319 past its end: <id>
+    assert cli.main([*argv, "--prompt", "w3 w6 9", "--vocab", str(vocab), "--join", "_"]) == 0
+    assert capsys.readouterr().out == "_".join(f"w{i}" if i < 300 else f"<{i}>" for i in [3, 6, 9, *want]) + "\n"
+    assert_one_line_error(capsys, cli.main([*argv, "--prompt", "w3 x"]), "--prompt: 'w3' is not an id")
 
 
 # ------------------------- a tiny model on Python's docs -------------------------
@@ -222,6 +236,7 @@ def docs_run(tmp_path_factory):
     path = write(base / "docs.txt", python_docs(96))
     config = tiny_train(text_config(path, seq_len=32, heads=(1, 2)), 150, 75, 75, 150)
     with config.unlocked():
+        config.train.snapshot_steps = (75,)  # a kept step besides the checkpoint (sampling at a step)
         config.model.update(width=32, num_layers=2, mlp_dim=64, dropout=0.0)
         config.data.update(batch_size=16, num_eval=32)
         config.sweep.learning_rate = (3e-3,)
@@ -270,6 +285,14 @@ def test_a_changed_file_is_refused_on_resume_and_analysis(docs_run, tmp_path, ca
         code = cli.main(["analyze", "--workdir", workdir, "--no-tensorboard"])
         line = assert_one_line_error(capsys, code, "task 'text': its data file")
         assert "changed since training (sha256 differs)" in line and "--allow-changed-task" in line
+        copied = mhjax.load(workdir)
+        windows = np.arange(64, dtype=np.int32).reshape(2, 32) % 256
+        for targets in (None, windows):  # given targets too: the windows came from the file
+            with pytest.raises(ConfigError, match=r"its data file .* changed since training .*allow_changed_task=True"):
+                copied.forward("text-h1-s0", windows, targets)
+        out = copied.forward("text-h1-s0", windows, windows, allow_changed_task=True)
+        sha = __import__("hashlib").sha256(original[::-1]).hexdigest()
+        assert out.allow_changed_task and out.task_sha256["current"] == sha != out.task_sha256["recorded"]
         config = tmp_path / "c.py"
         config.write_text(config_source(run.config))
         code = cli.main(["train", "--config", str(config), "--workdir", workdir])
@@ -277,3 +300,97 @@ def test_a_changed_file_is_refused_on_resume_and_analysis(docs_run, tmp_path, ca
     finally:
         with open(path, "wb") as f:
             f.write(original)
+
+
+# ------------------------- sampling (analysis/sampling.py) -------------------------
+def greedy_by_hand(run, member, prompt_ids, tokens, step=None):
+    """Greedy decoding through run.forward: each token the argmax at the last position of the
+    last seq_len (32) tokens."""
+    ids = list(prompt_ids)
+    for _ in range(tokens):
+        logits = run.forward(member, np.asarray(ids[-32:], np.int32)[None], step=step).logits
+        ids.append(int(np.argmax(logits[0, -1])))
+    return ids[len(prompt_ids) :]
+
+
+def test_greedy_sampling_continues_a_prompt_as_a_greedy_decode_by_hand(docs_run):
+    from mhjax.analysis import sampling
+
+    run, path = docs_run
+    held = open(path, "rb").read()[-5000:]
+    prompt = held[100:130].decode("utf-8", errors="ignore")  # 30 bytes: the window fills, then shifts
+    assert 28 <= len(prompt.encode()) <= 30
+    before = sampling.step_fn.cache_info().currsize
+    for member in ("text-h1-s0", "text-h2-s0"):
+        out = run.sample(member, prompt, 6, temperature=0)
+        want = greedy_by_hand(run, member, list(prompt.encode()), 6)
+        assert out.ids.tolist() == want and out.step == 150 and out.context == 32
+        assert out.text == bytes(list(prompt.encode()) + want).decode("utf-8", errors="replace")
+        assert out.continuation == bytes(want).decode("utf-8", errors="replace")
+    long = held[200:260].decode("utf-8", errors="ignore")  # longer than T = 32: the last 32 bytes count
+    out = run.sample("text-h1-s0", long, 5, temperature=0)
+    assert out.ids.tolist() == greedy_by_hand(run, "text-h1-s0", list(long.encode()), 5)
+    assert out.ids.tolist() == run.sample("text-h1-s0", long.encode()[-32:].decode(errors="ignore"), 5, 0).ids.tolist()
+    # one compiled step per model (h1, h2), for every prompt length and token count
+    assert sampling.step_fn.cache_info().currsize - before == 2
+    assert all(sampling.step_fn(256, 32, 32, 2, 64, h, None)._cache_size() == 1 for h in (1, 2))
+    # at a snapshot as at the checkpoint; a step not kept is one line
+    at75 = run.sample("text-h1-s0", prompt, 6, temperature=0, step=75)
+    assert at75.step == 75 and at75.ids.tolist() == greedy_by_hand(run, "text-h1-s0", list(prompt.encode()), 6, 75)
+    with pytest.raises(ConfigError, match=r"^step: no checkpoint or snapshot at step 74 .*\(kept: 75, 150\)$"):
+        run.sample("text-h1-s0", prompt, 6, step=74)
+
+
+def test_sampling_is_deterministic_by_seed_and_top_k_keeps_the_k_most_likely(docs_run):
+    run, path = docs_run
+    prompt = open(path, "rb").read()[-3000:-2960].decode("utf-8", errors="ignore")  # >= 32 bytes: full windows
+    member = "text-h2-s0"
+    draws = {
+        (seed, k): run.sample(member, prompt, 24, temperature=2.0, top_k=k, seed=seed).ids
+        for seed, k in ((3, None), (4, None), (3, 3))
+    }
+    np.testing.assert_array_equal(draws[3, None], run.sample(member, prompt, 24, temperature=2.0, seed=3).ids)
+    assert not np.array_equal(draws[3, None], draws[4, None])
+    greedy = run.sample(member, prompt, 24, temperature=0).ids
+    np.testing.assert_array_equal(run.sample(member, prompt, 24, temperature=2.0, top_k=1, seed=5).ids, greedy)
+
+    def ranks(ids):  # each drawn token's rank among the logits of its own context (0: the most likely)
+        seq = list(prompt.encode()) + ids.tolist()
+        start = len(seq) - len(ids)
+        contexts = np.asarray([seq[i - 32 : i] for i in range(start, len(seq))], np.int32)
+        logits = run.forward(member, contexts).logits[:, -1]
+        return [int((row > row[t]).sum()) for row, t in zip(logits, ids)]
+
+    assert max(ranks(draws[3, 3])) < 3  # top-k 3: only the three most likely
+    assert max(ranks(draws[3, None])) >= 3  # without it, at temperature 2, others come too
+
+
+def test_sample_from_the_command_line_prints_the_text_and_refuses_bad_input_in_one_line(docs_run, capsys):
+    run, path = docs_run
+    argv = ["sample", "--workdir", run.workdir, "--member", "text-h1-s0", "--prompt", "def ", "--tokens", "10"]
+    assert cli.main([*argv, "--temperature", "0"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == run.sample("text-h1-s0", "def ", 10, temperature=0).text + "\n"
+    assert "at step 150: 10 tokens at temperature 0" in captured.err and "the last 32 tokens" in captured.err
+    for extra, match in (
+        (["--temperature", "-1"], "--temperature: must be a finite number >= 0 (0: greedy), got -1.0"),
+        (["--top-k", "-2"], "--top-k: must be a positive integer"),
+        (["--step", "3"], "step: no checkpoint or snapshot at step 3"),
+        (["--vocab", path], "--vocab: this member reads bytes"),
+    ):
+        assert_one_line_error(capsys, cli.main([*argv, *extra]), match)
+    code = cli.main(["sample", "--workdir", run.workdir, "--member", "text-h1-s0", "--prompt", "", "--tokens", "3"])
+    assert_one_line_error(capsys, code, "--prompt: give at least one token")
+
+
+def test_prompts_encode_and_samples_decode_as_the_member_reads_tokens():
+    from mhjax.workflows.sample import decode, encode
+
+    assert encode("hé", True, None).tolist() == [104, 195, 169]  # a byte file's members: UTF-8 bytes
+    assert decode([104, 195, 169, 0xFF, 300], True, None) == "hé\ufffd\ufffd"  # invalid or above 255: U+FFFD
+    vocab = ["a", "b c", "a"]  # line number = id; a repeated token reads as its first line
+    assert encode("12 7,301", False, None).tolist() == [12, 7, 301]
+    assert encode("a 2", False, vocab).tolist() == [0, 2]
+    assert decode([1, 0, 5], False, vocab, "|") == "b c|a|<5>" and decode([1], False, None) is None
+    with pytest.raises(ConfigError, match=r"^--prompt: 'b' is neither an id nor a line of --vocab$"):
+        encode("a b", False, vocab)

@@ -40,10 +40,10 @@ class Forward:
     loss: (N, T) per-token cross-entropy, None without targets.
     loss_by_position, accuracy_by_position: (T,) means over sequences weighted by ``weights``,
       NaN where no weight falls; None without targets.
-    allow_changed_task: with the task's own targets, whether the call allowed a task source
-      changed since training (its targets are then the edited code's).
-    task_sha256: with the task's own targets, {"recorded": at training, "current": now} of its
-      source file (None: mhjax's own task, or no task targets).
+    allow_changed_task: whether the call allowed a task source (or the text task's corpus)
+      changed since training (the task's own targets are then the edited code's).
+    task_sha256: {"recorded": at training, "current": now} of the task's source file (the text
+      task: its corpus file); None for mhjax's own tasks without a file.
     """
 
     logits: np.ndarray

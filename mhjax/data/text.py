@@ -86,6 +86,8 @@ def load(path, holdout=HOLDOUT) -> Corpus:
         )
     if isinstance(holdout, bool) or not isinstance(holdout, (int, float)) or not 0 < holdout < 1:
         raise ConfigError(f"config.data.holdout: must be a number in (0, 1), the held-out fraction; got {holdout!r}")
+    if os.path.isdir(path):
+        raise ConfigError(f"config.data.path: {path} is a directory; give a corpus file")
     if not os.path.isfile(path):
         raise ConfigError(f"config.data.path: file not found: {path}")
     stat = os.stat(path)
@@ -136,9 +138,15 @@ def check(corpus: Corpus, seq_len: int, vocab_size: int, holdout=HOLDOUT) -> Non
     for part, ids in (("training", corpus.train), (f"held-out (last {holdout:g})", corpus.heldout)):
         if ids.size < need:
             raise ConfigError(
-                f"config.data.path: {corpus.path} is too short: its {part} part has {ids.size} tokens, fewer than "
+                f"config.data.path: {corpus.path} is too short: its {part} part has {count(ids.size, 'token')}, "
+                f"fewer than "
                 f"model.seq_len + 2 = {need}; use a longer file, a smaller model.seq_len or another data.holdout"
             )
+
+
+def count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: "1 token", "2 tokens"."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def windows(ids, key, num: int, length: int):

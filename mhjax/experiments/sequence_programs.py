@@ -109,12 +109,18 @@ def step_gflop(config, member) -> dict:
     return {"gflop_per_step": flops.train_step_flops(*sizes, model.attention_width) / 1e9}
 
 
+MATMUL_NOTE = (
+    "matmul GFLOP/step: the model's matrix products, forward + 2x backward, causal attention at half "
+    "(models/flops.py), the same in any dtype; the estimate's GFLOP count every FLOP the priced program runs"
+)
+
+
 def member_lines(experiment, running: str = "jax") -> list[str]:
     """Per member: parameters, analytic GFLOP per step and estimated memory on the attention path
     the run takes (``running``: path_memory.PATHS); then the totals."""
     config = experiment.config
     m, d = config.model, config.data
-    lines = [f"{'member':<24} {'params':>9} {'GFLOP/step':>11} {'est. memory':>12}"]
+    lines = [f"{'member':<24} {'params':>9} {'matmul GFLOP/step':>18} {'est. memory':>12}"]
     total_mem = total_flops = 0.0
     for member in experiment.members:
         model = architecture.member_model(config, member)
@@ -123,9 +129,11 @@ def member_lines(experiment, running: str = "jax") -> list[str]:
         params = experiment.member_info(member)["params"]
         mem = path_memory.member_bytes(experiment, member, running)  # params, grads, Adam m and v; activations
         total_mem, total_flops = total_mem + mem, total_flops + step_flops
-        lines.append(f"{member.name:<24} {params:>9,} {step_flops / 1e9:>11.3f} {mem / 2**20:>10.1f} MiB")
+        lines.append(f"{member.name:<24} {params:>9,} {step_flops / 1e9:>18.3f} {mem / 2**20:>10.1f} MiB")
     total = total_flops * config.train.steps
     lines.append(
-        f"total: {total / 1e12:.2f} TFLOP of training, ~{total_mem / 2**20:.0f} MiB if all members run at once"
+        f"total: {total / 1e12:.2f} TFLOP of matmuls in training, "
+        f"~{total_mem / 2**20:.0f} MiB if all members run at once"
     )
+    lines.append(MATMUL_NOTE)
     return lines

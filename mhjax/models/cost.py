@@ -363,13 +363,16 @@ def activation_bytes(shape: Shape, fine: int, kernel: bool = False, dtype: str =
 
 def prediction_text(p: dict, member_steps: int) -> str:
     """A prediction's figures: rate, time for the sweep's member-steps, traffic (XLA:CPU's
-    count and the compiled program's, models/cost.py), memory, what bounds each head count."""
+    count and the compiled program's, models/cost.py), FLOPs as priced (every FLOP, elementwise
+    and the kernels' recomputation too, so not the member table's analytic matmuls of
+    models/flops.py), memory, what bounds each head count."""
     bound = ", ".join(f"{h} {b['bound']}" for h, b in p["bound_by_heads"].items())
     return (
         f"~{p['member_steps_per_s']:,.0f} member-steps/s, ~{_seconds_text(member_steps / p['member_steps_per_s'])} of "
         f"training without compiles, {p['bytes_per_member_step'] / 1e9:.2f} GB "
         f"({p['compiled_bytes_per_member_step'] / 1e9:.2f} compiled for {p['device'].name}) and "
-        f"{p['flops_per_member_step'] / 1e9:.2f} GFLOP per member-step, "
+        f"{p['flops_per_member_step'] / 1e9:.2f} GFLOP per member-step as priced (every FLOP the program runs, "
+        f"the kernels' recomputation included; {p['dot_flops_per_member_step'] / 1e9:.2f} of them in matmuls), "
         f"~{p['memory_per_device_bytes'] / 2**30:.2f} GiB per device; bound by heads: {bound}"
     )
 
