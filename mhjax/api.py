@@ -212,10 +212,11 @@ class Run:
         return members.ntk(self._opened, name, step)
 
     @python_errors
-    def trace(self, name: str) -> dict:
-        """(mixture) Member ``name``'s per-step trace as numpy arrays: ``step`` and, at theta_step,
-        ``loss``, ``margin`` (min_i y_i Phi_i / ||theta||), ``grad_norm_over_loss`` and
-        ``param_norm``; every step up to 10^4, log-spaced beyond (W/trace, written as it trains)."""
+    def trace(self, name: str):
+        """(mixture) Member ``name``'s per-step trace as numpy arrays, keys and attributes alike
+        (``t["loss"]`` or ``t.loss``): ``step`` and, at theta_step, ``loss``, ``margin``
+        (min_i y_i Phi_i / ||theta||), ``grad_norm_over_loss`` and ``param_norm``; every step up
+        to 10^4, log-spaced beyond (W/trace, written as it trains)."""
         return members.trace(self._opened, name)
 
     @python_errors

@@ -228,6 +228,7 @@ class MixtureExperiment(Experiment):
     )
     analyzes_states, log_every_step = True, True  # TensorBoard's train/loss: every step W/trace keeps
     curve_style, log_curves = "step_size", ("loss", "hessian")  # rates as slopes, step sizes apart
+    curve_colour = "step_size"  # a colour and a style per step size; the head count is the marker
 
     def __init__(self, config):
         validate(config)

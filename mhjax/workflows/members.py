@@ -98,6 +98,7 @@ def analyze_steps(opened: Opened, steps=None) -> list[dict]:
 MARGIN_FIGURE = "ntk_margin_steps.png"  # the NTK margin against the steps analysed, one line per H
 
 
-def trace(opened: Opened, name: str) -> dict:
-    """Member ``name``'s per-step trace (W/trace, io/trace.py): {"step": ..., field: ...} numpy arrays."""
+def trace(opened: Opened, name: str) -> traces.Trace:
+    """Member ``name``'s per-step trace (W/trace, io/trace.py): {"step": ..., field: ...} numpy arrays, keys as
+    attributes too (``trace.loss``)."""
     return traces.read(opened.files.trace_dir, member(opened, name))

@@ -31,11 +31,11 @@ from mhjax.config import ConfigError
 from mhjax.io.results import diverged_lines, markdown_table, write_text
 from mhjax.io.workdir import Workdir
 from mhjax.plotting.architecture import architecture_figures
+from mhjax.plotting.curves import plot_curves
 from mhjax.plotting.heads import head_tables
 from mhjax.plotting.positions import plot_accuracy_by_position
 from mhjax.plotting.report import (
     analysis_tables,
-    plot_curves,
     plot_mixing_fidelity,
     plot_synergy,
     summary_table,
@@ -109,9 +109,8 @@ def write_report(workdir, log=None, reference: str | None = None, importance_mem
     lines += diverged_lines(members)
     curves = training_curves(workdir, [m["name"] for m in members])
     kind = opened.kind  # the Experiment class: how its curves read (no plug-in code runs)
-    link = figure(
-        "curves.png", lambda *a: plot_curves(*a, styled=kind.curve_style, log_tags=kind.log_curves), members, curves
-    )
+    draw = partial(plot_curves, styled=kind.curve_style, log_tags=kind.log_curves, coloured=kind.curve_colour)
+    link = figure("curves.png", draw, members, curves)
     if link:
         lines += ["## Training curves", "", link, ""]
     link = figure("accuracy_by_position.png", plot_accuracy_by_position, members)
