@@ -76,3 +76,22 @@ def test_path_gives_each_step_size_a_colour_and_style_in_order(monkeypatch):
     texts = [t.get_text() for t in fig.legends[0].get_texts()]
     assert texts == [f"eta={eta:g}" for eta in ETAS] + ["H=1", "H=4", "stability edge 2"]
     assert "1 diverged member(s) left out: h4-s0-eta100" in fig._suptitle.get_text()
+
+
+def test_a_mixture_analysis_says_its_size_then_an_estimate_then_progress():
+    """run.analyze(steps=...) on a mixture (experiments/mixture_access.AnalyzeProgress): the count
+    before the first pair, an estimate after two (the first compiles), a line per tenth after."""
+    from mhjax.experiments.mixture_access import AnalyzeProgress
+
+    now, lines = [0.0], []
+    progress = AnalyzeProgress(100, 4, lines.append, clock=lambda: now[0])
+    assert lines == [
+        "analyze: 100 (member, step) pairs (25 members x 4 steps), each an NTK Gram, its margin and the Hessian's "
+        "extreme eigenvalues; an estimate follows the first two"
+    ]
+    for k in range(100):
+        now[0] += 10.0 if k == 0 else 1.0  # the first pair compiles
+        progress.done(step=k // 25)
+    assert lines[1] == "analyze: about 109 s for the 100 pairs (the first 10.0 s with compiling, then 1.00 s each)"
+    assert lines[2] == "analyze: 10/100 done (step 0), 19 s, about 90 s left"
+    assert len(lines) == 2 + 10 and lines[-1] == "analyze: 100/100 done (step 3), 109 s, about 0 s left"

@@ -129,7 +129,7 @@ class Experiment:
     def ntk(self, name: str, padded_params, step: int):
         raise self._unavailable("ntk")
 
-    def analyze_states(self, states: dict):
+    def analyze_states(self, states: dict, log=None):
         raise self._unavailable("analyze(steps=...)")
 
     def _unavailable(self, what: str) -> Exception:
