@@ -85,6 +85,8 @@ def test_four_architectures_are_four_lines_per_head_count(drawn):
         label = f"1 head, head_dim {'matched (width / H)' if d is None else d} (1 seed)"
         assert lines[label][1][-1] == pytest.approx(value), label
     assert len(lines) == 8
+    order = [label for label in lines if label.startswith("1 head")]  # head_dim in order, matched (None) last
+    assert [label.split("head_dim ")[1].split(" (")[0] for label in order] == ["8", "16", "32", "matched"]
 
 
 def test_learning_rates_and_seeds_in_accuracy_over_steps(drawn):

@@ -85,7 +85,7 @@ _LABELS = {
 _SUMMARY_ENDINGS = ("_loss", "_accuracy", "margin", "fidelity", "mixing_time", "_bits", "_per_byte", "_per_token")
 
 
-def _group_keys(members: list[dict], sweep_fields: list[str] | None = None) -> tuple[str, ...]:
+def group_keys(members: list[dict], sweep_fields: list[str] | None = None) -> tuple[str, ...]:
     """Fields that tell head counts (and tasks, sizes, ...) apart: the swept fields except the seed."""
     fields = [
         f
@@ -114,7 +114,7 @@ def _summary_metrics(members: list[dict], keys) -> list[str]:
 def summary_table(members: list[dict], sweep_fields: list[str] | None = None) -> str:
     """Per group of swept fields (task, heads, ...; not the seed): mean ± std over seeds of the final
     metrics, diverged members left out (``members`` counts those kept, and says how many were not)."""
-    keys = _group_keys(members, sweep_fields)
+    keys = group_keys(members, sweep_fields)
     if not keys:
         return ""
     metrics = [

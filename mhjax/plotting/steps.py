@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mhjax.plotting.architecture import ARCHITECTURE, value_label
-from mhjax.plotting.report import _group_keys, field_value, task_label
+from mhjax.plotting.report import field_value, group_keys, task_label
 from mhjax.plotting.style import heads_colours, heads_label, pyplot
 
 STYLES = ("-", "--", ":", "-.")
@@ -54,23 +54,29 @@ def config_lines(entries: dict[str, dict], sweep_fields=None) -> list[Line]:
     """The lines of ``entries`` ({member: entry}, by-step entries or results.json records): one per
     value of the swept fields but the seed (``sweep_fields``, default DEFAULT_FIELDS, where the
     entries differ), ordered by the rest of the configuration, then heads."""
-    fields = _group_keys(list(entries.values()), list(sweep_fields or DEFAULT_FIELDS))
+    fields = group_keys(list(entries.values()), list(sweep_fields or DEFAULT_FIELDS))
     rest = [f for f in fields if f != "heads"]
     varying = [f for f in rest if len({str(field_value(e, f)) for e in entries.values()}) > 1]
     groups: dict[tuple, list[str]] = {}
     for name, entry in entries.items():
         groups.setdefault(tuple(field_value(entry, f) for f in fields), []).append(name)
+    at = {f: i for i, f in enumerate(fields)}
+    order = {}  # family -> its place: by its values, numbers in order (head_dim 8 before 16)
     lines = []
     for key, names in groups.items():
-        entry = entries[names[0]]
-        lines.append((_family(entry, varying), entry.get("heads"), names, key))
-    families = sorted({family for family, *_ in lines})
-    lines.sort(key=lambda line: (families.index(line[0]), _heads_order(line[1]), str(line[3])))
-    return [Line(heads, family, families.index(family), names) for family, heads, names, _ in lines]
+        family = _family(entries[names[0]], varying)
+        rest_key = tuple(_order(key[at[f]]) for f in rest)
+        order[family] = min(order.get(family, rest_key), rest_key)
+        lines.append((family, entries[names[0]].get("heads"), names))
+    families = sorted(order, key=order.get)
+    lines.sort(key=lambda line: (families.index(line[0]), _order(line[1])))
+    return [Line(heads, family, families.index(family), names) for family, heads, names in lines]
 
 
-def _heads_order(heads):
-    return (not isinstance(heads, (int, float)), heads if isinstance(heads, (int, float)) else str(heads))
+def _order(value):
+    """Numbers first, in order, then the rest by name (None last)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return (value is None, not number, value if number else str(value))
 
 
 def _family(entry: dict, varying: list[str]) -> str:
