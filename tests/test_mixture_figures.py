@@ -59,8 +59,10 @@ def test_a_diverged_member_is_drawn_marked_and_does_not_set_the_range(saved):
     ax = fig.axes[0]
     healthy_top = max(0.1 * 50 * eta**0.1 for eta in ETAS)
     assert healthy_top <= ax.get_ylim()[1] < 2 * healthy_top  # set by the healthy members
-    faint = [line for line in ax.get_lines() if line.get_alpha() is not None]
-    assert any(line.get_marker() == "x" for line in faint) and max(faint[0].get_ydata()) == 127_000 * 50
+    (faint,) = [line for line in ax.get_lines() if line.get_alpha() is not None]
+    assert max(faint.get_ydata()) == 127_000 * 50  # drawn whole, off the panel
+    (cross,) = [line for line in ax.get_lines() if line.get_marker() == "x"]  # where it leaves the panel
+    assert cross.get_color() == faint.get_color() and cross.get_ydata()[0] <= ax.get_ylim()[1]
     assert any("diverged" in t.get_text() for t in fig.legends[0].get_texts())
 
 

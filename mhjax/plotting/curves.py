@@ -4,8 +4,8 @@ A line per member. Its colour is its value of one member field (``coloured``: th
 mixture's step size), its line style its value of another (``styled``: the seed; a mixture's step
 size), each value its own style however many there are (line_styles); where both fields are one
 (a mixture: colour and style per step size) the head count is the marker. The legend lists each
-field's values in order. A diverged member (results.json ``status``) is drawn faint and thin with
-a cross at its last point, and the axes' ranges are those of the other members (a distance from
+field's values in order. A diverged member (results.json ``status``) is drawn faint with a cross
+where it leaves the panel (or ends), and the axes' ranges are those of the other members (a distance from
 theta_0 of 1e5 would flatten every healthy curve); the legend says so.
 """
 
@@ -101,8 +101,8 @@ class _Look:
             for k, v in enumerate(self.kinds if len(self.kinds) > 1 else ()):
                 out[_value_text(self.styled, v)] = Line2D([], [], color="0.3", ls=self.styles[k])
         if diverged:
-            out["diverged: faint, x at its last point (axes set by the others)"] = Line2D(
-                [], [], color="0.5", alpha=0.5, lw=0.8, marker="x", ms=6
+            out["diverged: faint, x where it leaves the panel or ends (axes set by the others)"] = Line2D(
+                [], [], color="0.5", alpha=0.6, lw=1.0, marker="x", ms=7, mew=1.5
             )
         return out
 
@@ -154,9 +154,14 @@ def plot_curves(
         for m in (m for m in drawn if m.get("status") == "diverged"):
             any_diverged = True
             steps, values = _points(curves, m, tag, loglog)
-            style = dict(look.of(m, len(steps)), alpha=0.45, lw=0.8, marker=None, markevery=None)
+            style = dict(look.of(m, len(steps)), alpha=0.6, lw=1.0, marker=None, markevery=None)
             ax.plot(steps, values, label=look.label(m), **style)
-            ax.plot(steps[-1:], values[-1:], ls="none", marker="x", ms=6, color=style["color"], alpha=0.8)
+            inside = np.ones(steps.shape, bool)
+            if limits:  # the cross where the curve leaves the panel, else at its end
+                (x0, x1), (y0, y1) = (sorted(lim) for lim in limits)
+                inside = (x0 <= steps) & (steps <= x1) & (y0 <= values) & (values <= y1)
+            last = np.nonzero(inside)[0][-1:]
+            ax.plot(steps[last], values[last], ls="none", marker="x", ms=7, mew=1.5, color=style["color"])
         if limits:  # a diverged curve runs off the panel, not the scale (1e5 would flatten the rest)
             ax.set_xlim(*limits[0])
             ax.set_ylim(*limits[1])
