@@ -214,10 +214,11 @@ class Run:
         return members.ntk(self._opened, name, step)
 
     @python_errors
-    def trace(self, name: str) -> dict:
-        """(mixture) Member ``name``'s per-step trace as numpy arrays: ``step`` and, at theta_step,
-        ``loss``, ``margin`` (min_i y_i Phi_i / ||theta||), ``grad_norm_over_loss`` and
-        ``param_norm``; every step up to 10^4, log-spaced beyond (W/trace, written as it trains)."""
+    def trace(self, name: str):
+        """(mixture) Member ``name``'s per-step trace as numpy arrays, keys and attributes alike
+        (``t["loss"]`` or ``t.loss``): ``step`` and, at theta_step, ``loss``, ``margin``
+        (min_i y_i Phi_i / ||theta||), ``grad_norm_over_loss`` and ``param_norm``; every step up
+        to 10^4, log-spaced beyond (W/trace, written as it trains)."""
         return members.trace(self._opened, name)
 
     @python_errors
@@ -265,12 +266,14 @@ class Run:
         return result
 
     @python_errors
-    def report(self, reference=None) -> dict:
+    def report(self, reference=None, importance_member: str | None = None) -> dict:
         """``mhjax report --workdir W``: W/report.md and its figures; returns {"md": path, "figures":
-        [paths], ...}. ``reference``: a folder of released checkpoints to compare with. An analysis
-        of another step than the results warns (UserWarning) how to refresh it."""
+        [paths], ...}. ``reference``: a folder of released checkpoints to compare with;
+        ``importance_member``: as ``--importance-member``. An analysis of another step than the
+        results warns (UserWarning) how to refresh it."""
         with WorkdirLock(self.workdir, "report"):
-            result = write_report(self._opened, reference=None if reference is None else os.fspath(reference))
+            reference = None if reference is None else os.fspath(reference)
+            result = write_report(self._opened, reference=reference, importance_member=importance_member)
         stale = result["stale_analysis"]
         if stale:  # report.md says so too
             warnings.warn(stale_line(stale["analysis"], stale["results"], self.workdir, "python"), stacklevel=3)

@@ -109,6 +109,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="also compare with the released checkpoints {H}_heads_{task}.pt in DIR and check the paper's claims",
     )
+    report.add_argument(
+        "--importance-member",
+        metavar="NAME",
+        default=None,
+        help="the member whose per-head importance along training is drawn (after `mhjax analyze --steps`; "
+        "default: the first with the most heads)",
+    )
 
     sub.add_parser(
         "configs",

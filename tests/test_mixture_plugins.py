@@ -271,6 +271,8 @@ def test_divergence_factor_marks_a_member_whose_loss_grew(tmp_path):
     status = {m["step_size"]: (m["status"], m.get("diverged_reason", "")) for m in payload["members"]}
     assert status[0.1] == ("ok", "")
     assert status[8.0][0] == "diverged" and "train.divergence_factor 1000" in status[8.0][1], status
+    at = {m["step_size"]: m["diverged_at_step"] for m in payload["members"]}  # in every record, null when ok
+    assert at[0.1] is None and 1 <= at[8.0] <= 4, at
     with config.train.unlocked():
         config.train.divergence_factor = 0.0
     payload = run(make_experiment(config), str(tmp_path / "b"), progress=False, log=lambda m: None)

@@ -77,7 +77,7 @@ def test_results_have_the_mixture_fields_and_figures(swept):
     with open(os.path.join(workdir, "results.json")) as f:
         members = json.load(f)["members"]
     for m in members:
-        assert m["status"] == "ok" and m["steps"] == STEPS
+        assert m["status"] == "ok" and m["steps"] == STEPS and m["diverged_at_step"] is None  # a field of every record
         for key in EXTRA_KEYS:
             assert isinstance(m[key], float) and math.isfinite(m[key]), (m["name"], key)
         assert m["params"] == m["heads"] * (6 * 6 + 4 * 6)  # active heads only
@@ -99,6 +99,18 @@ def test_results_have_the_mixture_fields_and_figures(swept):
     assert member["train_loss"] == pytest.approx(member["train_loss_eval"], rel=1e-5)
     assert member["train_loss"] == curve["values"][-1] and curve["steps"][-1] == STEPS
     assert member["initial_train_loss"] == pytest.approx(curve["values"][0], rel=1e-6)
+
+
+def test_report_counts_every_figure_it_embeds(swept, capsys):
+    """`mhjax report` on a mixture: "(N figures)" is the number of images report.md embeds (its
+    curves.png and the experiment's own figures at the top of W)."""
+    from mhjax.cli import main as cli
+
+    _, workdir, _ = swept
+    assert cli(["report", "--workdir", workdir]) == 0
+    out = capsys.readouterr().out
+    embedded = open(os.path.join(workdir, "report.md")).read().count("![")
+    assert embedded >= 4 and f"({embedded} figures)" in out, out
 
 
 def test_test_loss_vs_n_has_a_row_per_step_size_and_is_left_out_for_one_n(swept, tmp_path):
@@ -342,15 +354,15 @@ def test_margin_figure_merges_step_sizes_only_where_their_margins_are_the_same(s
 
 
 def test_mixture_figures_read_at_a_glance(swept, monkeypatch):
-    """path.png draws every step size (a line style each) with the Hessian quantities log-log;
+    """path.png draws every step size (a colour and line style each) with the Hessian quantities log-log;
     test_loss_vs_n.png labels every panel's axis and fits c/(gamma^2 n) by least squares over all
     n; the summary is titled by its generator; report/curves.png is log-log for losses and tells
     step sizes apart by line style."""
     from matplotlib.figure import Figure
 
     from mhjax.plotting import mixture
+    from mhjax.plotting.curves import plot_curves
     from mhjax.plotting.mixture_summary import summary_markdown
-    from mhjax.plotting.report import plot_curves
 
     _, workdir, payload = swept
     records = payload["members"] + [dict(m, step_size=0.5, name=m["name"] + "-half") for m in payload["members"]]
@@ -363,7 +375,7 @@ def test_mixture_figures_read_at_a_glance(swept, monkeypatch):
     hessian = fig.axes[2]
     assert {line.get_linestyle() for line in hessian.get_lines()[:-1]} == {"-", "--"}  # eta 1 and 0.5
     assert hessian.get_xscale() == hessian.get_yscale() == "log"
-    assert "H=2, eta=0.5" in [t.get_text() for t in hessian.get_legend().get_texts()]
+    assert [t.get_text() for t in fig.legends[0].get_texts()][:4] == ["eta=0.5", "eta=1", "H=2", "H=8"]
 
     fig = Figure()
     mixture._plot_test_loss_vs_n(fig, payload["members"], mixture.Style("test"))

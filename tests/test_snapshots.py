@@ -174,6 +174,19 @@ def test_analyze_at_snapshot_steps_keeps_the_latest_layout_and_every_step(runs, 
         events = EventAccumulator(w.run_dir(name), size_guidance={"scalars": 0})
         events.Reload()
         assert [e.step for e in events.Scalars("analysis/layer0/mixing_time")] == [0, 1, 3, 9]
+        # per-head ablation over the steps analysed (the importance figure's curves, every member)
+        for head in range(data["members"][name]["heads"]):
+            got = [e.value for e in events.Scalars(f"analysis/layer0/head{head}/loss_without")]
+            want = [data["by_step"][s][name]["layers"][0]["ablation"]["loss_without"][head] for s in data["by_step"]]
+            assert np.allclose(got, want, rtol=1e-6), (name, head)
+    # the importance figure pointed at another member; one without ablation at two steps refused
+    assert cli(["report", "--workdir", w.path, "--importance-member", "copy-h1-s0"]) == 0
+    assert "for `copy-h1-s0`" in open(w.report_path).read()
+    capsys.readouterr()
+    line = assert_one_line_error(
+        capsys, cli(["report", "--workdir", w.path, "--importance-member", "nope"]), "--importance-member"
+    )
+    assert "copy-h2-s0, copy-h1-s0" in line
     # a step analysed with equal options is kept; a new one is computed alone
     calls = []
     original = analyze_module.analyze_params

@@ -237,6 +237,7 @@ def test_diverging_member_is_frozen_and_reported(tmp_path):
         and good["name"] not in closing[1]
     )
     assert good["status"] == "ok" and np.isfinite(good["train_loss"])
+    assert good["diverged_at_step"] is None  # a field of every record, null when healthy
     assert good["initial_train_loss"] >= good["train_loss"] and good["max_train_loss"] >= good["initial_train_loss"]
     # Frozen: the diverged member's checkpointed params are finite (the bad update was rejected).
     sweep = Sweep(make_experiment(config), backend="cpu")

@@ -17,6 +17,9 @@ LAYER_METRICS = {
 }
 # per layer, from head ablation and rollout (under their analysis.json key), when computed
 LAYER_HEAD_METRICS = ("rollout_min", "rollout_fidelity_spearman", "accuracy_synergy")
+# per layer and head, from head ablation (analysis.json's ablation lists): over the steps analysed,
+# the curves of steps_head_importance.png for every member
+HEAD_ABLATION_METRICS = ("loss_without", "accuracy_without")
 # the per-layer tags listed as HParams metrics
 HPARAMS_LAYER_METRICS = ("mixing_time", "fidelity_pct", "accuracy_synergy", "rollout_min")
 
@@ -24,6 +27,11 @@ HPARAMS_LAYER_METRICS = ("mixing_time", "fidelity_pct", "accuracy_synergy", "rol
 def layer_tag(layer: int, name: str) -> str:
     """``analysis/layer{layer}/{name}``."""
     return f"analysis/layer{layer}/{name}"
+
+
+def head_tag(layer: int, head: int, name: str) -> str:
+    """``analysis/layer{layer}/head{head}/{name}``: a head's ablation value (HEAD_ABLATION_METRICS)."""
+    return f"analysis/layer{layer}/head{head}/{name}"
 
 
 def attention_tag(layer: int) -> str:

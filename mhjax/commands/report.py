@@ -12,7 +12,7 @@ from mhjax.workflows.report import stale_line, write_report
 def command(args, overrides) -> int:
     workdir = Workdir(args.workdir)
     with WorkdirLock(workdir, "report"):
-        result = write_report(workdir, reference=args.reference)
+        result = write_report(workdir, reference=args.reference, importance_member=args.importance_member)
     count = len(result["figures"])
     print(f"wrote {result['md']} ({count} figure{'' if count == 1 else 's'})")
     stale = result["stale_analysis"]

@@ -39,9 +39,10 @@ class Experiment:
     # TensorBoard's train/... scalars at every step W/trace keeps (io/trace.kept: every step up to
     # 10^4, log-spaced beyond) instead of means over windows of a chunk (io/curves.train_window)
     log_every_step: bool = False
-    # report/curves.png: the member field told apart by line style, and the tags (substrings) drawn
-    # on log-log axes, where a rate is a slope
+    # report/curves.png: the member fields told apart by line style and by colour (plotting/curves.py),
+    # and the tags (substrings) drawn on log-log axes, where a rate is a slope
     curve_style: str = "seed"
+    curve_colour: str = "heads"
     log_curves: tuple[str, ...] = ()
     config: Any
     members: list[Member]
@@ -128,7 +129,7 @@ class Experiment:
     def ntk(self, name: str, padded_params, step: int):
         raise self._unavailable("ntk")
 
-    def analyze_states(self, states: dict):
+    def analyze_states(self, states: dict, log=None):
         raise self._unavailable("analyze(steps=...)")
 
     def _unavailable(self, what: str) -> Exception:

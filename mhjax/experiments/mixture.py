@@ -228,6 +228,7 @@ class MixtureExperiment(Experiment):
     )
     analyzes_states, log_every_step = True, True  # TensorBoard's train/loss: every step W/trace keeps
     curve_style, log_curves = "step_size", ("loss", "hessian")  # rates as slopes, step sizes apart
+    curve_colour = "step_size"  # a colour and a style per step size; the head count is the marker
 
     def __init__(self, config):
         validate(config)
@@ -268,12 +269,14 @@ class MixtureExperiment(Experiment):
         params = mixture_access.padded_theta0(self, name) if padded_params is None else padded_params
         return mixture_access.ntk(self, name, params, step)
 
-    def analyze_states(self, states: dict):
+    def analyze_states(self, states: dict, log=None):
+        theta0 = mixture_access.padded_theta0s(
+            self, sorted({n for m in states.values() for n, p in m.items() if p is None})
+        )
         states = {
-            step: {n: mixture_access.padded_theta0(self, n) if p is None else p for n, p in members.items()}
-            for step, members in states.items()
+            step: {n: theta0[n] if p is None else p for n, p in members.items()} for step, members in states.items()
         }
-        return mixture_access.analyze(self, states)
+        return mixture_access.analyze(self, states, log)
 
     # -- data --------------------------------------------------------------
     def data_key(self, seed: int):

@@ -142,6 +142,7 @@ def extra_results(experiment, trained, loss_curves: dict[int, dict]) -> dict:
                 record.update(grad_norm_over_loss=None, min_hessian_eig_over_loss_sqrtH=None)
             if factor > 0 and not float(final[j]) <= factor * float(initial[j]):
                 record["status"] = "diverged"
+                record["diverged_at_step"] = int(total)  # L(theta_K) is where it shows
                 record["diverged_reason"] = (
                     f"L(theta_K) = {float(final[j]):.4g} > train.divergence_factor {factor:g} x L(theta_0) = "
                     f"{float(initial[j]):.4g}"

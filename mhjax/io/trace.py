@@ -125,12 +125,27 @@ def _cut(path: str, dtype: np.dtype, start: int) -> None:
     os.truncate(path, int(np.searchsorted(steps, start, side="left")) * dtype.itemsize)
 
 
+class Trace(dict):
+    """A member's trace: {"step": ..., field: ...} numpy arrays, each key an attribute too
+    (``trace.loss`` is ``trace["loss"]``)."""
+
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"trace has no field {name!r} (fields: {', '.join(self)})") from None
+
+    def __dir__(self):
+        return [*super().__dir__(), *self]
+
+
 def has_trace(folder: str) -> bool:
     return os.path.exists(os.path.join(os.fspath(folder), FORMAT))
 
 
-def read(folder: str, name: str) -> dict[str, np.ndarray]:
-    """{"step": int64 (rows,), field: float32 (rows,) ...} of member ``name``'s trace."""
+def read(folder: str, name: str) -> Trace:
+    """{"step": int64 (rows,), field: float32 (rows,) ...} of member ``name``'s trace, keys as
+    attributes too (Trace)."""
     folder = os.fspath(folder)
     dtype = _stored_dtype(folder)
     path = os.path.join(folder, f"{name}.bin")
@@ -139,4 +154,4 @@ def read(folder: str, name: str) -> dict[str, np.ndarray]:
             f"trace: no per-step trace of {name!r} in {os.path.dirname(folder)} (a mixture sweep writes it)"
         )
     records = _records(path, dtype)
-    return {field: np.array(records[field]) for field in dtype.names}
+    return Trace((field, np.array(records[field])) for field in dtype.names)

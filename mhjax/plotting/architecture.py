@@ -127,19 +127,30 @@ def plot_against_heads(entries: list[dict], axes_fields: list[str], value, ylabe
 
 def plot_accuracy_vs_params(members: list[dict], axes_fields: list[str], path: str) -> bool:
     """Held-out accuracy (mean ± sd over seeds) against parameter count, one line per value of
-    the swept architecture fields through the head counts (each point labelled H), one panel per
-    task; False without parameter counts."""
+    the swept architecture fields through the head counts (each point labelled H, no label over
+    another: place_point_labels), one panel per task; False without parameter counts."""
+    fig = accuracy_vs_params_figure(members, axes_fields)
+    if fig is None:
+        return False
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    pyplot().close(fig)
+    return True
+
+
+def accuracy_vs_params_figure(members: list[dict], axes_fields: list[str]):
+    """plot_accuracy_vs_params's figure (None: nothing to draw), laid out, its point labels placed."""
     groups = defaultdict(lambda: defaultdict(list))  # {task: {arch values: [members]}}
     for m in members:
         if m.get("status") != "diverged" and m.get("params") and _accuracy(m) is not None:
             groups[str(m.get("task", ""))][tuple(m.get(f) for f in axes_fields)].append(m)
     if not groups:
-        return False
+        return None
     plt = pyplot()
     tasks = sorted(groups)
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 3.6), squeeze=False)
     every = sorted({k for g in groups.values() for k in g}, key=lambda k: tuple(_order(v) for v in k))
     colours = {k: plt.get_cmap("tab10")(i % 10) for i, k in enumerate(every)}
+    labels = {}  # {axes: [(x, y, text, colour)]}
     for c, task in enumerate(tasks):
         ax = axes[0][c]
         for key in sorted(groups[task], key=lambda k: tuple(_order(v) for v in k)):
@@ -153,16 +164,70 @@ def plot_accuracy_vs_params(members: list[dict], axes_fields: list[str], path: s
             _, x, y, sd = (np.array(a) for a in zip(*points))
             label = ", ".join(value_label(f, v) for f, v in zip(axes_fields, key)) or task
             ax.errorbar(x, y, yerr=sd, marker="o", capsize=3, color=colours[key], label=label)
-            for h, px, py, _ in points:
-                ax.annotate(f"H{h}", (px, py), textcoords="offset points", xytext=(4, 4), fontsize="x-small")
+            labels.setdefault(ax, []).extend((px, py, f"H{h}", colours[key]) for h, px, py, _ in points)
         ax.set_xscale("log")
         ax.set(xlabel="parameters", ylabel="held-out accuracy %")
         ax.set_title(task, fontsize="medium")
-        ax.legend(fontsize="small")
+    # one legend right of the panels: inside, it covers points and their labels
+    handles, texts = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, texts, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return True
+    for ax, points in labels.items():  # after the layout: labels are placed in the final pixels
+        place_point_labels(ax, points)
+    return fig
+
+
+_RINGS = (3, 6, 10, 15, 22, 32)  # offsets (points) a label tries around its point, nearest first
+_DIRECTIONS = ((1, 1), (1, -1), (-1, 1), (-1, -1), (1, 0), (-1, 0), (0, 1), (0, -1))
+
+
+def place_point_labels(ax, points, fontsize="x-small") -> list:
+    """Annotate each (x, y, text, colour) of ``points`` beside its point, in its colour, where the
+    text covers no other label and no point's marker: the nearest free offset around it inside the
+    panel, else stacked above until free, with a thin leader line when it moved away; returns the
+    annotations. Call once the figure's layout and limits are final (the pixels are measured)."""
+    from matplotlib.transforms import Bbox
+
+    renderer = ax.figure.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    centres = ax.transData.transform([(x, y) for x, y, _, _ in points])
+    half = 3.5 * ax.figure.dpi / 72.0  # a marker's half size (6 points) in pixels, and a little
+    taken = [Bbox.from_extents(cx - half, cy - half, cx + half, cy + half) for cx, cy in centres]
+    around = [(r * dx, r * dy) for r in _RINGS for dx, dy in _DIRECTIONS]
+    above = [(0, _RINGS[-1] + 8 * k) for k in range(1, 4 * len(points) + 2)]  # always one free at last
+
+    def annotate(x, y, text, colour, offset, leader=False):
+        dx, dy = offset
+        return ax.annotate(
+            text,
+            (x, y),
+            textcoords="offset points",
+            xytext=offset,
+            fontsize=fontsize,
+            color=colour,
+            ha="left" if dx > 0 else "right" if dx < 0 else "center",
+            va="bottom" if dy > 0 else "top" if dy < 0 else "center",
+            arrowprops=dict(arrowstyle="-", lw=0.5, color=colour, shrinkA=0, shrinkB=2) if leader else None,
+        )
+
+    out = []
+    for x, y, text, colour in points:
+        for offset, inside in [(o, True) for o in around] + [(o, False) for o in above]:
+            note = annotate(x, y, text, colour, offset)
+            box = note.get_window_extent(renderer)
+            if not any(box.overlaps(t) for t in taken) and (not inside or _within(box, frame)):
+                break
+            note.remove()
+        if max(map(abs, offset)) > _RINGS[1]:  # far from its point: a leader line says whose it is
+            note.remove()
+            note = annotate(x, y, text, colour, offset, leader=True)
+        taken.append(box)
+        out.append(note)
+    return out
+
+
+def _within(box, frame) -> bool:
+    return frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
 
 
 def _mean_sd(values) -> tuple[float, float]:

@@ -13,8 +13,9 @@ under "zero_plus_step" (identical heads) measure a learning-rate effect of H, no
     (test - train loss) beside it; a row per step size, and no figure when the sweep has one n.
   * path.png (when evaluated at several k): along the GD path, ||theta_k - theta_0|| against
     log(k)/gamma (the theory's radius), sqrt(H) lambda_min(Hessian)/L and eta lambda_max (the
-    stability edge 2 drawn; both log-log where positive), mean over seeds per H (colour), every
-    step size of the sweep's first n (line style).
+    stability edge 2 drawn; both log-log where positive), mean over seeds per H (marker), every
+    step size of the sweep's first n (a colour and line style each, the legend in order).
+Diverged members are left out of every figure (the means would be theirs) and named in its title.
   * ntk_margin_vs_H.png: NTK margin at theta_0, mean +- std over seeds against H (left), and
     margins divided by the feature radius against the linear baselines (right).
 The 1/S_k line, c/(gamma^2 n), sqrt(H) lambda_min / L and the slope verdict assume a loss with an
@@ -34,6 +35,7 @@ from mhjax.io.curves import train_window
 from mhjax.io.results import write_text
 from mhjax.io.workdir import Workdir
 from mhjax.models import mixture_parts
+from mhjax.plotting.curves import MARKERS, line_styles
 from mhjax.plotting.mixture_summary import edge_crossings, group_by, kept, mean_of, summary_markdown, values_of
 
 SUMMARY = "mixture_summary.md"
@@ -47,8 +49,11 @@ class Style:
     """What every panel says: the init scheme, the loss, whether it has an exponential tail, and
     the step rule whose S_k = sum_{j<k} eta_j is the clock of the rate figures."""
 
-    def __init__(self, init: str = "?", loss: str = "logistic", tail: bool = True, step_rule: str = "constant"):
+    def __init__(
+        self, init: str = "?", loss: str = "logistic", tail: bool = True, step_rule: str = "constant", left_out=()
+    ):
         self.init, self.loss, self.tail, self.step_rule = init, loss, tail, step_rule
+        self.left_out = list(left_out)  # the diverged members, left out of every figure
 
     def clock(self, eta: float, steps):
         """S_k at ``steps`` for step size ``eta`` (models/mixture_parts.step_sums)."""
@@ -56,6 +61,11 @@ class Style:
 
     def suptitle(self, fig, what: str) -> None:
         note = "" if self.tail else " (no exponential tail: 1/S_K and c/(gamma^2 n) left out)"
+        if self.left_out:
+            named = ", ".join(self.left_out[:3]) + (
+                f" and {len(self.left_out) - 3} more" if len(self.left_out) > 3 else ""
+            )
+            note += f"\n{len(self.left_out)} diverged member(s) left out: {named}"
         fig.suptitle(f"{what}; init={self.init}, loss={self.loss}{note}", fontsize=10)
 
 
@@ -90,7 +100,8 @@ def write_figures_and_summary(
     already saved). The members' TensorBoard runs are read once (``workdir`` keeps them)."""
     log = log or (lambda m: print(m, file=sys.stderr))
     workdir = Workdir.of(workdir)
-    style = Style(init, loss, exponential_tail, step_rule)
+    left_out = [r["name"] for r in records if r not in kept(records)]
+    style = Style(init, loss, exponential_tail, step_rule, left_out)
     written = []
     path = workdir.file(SUMMARY)
     crossings = edge_crossings(lambda name, tags: _curves(workdir, name, tags), kept(records))
@@ -328,18 +339,25 @@ PATH_TAGS = ("eval/distance_from_init", "eval/min_hessian_eig_over_loss_sqrtH", 
 
 
 def _plot_path(fig, workdir, records, style):
-    """Every step size of the sweep's first n: a colour per H, a line style per eta."""
+    """Every step size of the sweep's first n: a colour and a line style per eta (in order), a
+    marker per H."""
     n = next(iter(group_by(records, ("num_train",))))[0]
     etas = group_by([r for r in records if r["num_train"] == n], ("step_size",))
     curves = {r["name"]: _curves(workdir, r["name"], PATH_TAGS) for group in etas.values() for r in group}
     if all(len(c.get(PATH_TAGS[0], ((),))[0]) < 3 for c in curves.values()):
         raise NothingToDraw("fewer than 3 evaluations along the path (set train.eval_points)")
-    colors = _colors(r["heads"] for r in records)
+    from matplotlib import colormaps
+    from matplotlib.lines import Line2D
+
+    heads = sorted({r["heads"] for r in records})
+    markers = {h: MARKERS[i % len(MARKERS)] for i, h in enumerate(heads)}
+    styles = line_styles(len(etas))
+    cmap, last = colormaps["plasma"], max(len(etas) - 1, 1)
+    looks = {eta: (cmap(0.85 * e / last), styles[e]) for e, ((eta,), _) in enumerate(etas.items())}
     axes = fig.subplots(1, 3)
     tags = [t for t in PATH_TAGS if style.tail or t != PATH_TAGS[1]]  # L-ratios need an exponential tail
-    styles = ["-", "--", ":", "-."]
-    for e, ((eta,), group) in enumerate(etas.items()):
-        ls = styles[e % len(styles)]
+    for (eta,), group in etas.items():
+        colour, ls = looks[eta]
         for (h,), members in group_by(group, ("heads",)).items():
             found = [curves[r["name"]] for r in members if all(t in curves[r["name"]] for t in tags)]
             if not found:
@@ -349,17 +367,17 @@ def _plot_path(fig, workdir, records, style):
             mean = {t: np.mean([c[t][1][:length] for c in found], axis=0) for t in tags}
             gamma = mean_of(members, "ntk_margin")
             keep = steps > 0
-            label = f"H={h}" if len(etas) == 1 else f"H={h}, eta={eta:g}"
+            look = dict(ls=ls, marker=markers[h], ms=4, color=colour)
             if gamma > 0:
-                axes[0].plot(np.log(steps[keep]) / gamma, mean[PATH_TAGS[0]][keep], ls=ls, marker=".", color=colors[h])
+                axes[0].plot(np.log(steps[keep]) / gamma, mean[PATH_TAGS[0]][keep], **look)
             for ax, tag in ((axes[1], PATH_TAGS[1]), (axes[2], PATH_TAGS[2])):
                 if tag in mean:
-                    ax.plot(np.maximum(steps, 0.5), mean[tag], ls=ls, marker=".", color=colors[h], label=label)
-    axes[2].axhline(2.0, color="k", ls="--", lw=1, label="stability edge 2")
+                    ax.plot(np.maximum(steps, 0.5), mean[tag], **look)
+    axes[2].axhline(2.0, color="k", ls="--", lw=1)
     axes[0].set_xlabel("log(k) / gamma (gamma: NTK margin at theta_0)")
     axes[0].set_ylabel("||theta_k - theta_0||")
     axes[0].set_title("distance from theta_0", fontsize=9)
-    eta_note = f"eta={next(iter(etas))[0]:g}" if len(etas) == 1 else "line style: eta"
+    eta_note = f"eta={next(iter(etas))[0]:g}" if len(etas) == 1 else "colour and line style: eta, marker: H"
     style.suptitle(fig, f"along the GD path, n={n}, {eta_note}, mean over seeds")
     for ax, label in ((axes[1], "sqrt(H) lambda_min / L"), (axes[2], "eta lambda_max")):
         positive = ax.get_lines() and all(np.all(np.asarray(line.get_ydata(), float) > 0) for line in ax.get_lines())
@@ -370,6 +388,8 @@ def _plot_path(fig, workdir, records, style):
         ax.set_title(label, fontsize=9)
     if not style.tail:
         axes[1].set_title(f"sqrt(H) lambda_min / L: left out ({style.loss} loss)", fontsize=9)
-    for ax in axes:
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+    # one legend, in order: each eta (its colour and style), each H (its marker), the stability edge
+    legend = {f"eta={eta:g}": Line2D([], [], color=c, ls=ls) for (eta,), (c, ls) in zip(etas, looks.values())}
+    legend.update({f"H={h}": Line2D([], [], color="0.3", ls="none", marker=markers[h], ms=4) for h in heads})
+    legend["stability edge 2"] = Line2D([], [], color="k", ls="--", lw=1)
+    fig.legend(legend.values(), legend.keys(), loc="outside right center", fontsize=7)

@@ -3,7 +3,6 @@ mixing time, minimax fidelity and synergy per layer and head count."""
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 import numpy as np
@@ -11,8 +10,6 @@ import numpy as np
 from mhjax.io.results import number_text, params_text
 from mhjax.plotting.architecture import ARCHITECTURE, architecture_axes, value_label
 from mhjax.plotting.style import clipped_sd, heads_colours, heads_label, pyplot
-
-CURVE_TAGS = (("train/loss", "training loss"), ("eval/loss", "held-out loss"), ("eval/accuracy", "held-out accuracy"))
 
 
 def _num(value) -> float:
@@ -88,7 +85,7 @@ _LABELS = {
 _SUMMARY_ENDINGS = ("_loss", "_accuracy", "margin", "fidelity", "mixing_time", "_bits", "_per_byte", "_per_token")
 
 
-def _group_keys(members: list[dict], sweep_fields: list[str] | None = None) -> tuple[str, ...]:
+def group_keys(members: list[dict], sweep_fields: list[str] | None = None) -> tuple[str, ...]:
     """Fields that tell head counts (and tasks, sizes, ...) apart: the swept fields except the seed."""
     fields = [
         f
@@ -117,7 +114,7 @@ def _summary_metrics(members: list[dict], keys) -> list[str]:
 def summary_table(members: list[dict], sweep_fields: list[str] | None = None) -> str:
     """Per group of swept fields (task, heads, ...; not the seed): mean ± std over seeds of the final
     metrics, diverged members left out (``members`` counts those kept, and says how many were not)."""
-    keys = _group_keys(members, sweep_fields)
+    keys = group_keys(members, sweep_fields)
     if not keys:
         return ""
     metrics = [
@@ -200,99 +197,7 @@ def _first(analysis: dict, key: str):
 
 
 # Figures ------------------------------------------------------------- #
-def _curve_tags(curves: dict, limit: int = 6) -> list[tuple[str, str]]:
-    found = {t for c in curves.values() for t in c}
-    tags = [(t, label) for t, label in CURVE_TAGS if t in found]
-    known = {t for t, _ in CURVE_TAGS}
-    extra = sorted(t for t in found if t not in known)
-    extra.sort(key=lambda t: ("_over_" in t, not t.endswith("loss"), not t.endswith("accuracy"), t))
-    tags += [(t, t.split("/", 1)[-1].replace("_", " ")) for t in extra]
-    return tags[:limit]
-
-
-def _number_first(value):
-    return (0, value, "") if isinstance(value, (int, float)) else (1, 0, str(value))
-
-
-def plot_curves(members: list[dict], curves: dict, path: str, styled: str = "seed", log_tags=()) -> bool:
-    """A panel per (task, tag), a line per member coloured by head count, a line style per value of
-    the member field ``styled`` (the seed; a mixture's step size); a tag containing one of
-    ``log_tags`` (e.g. "loss", "hessian") on log-log axes, where a rate is a slope (steps and
-    values that are not positive left out). An accuracy's axis ends a little above 100%."""
-    from matplotlib.ticker import MaxNLocator
-
-    tags = _curve_tags(curves)
-    if not tags:
-        return False
-    plt = pyplot()
-    arch = arch_fields(members)
-    tasks = sorted({task_label(m, arch) for m in members})
-    colours = heads_colours([m.get("heads") for m in members]) if all("heads" in m for m in members) else {}
-    # one row per task; a single task wraps its panels three to a row
-    ncols = len(tags) if len(tasks) > 1 else min(3, len(tags))
-    panels = [(task, tag, label) for task in tasks for tag, label in tags]
-    nrows = math.ceil(len(panels) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows), squeeze=False)
-    for ax in axes.flat[len(panels) :]:
-        ax.set_visible(False)
-    kinds = sorted({m.get(styled) for m in members}, key=_number_first)
-    styles = ["-", "--", ":", "-."]
-    for n, (task, tag, label) in enumerate(panels):
-        ax = axes.flat[n]
-        loglog = any(t in tag.lower() for t in log_tags)
-        labelled = set()
-        for m in members:
-            if task_label(m, arch) != task or tag not in curves.get(m["name"], {}):
-                continue
-            steps, values = curves[m["name"]][tag]
-            steps, values = np.asarray(steps, float), np.asarray(values, float) * (100 if "accuracy" in tag else 1)
-            if loglog:
-                keep = (steps > 0) & (values > 0)
-                steps, values = steps[keep], values[keep]
-            heads = m.get("heads")
-            key = heads if colours else m["name"]
-            label_text = (heads_label(heads) if colours else m["name"]) if key not in labelled else None
-            labelled.add(key)
-            ax.plot(
-                steps,
-                values,
-                marker="o" if len(steps) <= 30 else None,  # per-step training losses: a line
-                ms=3,
-                color=colours.get(heads),
-                ls=styles[kinds.index(m.get(styled)) % len(styles)],
-                label=label_text,
-            )
-        ax.set(
-            xlabel="step",
-            ylabel=label + (" %" if "accuracy" in tag else ""),
-            title=f"{task}: {label}" if task else label,
-        )
-        if loglog:
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-        else:
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps: no 2.5
-        if "accuracy" in tag:  # a 100% line stays inside the frame
-            bottom, top = ax.get_ylim()
-            ax.set_ylim(bottom, min(top, 100 + max(0.04 * (100 - bottom), 0.5)))
-        ax.grid(alpha=0.3)
-    # one legend for every panel, right of them: inside, it covers the curves' ends
-    from matplotlib.lines import Line2D
-
-    legend = {}  # a head count's entry solid, whichever line style its first line had
-    for ax in axes.flat[: len(panels)]:
-        for handle, text in zip(*ax.get_legend_handles_labels()):
-            legend.setdefault(text, Line2D([], [], color=handle.get_color(), marker=handle.get_marker(), ms=3))
-    if len(kinds) > 1:
-        for k, value in enumerate(kinds):
-            text = f"{value:g}" if isinstance(value, float) else str(value)
-            legend[f"{styled} {text}"] = Line2D([], [], color="0.3", ls=styles[k % len(styles)])
-    fig.tight_layout()
-    if legend:
-        fig.legend(legend.values(), legend.keys(), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return True
+# curves.png: plotting/curves.py
 
 
 def _per_layer(ax, by_heads: dict, key: str, scale: float, colours: dict, bars: bool = False, high=np.inf):

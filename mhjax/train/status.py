@@ -8,8 +8,9 @@ Two events mark a member "diverged" (engine.MemberState keeps both in-graph):
   experiment's ``train.divergence_factor``; 0 = off); the member is flagged, not frozen, so a
   loss that blew up to 5e6 and then underflowed to 0.0 is still called what it was.
 
-``diverged_at_step`` is the first of the two; ``diverged_reason`` says which and with what
-numbers. A run whose members all stayed below the factor and finite is "ok".
+``diverged_at_step`` is the first of the two (null in every record of a member that did not
+diverge); ``diverged_reason`` says which and with what numbers. A run whose members all stayed
+below the factor and finite is "ok".
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def path_fields(status: dict, j: int, factor: float) -> dict:
         "loss_exceeded_at_step": exceeded_at,
         "nonfinite_at_step": nonfinite_at,
         "status": OK,
+        "diverged_at_step": None,  # a field of every record, as README lists it
     }
     reasons, steps = [], []
     if exceeded_at is not None:
@@ -66,7 +68,8 @@ def path_fields(status: dict, j: int, factor: float) -> dict:
 
 def merge(record: dict, extra: dict) -> dict:
     """``extra`` (an experiment's extra_results) merged into ``record``: an experiment may mark a
-    member diverged for a reason of its own (its final loss), never clear the path's verdict."""
+    member diverged for a reason of its own (its final loss, with its own ``diverged_at_step``),
+    never clear the path's verdict nor move its step."""
     if record.get("status") == DIVERGED:
         extra = dict(extra)
         if extra.get("status") == DIVERGED and extra.get("diverged_reason"):

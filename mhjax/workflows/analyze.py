@@ -311,12 +311,16 @@ def _tensorboard_entry(entry: dict, attention, combined) -> tuple[dict, dict]:
 
 def _head_scalars(entry: dict) -> dict:
     """Head ablation and rollout scalars: ``analysis/loss``, ``analysis/rollout_min``,
-    ``analysis/layer{l}/rollout_min`` and ``analysis/layer{l}/accuracy_synergy`` (when ablated)."""
+    ``analysis/layer{l}/rollout_min``, ``analysis/layer{l}/accuracy_synergy`` and each head's
+    ``analysis/layer{l}/head{h}/loss_without`` and ``accuracy_without`` (when ablated)."""
     scalars = {tags.LOSS: entry["loss"], tags.ROLLOUT_MIN: entry["rollout_min"]}
     for layer in entry["layers"]:
         for key in tags.LAYER_HEAD_METRICS:
             if layer.get(key) is not None:
                 scalars[tags.layer_tag(layer["layer"], key)] = layer[key]
+        for key in tags.HEAD_ABLATION_METRICS:
+            for head, value in enumerate((layer.get("ablation") or {}).get(key) or ()):
+                scalars[tags.head_tag(layer["layer"], head, key)] = value
     return scalars
 
 

@@ -10,6 +10,7 @@ the model) makes the experiment from the run's config with its plug-ins restored
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import numpy as np
@@ -76,17 +77,19 @@ def ntk(opened: Opened, name: str, step: int = 0):
     return opened.experiment().ntk(member(opened, name), padded, step)
 
 
-def analyze_steps(opened: Opened, steps=None) -> list[dict]:
+def analyze_steps(opened: Opened, steps=None, log=None) -> list[dict]:
     """Every member at ``steps`` (0, kept checkpoints and snapshots; "all": 0, the snapshots and the latest;
     None: 0 and the latest), one record per (member, step) (Experiment.analyze_states). With more
-    than one step, W/ntk_margin_steps.png draws the NTK margin against them, one line per head count."""
+    than one step, W/ntk_margin_steps.png draws the NTK margin against them, one line per head count.
+    ``log`` (default: stderr): the number of (member, step) pairs, an estimate of the time, progress."""
+    log = log or (lambda message: print(message, file=sys.stderr))
     latest = opened.files.latest_step()
     if steps == "all":  # step 0, the snapshots and the latest checkpoint
         steps = [0, *opened.files.snapshot_steps(), *([latest] if latest is not None else [])]
     wanted = sorted({0, *([latest] if latest is not None else [])} if steps is None else set(steps))
     names = opened.files.member_names()
     states = {step: {n: None if step == 0 else raw_params(opened, n, step) for n in names} for step in wanted}
-    records = opened.experiment().analyze_states(states)
+    records = opened.experiment().analyze_states(states, log)
     members = opened.files.results()["members"]
     try:  # W/ntk_margin_steps.png, which the report shows with the experiment's figures
         plot_margin_steps(records, members, opened.files.sweep_fields(), opened.files.file(MARGIN_FIGURE))
@@ -98,6 +101,7 @@ def analyze_steps(opened: Opened, steps=None) -> list[dict]:
 MARGIN_FIGURE = "ntk_margin_steps.png"  # the NTK margin against the steps analysed, one line per H
 
 
-def trace(opened: Opened, name: str) -> dict:
-    """Member ``name``'s per-step trace (W/trace, io/trace.py): {"step": ..., field: ...} numpy arrays."""
+def trace(opened: Opened, name: str) -> traces.Trace:
+    """Member ``name``'s per-step trace (W/trace, io/trace.py): {"step": ..., field: ...} numpy arrays, keys as
+    attributes too (``trace.loss``)."""
     return traces.read(opened.files.trace_dir, member(opened, name))

@@ -25,15 +25,17 @@ from __future__ import annotations
 
 import glob
 import os
+from functools import partial
 
+from mhjax.config import ConfigError
 from mhjax.io.results import diverged_lines, markdown_table, write_text
 from mhjax.io.workdir import Workdir
 from mhjax.plotting.architecture import architecture_figures
+from mhjax.plotting.curves import plot_curves
 from mhjax.plotting.heads import head_tables
 from mhjax.plotting.positions import plot_accuracy_by_position
 from mhjax.plotting.report import (
     analysis_tables,
-    plot_curves,
     plot_mixing_fidelity,
     plot_synergy,
     summary_table,
@@ -41,6 +43,7 @@ from mhjax.plotting.report import (
 from mhjax.plotting.steps import (
     by_step,
     chosen_member,
+    members_with_ablation,
     plot_accuracy_steps,
     plot_head_importance_steps,
     plot_mixing_fidelity_steps,
@@ -64,16 +67,20 @@ def training_curves(workdir: Workdir, names: list[str]) -> dict:
 # ---------------------------------------------------------------------- #
 # The report
 # ---------------------------------------------------------------------- #
-def write_report(workdir, log=None, reference: str | None = None) -> dict:
+def write_report(workdir, log=None, reference: str | None = None, importance_member: str | None = None) -> dict:
     """Write ``W/report.md`` and ``W/report/*.png``; returns {"md": path, "figures": [paths]}.
     ``workdir``: a path, Workdir or Opened (workflows/workdir.py), each of whose files is read once.
-    ``reference``: a folder of released checkpoints to compare with (workflows/reproduction.py)."""
+    ``reference``: a folder of released checkpoints to compare with (workflows/reproduction.py).
+    ``importance_member``: the member whose per-head importance "Heads along training" draws
+    (default: steps.chosen_member); one without head ablation at two analysed steps is a ConfigError."""
     opened = open_workdir(workdir)
     workdir = opened.files
     results = workdir.results()
     # no task code: a report reads files only (a task whose source is gone, or was __main__, is fine)
     members = results["members"]
     analysis = workdir.analysis() if workdir.has_analysis() else None
+    if importance_member is not None:
+        check_importance_member(analysis, importance_member)
     out_dir, link_dir = workdir.report_dir, os.path.relpath(workdir.report_dir, workdir.path)
     os.makedirs(out_dir, exist_ok=True)
     figures = []
@@ -102,9 +109,8 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
     lines += diverged_lines(members)
     curves = training_curves(workdir, [m["name"] for m in members])
     kind = opened.kind  # the Experiment class: how its curves read (no plug-in code runs)
-    link = figure(
-        "curves.png", lambda *a: plot_curves(*a, styled=kind.curve_style, log_tags=kind.log_curves), members, curves
-    )
+    draw = partial(plot_curves, styled=kind.curve_style, log_tags=kind.log_curves, coloured=kind.curve_colour)
+    link = figure("curves.png", draw, members, curves)
     if link:
         lines += ["## Training curves", "", link, ""]
     link = figure("accuracy_by_position.png", plot_accuracy_by_position, members)
@@ -136,7 +142,7 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
             link = figure(name, fn, analysis)
             if link:
                 lines += [link, ""]
-        lines += _steps_section(analysis, members, curves, figure)
+        lines += _steps_section(analysis, members, curves, figure, workdir.sweep_fields(), importance_member)
 
     if reference is not None:
         more, paths = reproduction_markdown(workdir, reference, out_dir, link_dir)
@@ -146,6 +152,7 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
     if extra:
         lines += ["## Experiment figures", ""]
         lines += [f"![{os.path.splitext(os.path.basename(p))[0]}]({os.path.basename(p)})" for p in extra] + [""]
+        figures += extra  # embedded as they are: counted with the report's own
 
     lines += ["## Every member", "", markdown_table(members, "Members").split("\n", 2)[2]]
     path = workdir.report_path
@@ -163,30 +170,43 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
     }
 
 
-def _steps_section(analysis: dict, members: list[dict], curves: dict, figure) -> list[str]:
+def _steps_section(analysis, members, curves, figure, sweep_fields, importance_member=None) -> list[str]:
     """ "Heads along training": the figures over the steps analysed (plotting/steps.py), when more
     than one step was (``mhjax analyze --steps``)."""
     steps = by_step(analysis)
     if len(steps) < 2:
         return []
+    chosen = importance_member or chosen_member(analysis)
     lines = [
         "## Heads along training",
         "",
-        f"Analysed at steps {', '.join(map(str, steps))} (`mhjax analyze --steps`); one line per head count, "
-        "mean over seeds. Per-head importance: the loss with each head removed, for "
-        f"`{chosen_member(analysis)}`.",
+        f"Analysed at steps {', '.join(map(str, steps))} (`mhjax analyze --steps`); one line per swept configuration "
+        "(task, its parameters, architecture, heads, learning rate: every swept field but the seed), the mean over "
+        f"its seeds only. Per-head importance: the loss with each head removed, for `{chosen}` "
+        "(`mhjax report --importance-member NAME` draws another).",
         "",
     ]
     for name, fn, args in (
-        ("steps_mixing_fidelity.png", plot_mixing_fidelity_steps, (analysis,)),
-        ("steps_synergy.png", plot_synergy_steps, (analysis,)),
-        ("steps_head_importance.png", plot_head_importance_steps, (analysis,)),
-        ("steps_accuracy.png", plot_accuracy_steps, (members, curves)),
+        ("steps_mixing_fidelity.png", partial(plot_mixing_fidelity_steps, sweep_fields=sweep_fields), (analysis,)),
+        ("steps_synergy.png", partial(plot_synergy_steps, sweep_fields=sweep_fields), (analysis,)),
+        ("steps_head_importance.png", partial(plot_head_importance_steps, member=chosen), (analysis,)),
+        ("steps_accuracy.png", partial(plot_accuracy_steps, sweep_fields=sweep_fields), (members, curves)),
     ):
         link = figure(name, fn, *args)
         if link:
             lines += [link, ""]
     return lines
+
+
+def check_importance_member(analysis: dict | None, name: str) -> None:
+    """``name`` when analysis.json holds its head ablation at two or more steps, else a one-line ConfigError."""
+    ablated = members_with_ablation(analysis)
+    if name not in ablated:
+        listed = ", ".join(ablated) or "none: run `mhjax analyze --workdir W --steps all` with ablation"
+        raise ConfigError(
+            f"--importance-member: {name!r} has no head ablation at two or more analysed steps "
+            f"(members that have: {listed})"
+        )
 
 
 def _stale(analysis: dict, results: dict) -> bool:
