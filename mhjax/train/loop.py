@@ -247,8 +247,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         hparams = {m.name: m.flat_hparams() for m in members}
         writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
         evals = sorted(set(experiment.eval_steps()))
-        # the first chunk cut at early evaluations and snapshots (train/snapshots.py)
-        plan = ahead.chunk_plan(step, total, chunk, splits=evals + sorted(snaps.steps))
+        # the first chunk cut at early evaluations, any chunk at snapshot steps (train/snapshots.py)
+        plan = ahead.chunk_plan(step, total, chunk, splits=evals, anywhere=snaps.steps)
         _compile_ahead(sweep, console, plan, init=latest is None)
         stop.where = "at the end of the running chunk"
         if latest is None:
