@@ -40,6 +40,8 @@ class Forward:
     loss: (N, T) per-token cross-entropy, None without targets.
     loss_by_position, accuracy_by_position: (T,) means over sequences weighted by ``weights``,
       NaN where no weight falls; None without targets.
+    weights: (N, T) the weights those means used (given, or the task's own with its targets:
+      0 where the task leaves a position undefined); None without targets.
     allow_changed_task: with the task's own targets, whether the call allowed a task source
       changed since training (its targets are then the edited code's).
     task_sha256: with the task's own targets, {"recorded": at training, "current": now} of its
@@ -55,6 +57,7 @@ class Forward:
     accuracy_by_position: np.ndarray | None = None
     allow_changed_task: bool = False
     task_sha256: dict | None = None
+    weights: np.ndarray | None = None
 
 
 def head_mask(heads_off, num_layers: int, heads: int, name: str = "heads_off") -> np.ndarray:
@@ -106,6 +109,10 @@ def patch_mask(patch, positions, num_layers: int, heads: int, length: int) -> np
         for position in listed:
             if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or not 0 <= position < length:
                 raise ConfigError(f"patch_positions: position {position!r} is not one of 0..{length - 1}")
+        twice = next((p for i, p in enumerate(listed) if p in listed[:i]), None)
+        if twice is not None:  # a position listed twice is most likely a typo for another one
+            shown = [int(p) for p in listed]
+            raise ConfigError(f"patch_positions: position {twice} is listed twice ({shown}); list each position once")
         at = np.zeros(length, bool)
         at[np.asarray(listed, int)] = True
     return heads_on[:, None, :] & at[None, :, None]
@@ -253,6 +260,7 @@ def forward(
         loss=loss,
         loss_by_position=nan(positions["loss_by_position"]),
         accuracy_by_position=nan(positions["accuracy_by_position"]),
+        weights=weights,
     )
 
 

@@ -29,10 +29,11 @@ def member_record(opened, member: str) -> dict:
 
 
 def task_targets(opened, record: dict, tokens, allow_changed_task: bool = False):
-    """(the member's task's targets for ``tokens`` (every position then weighted), the task
-    source's sha256 {"recorded", "current"} or None). A source changed since training is a
-    ConfigError unless ``allow_changed_task``, as in analyze. Targets are None when the task has
-    no ``targets(tokens)`` form, or, with a UserWarning saying why, when it cannot be registered
+    """(the member's task's targets for ``tokens``, their weights (the task's where its
+    ``targets(tokens)`` gives them, else every position 1), the task source's sha256
+    {"recorded", "current"} or None). A source changed since training is a ConfigError unless
+    ``allow_changed_task``, as in analyze. Targets and weights are None when the task has no
+    ``targets(tokens)`` form, or, with a UserWarning saying why, when it cannot be registered
     again (its source gone, or defined in __main__): the loss fields of the Forward are then
     None; pass targets."""
     name = record.get("task")
@@ -45,9 +46,12 @@ def task_targets(opened, record: dict, tokens, allow_changed_task: bool = False)
         task = tasks.get_task(name).with_params(record.get("task_params"))
     except ConfigError as exc:
         warnings.warn(f"forward: no targets from task {name!r}, so no loss: {exc}", UserWarning, stacklevel=4)
-        return None, None
+        return None, None, None
     hashes = tasks.source_hashes(source) or None
-    return (None if task.targets is None else np.asarray(task.call_targets(np.asarray(tokens, np.int32)))), hashes
+    if task.targets is None:
+        return None, None, hashes
+    targets, weights = task.targets_and_weights(np.asarray(tokens, np.int32))
+    return np.asarray(targets), np.asarray(weights, np.float32), hashes
 
 
 def member_forward(
@@ -65,7 +69,7 @@ def member_forward(
 ) -> Forward:
     """:func:`mhjax.analysis.forward.forward` of ``member`` at the workdir's latest checkpoint, or
     at ``step`` (a kept checkpoint or a snapshot: workflows/members.check_step).
-    Without ``targets``: its task's ``targets(tokens)`` when the task makes them (see
+    Without ``targets``: its task's ``targets(tokens)`` and their weights when the task makes them (see
     :func:`task_targets`), else no loss; the Forward then says whether ``allow_changed_task``
     was given and the task source's recorded and current sha256. ``patch``, ``patch_tokens``,
     ``patch_positions``: activation patching (the forward's); the targets stay the clean tokens'."""
@@ -78,7 +82,7 @@ def member_forward(
         if weights is not None:
             raise ConfigError("weights: given without targets; pass targets too")
         if tokens.ndim in (1, 2) and tokens.size and np.issubdtype(tokens.dtype, np.integer):
-            targets, hashes = task_targets(
+            targets, weights, hashes = task_targets(
                 opened, record, tokens if tokens.ndim == 2 else tokens[None], allow_changed_task
             )
             stated = dict(allow_changed_task=bool(allow_changed_task), task_sha256=hashes)
