@@ -84,8 +84,10 @@ def test_forward_matches_the_analysis_attention_and_ablated_losses(recall_run):
             assert weighted(only.loss) == pytest.approx(entry["layers"][0]["ablation"]["loss_only"][head], rel=1e-5)
             assert not only.head_outputs[0][:, :, 1 - head].any() and only.head_outputs[0][:, :, head].any()
         assert np.isnan(out.accuracy_by_position[: 2 * pairs]).all()
-        logits = run.model(name)(run.params(name), batch.inputs)
-        np.testing.assert_allclose(np.asarray(logits), out.logits, rtol=1e-6, atol=1e-6)
+        # run.model: the same model as another program: equal to float32 round-off (docs/sweeps.md)
+        logits = np.asarray(run.model(name)(run.params(name), batch.inputs))
+        ulp = np.spacing(np.abs(out.logits).max())
+        assert np.abs(logits - out.logits).max() <= 8 * ulp and (logits.argmax(-1) == out.logits.argmax(-1)).all()
 
 
 def test_forward_takes_targets_from_a_task_that_makes_them_and_refuses_bad_input(recall_run):
