@@ -30,7 +30,10 @@ def runs(tmp_path_factory):
     out = {}
     for name, steps in (("snapshots", "log:4"), ("later", (4, 7))):
         workdir = tmp_path_factory.mktemp(name) / "w"
-        run(make_experiment(config(steps)), str(workdir), progress=False, log=lambda m: None)
+        c = config(steps)
+        if name == "later":  # evaluations every 2 and checkpoints every 4 steps: both crossed at the cut at 4
+            c.train.update(dict(eval_every=2, checkpoint_every=4))
+        run(make_experiment(c), str(workdir), progress=False, log=lambda m: None)
         out[name] = Workdir(workdir)
     return out
 
@@ -115,10 +118,18 @@ def test_cutting_the_first_chunk_at_snapshot_steps_changes_no_number(runs, uncut
 
 def test_snapshots_at_steps_inside_later_chunks_are_exact_and_change_no_number(runs, uncut):
     """Steps 4 and 7 cut the chunks 3-6 and 6-9 (chunks of 3) into pieces of one program: the
-    final state equals the uncut run's bit for bit, and the snapshot at 4 is the parameters of
-    the same sweep trained to step 4 and stopped."""
+    final state equals the uncut run's bit for bit, the snapshot at 4 is the parameters of the
+    same sweep trained to step 4 and stopped, and evaluations and checkpoints stay at chunk ends."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     w = runs["later"]
     assert w.snapshot_steps() == [4, 7]
+    # evaluations and checkpoints where a run without snapshots has them: at chunk ends 3, 6, 9
+    # (crossing 2, 4, 6 and 8), not at the cuts 4 and 7
+    assert w.checkpoint_steps() == [6, 9]
+    events = EventAccumulator(w.run_dir(w.member_names()[0]), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("eval/loss")] == [3, 6, 9]
     for name, state in w.member_states(9).items():
         assert_equal_trees(comparable(state), comparable(uncut[9][name]))
         assert_equal_trees(w.params(name, 4), uncut[4][name].params)

@@ -8,8 +8,9 @@ in [0, train.steps] is taken exactly where the host loop stops, with no program 
 chunk that holds snapshot steps is cut there into pieces, all run by ONE program
 (engine.make_partial_chunk, the one early evaluations already use: at most one more compile for
 the run, none when evaluations already cut the first chunk). The cut changes no number (the
-pieces run the chunk's own step; tested bit for bit); TensorBoard's train/ points average over
-windows of each piece instead of the whole chunk (io/curves.train_points). Chunk ends stay
+pieces run the chunk's own step; tested bit for bit), nor where evaluations and checkpoints fall
+(the host loop skips cuts for them); TensorBoard's train/ points average over windows of each
+piece instead of the whole chunk (io/curves.train_points). Chunk ends stay
 multiples of train.chunk_steps across resumes (ahead.chunk_plan), so a resumed or longer run
 takes the snapshots of the straight run. A snapshot already on disk is not written
 again (a run killed after writing it and resumed from an earlier checkpoint retrains the same
