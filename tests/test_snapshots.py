@@ -244,14 +244,14 @@ def test_a_mixture_run_gives_the_ntk_margin_at_its_snapshot_steps(tmp_path):
     with config.train.unlocked():
         config.train.update(dict(steps=20, chunk_steps=5, eval_every=10, checkpoint_every=10, snapshot_steps="log:5"))
     run = mhjax.sweep(config, tmp_path / "w", progress=False)
-    assert run.snapshot_steps == [0, 1, 3, 5, 20]  # 1 and 3 pieces of the first chunk, 5 and 20 chunk ends
+    assert run.snapshot_steps == [0, 1, 3, 7, 20]  # 1, 3 and 7 cut the first two chunks, 20 the end
     for name in run.member_names:
         margins = [run.ntk(name, step).margin for step in run.snapshot_steps[1:]]
         assert len(margins) == 4 and all(np.isfinite(m) for m in margins) and len(set(margins)) == 4
     records = run.analyze(steps="all")
-    assert sorted({r["step"] for r in records}) == [0, 1, 3, 5, 20] and len(records) == 5 * len(run.member_names)
+    assert sorted({r["step"] for r in records}) == [0, 1, 3, 7, 20] and len(records) == 5 * len(run.member_names)
     for r in records:
-        if r["step"] in (1, 3, 5):
+        if r["step"] in (1, 3, 7):
             assert r["ntk_margin"] == pytest.approx(run.ntk(r["member"], r["step"]).margin, rel=1e-6)
     assert (tmp_path / "w" / "ntk_margin_steps.png").stat().st_size > 1000
     assert "ntk_margin_steps.png" in open(run.report()["md"]).read()
