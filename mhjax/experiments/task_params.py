@@ -9,7 +9,8 @@ of a task that declares parameters records them, defaults included, as ``task_pa
 
 Task parameters stay out of every PRNG key (init, dropout, data and held-out draws): members
 that differ only in a task parameter start from the same init and see the same key stream (a
-paired comparison), and a member equals itself trained without the others of the sweep. So
+paired comparison), and a member draws what it draws without the others of the sweep (its
+training equal to round-off across programs: docs/sweeps.md). So
 members without parameters keep their names and keys, and every earlier config its numbers.
 """
 
