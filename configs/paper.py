@@ -21,7 +21,7 @@ def get_config():
     config.data = ml_collections.ConfigDict(dict(protocol="fixed", num_train=5000, batch_size=50, num_eval=500))
     config.train = ml_collections.ConfigDict(dict(steps=20000, chunk_steps=200, eval_every=1000, checkpoint_every=2000))
     # Every member's parameters kept for good at step 0 and 7 log-spaced steps up to the last
-    # (0, 1, 5, 27, 141, 800, 3800, 20000: below chunk_steps exact, later at chunk ends): 675 KiB
+    # (0, 1, 5, 27, 141, 737, 3839, 20000, each exact: train/snapshots.py): 675 KiB
     # per member and snapshot, 42 MiB in all; `mhjax analyze --steps all` analyses each.
     config.train.snapshot_steps = "log:8"
     return config

@@ -298,7 +298,9 @@ class Run:
         :class:`mhjax.Forward` with logits, attention, head outputs, residual stream and, with
         targets, the per-token loss and loss and accuracy by position (weighted by ``weights``).
         ``targets`` default to the member's task's when it makes them from tokens (copy, cycle,
-        zero); ``heads_off`` {layer: [head, ...]} (0-based) zeroes heads as the analysis does.
+        zero), with the task's weights where its ``targets(tokens)`` gives them (positions it
+        leaves undefined count nowhere; ``Forward.weights``); ``heads_off`` {layer: [head, ...]}
+        (0-based) zeroes heads as the analysis does.
         A plug-in task whose source changed since training is refused, as by ``analyze``, unless
         ``allow_changed_task=True`` (stated on the Forward with the source's sha256); one that
         cannot be registered again warns why and leaves the loss fields None.

@@ -46,9 +46,21 @@ def test_the_first_chunk_is_cut_at_early_evaluation_steps():
     plan = ahead.chunk_plan(0, 25, 10, splits=(0, 1, 2, 5, 10, 12))
     assert plan.pieces == [1, 1, 3, 5] and plan.chunks == [10, 5] and plan.piece_length == 5
     assert plan.lengths()[:5] == [(1, True), (1, True), (3, True), (5, True), (10, False)]
-    assert ahead.chunk_plan(10, 25, 10, splits=(1, 2, 5)) == ahead.ChunkPlan([], [10, 5])  # resumed past them
-    assert ahead.chunk_plan(0, 4, 10, splits=(2, 6)) == ahead.ChunkPlan([2, 2], [])
-    assert ahead.chunk_plan(0, 25, 10) == ahead.ChunkPlan([], [10, 10, 5])
+    assert ahead.chunk_plan(10, 25, 10, splits=(1, 2, 5)).segments == [(10, False), (5, False)]  # resumed past them
+    assert ahead.chunk_plan(0, 4, 10, splits=(2, 6)).segments == [(2, True), (2, True)]
+    assert ahead.chunk_plan(0, 25, 10).segments == [(10, False), (10, False), (5, False)]
+
+
+def test_snapshot_steps_cut_any_chunk_into_pieces_of_one_program():
+    """Snapshot steps (``anywhere``) cut whatever chunk holds them, evaluations only the first;
+    every piece is run by the one program of the longest piece, and a run resumed inside a cut
+    chunk runs the rest of the straight run's pieces."""
+    plan = ahead.chunk_plan(0, 25, 10, splits=(1, 13), anywhere=(13, 17, 20, 25))
+    assert plan.segments == [(1, True), (9, True), (3, True), (4, True), (3, True), (5, False)]
+    assert plan.piece_length == 9 and plan.chunk_lengths == [5]
+    assert ahead.chunk_plan(13, 25, 10, anywhere=(13, 17)).segments == [(4, True), (3, True), (5, False)]
+    assert ahead.chunk_plan(15, 30, 10, anywhere=(17,)).segments == [(2, True), (3, True), (10, False)]
+    assert ahead.chunk_plan(0, 20, 10, anywhere=(0, 10, 20)).segments == [(10, False), (10, False)]  # chunk ends
 
 
 # ~13 s: a property of the loop no other change touches often

@@ -25,11 +25,15 @@ def config(snapshot_steps=None):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """{"snapshots": a run with snapshot_steps="log:4", "plain": the same without}: Workdirs."""
+    """{"snapshots": a run with snapshot_steps="log:4" (0, 1, 3, 9: the first chunk cut), "later": the
+    same at steps 4 and 7 (later chunks cut)}: Workdirs."""
     out = {}
-    for name, steps in (("snapshots", "log:4"), ("plain", None)):
+    for name, steps in (("snapshots", "log:4"), ("later", (4, 7))):
         workdir = tmp_path_factory.mktemp(name) / "w"
-        run(make_experiment(config(steps)), str(workdir), progress=False, log=lambda m: None)
+        c = config(steps)
+        if name == "later":  # evaluations every 2 and checkpoints every 4 steps: both crossed at the cut at 4
+            c.train.update(dict(eval_every=2, checkpoint_every=4))
+        run(make_experiment(c), str(workdir), progress=False, log=lambda m: None)
         out[name] = Workdir(workdir)
     return out
 
@@ -45,16 +49,19 @@ def assert_equal_trees(a, b):
         assert x[key].dtype == y[key].dtype and np.array_equal(x[key], y[key], equal_nan=True), key
 
 
-def test_log_steps_are_step_0_and_log_spaced_up_to_the_last_at_chunk_ends():
-    assert snapshots.resolve("log:4", 9, 3) == tuple(STEPS)
-    assert snapshots.resolve("log:4", 200, 25) == (0, 1, 14, 200)  # configs/quick.py
-    paper = snapshots.resolve("log:8", 20000, 200)  # configs/paper.py
-    assert paper == (0, 1, 5, 27, 141, 800, 3800, 20000)
-    assert all(k < 200 or k % 200 == 0 for k in paper)
-    assert snapshots.resolve((0, 150, 1000), 1000, 50) == (0, 150, 1000)
-    assert snapshots.resolve("0,10,30", 30, 10) == (0, 10, 30)  # as typed on the command line
-    assert snapshots.resolve(("log:2",), 30, 10) == (0, 30)  # "log:N" over a tuple in the file
-    assert snapshots.resolve(None, 30, 10) == snapshots.resolve((), 30, 10) == snapshots.resolve("()", 30, 10) == ()
+def test_log_and_lin_steps_are_step_0_and_spaced_up_to_the_last_exactly():
+    assert snapshots.resolve("log:4", 9) == tuple(STEPS)
+    assert snapshots.resolve("log:4", 200) == (0, 1, 14, 200)  # configs/quick.py
+    paper = snapshots.resolve("log:8", 20000)  # configs/paper.py: no longer rounded to chunk ends
+    assert paper == (0, 1, 5, 27, 141, 737, 3839, 20000)
+    assert snapshots.resolve("lin:6", 300) == (0, 60, 120, 180, 240, 300)
+    assert snapshots.resolve("lin:4", 10) == (0, 3, 7, 10)  # rounded to whole steps
+    assert snapshots.resolve("lin:20", 3) == (0, 1, 2, 3)  # fewer where steps coincide
+    assert snapshots.resolve((0, 150, 1000), 1000) == (0, 150, 1000)
+    assert snapshots.resolve((0, 15, 27), 30) == (0, 15, 27)  # any step, not only chunk ends
+    assert snapshots.resolve("0,10,30", 30) == (0, 10, 30)  # as typed on the command line
+    assert snapshots.resolve(("log:2",), 30) == (0, 30)  # "log:N" over a tuple in the file
+    assert snapshots.resolve(None, 30) == snapshots.resolve((), 30) == snapshots.resolve("()", 30) == ()
 
 
 @pytest.mark.parametrize(
@@ -62,15 +69,15 @@ def test_log_steps_are_step_0_and_log_spaced_up_to_the_last_at_chunk_ends():
     [
         ("log:1", 'config.train.snapshot_steps: "log:N" needs an integer N >= 2'),
         ("log:x", 'config.train.snapshot_steps: "log:N" needs an integer N >= 2'),
-        ("often", "config.train.snapshot_steps: must be a tuple of steps in [0, train.steps] or"),
+        ("lin:1", 'config.train.snapshot_steps: "lin:N" needs an integer N >= 2'),
+        ("often", 'config.train.snapshot_steps: must be a tuple of steps in [0, train.steps], "log:N" or "lin:N"'),
         ((0, 31), "config.train.snapshot_steps: each step must be an integer in [0, train.steps=30]; got 31"),
-        ((0, 15), "config.train.snapshot_steps: step 15 is not at a chunk end: steps from train.chunk_steps=10"),
         ((True,), "config.train.snapshot_steps: each step must be an integer"),
     ],
 )
 def test_bad_snapshot_steps_are_one_line_errors_naming_the_field(value, words):
     with pytest.raises(ConfigError) as exc:
-        snapshots.resolve(value, 30, 10)
+        snapshots.resolve(value, 30)
     assert str(exc.value).startswith(words) and "\n" not in str(exc.value)
     c = tiny_train(tiny_sequence_config(), 30, 10, 10, 10)
     set_field(c, "train.snapshot_steps", value)
@@ -95,12 +102,44 @@ def test_every_members_parameters_are_kept_at_each_snapshot_step(runs):
         assert set(w.member_states(1)[name]) == {"params"}  # parameters only, no optimizer state
 
 
-def test_cutting_the_first_chunk_at_snapshot_steps_changes_no_number(runs):
-    """The pieces program runs steps 0-1 and 1-3 here; the plain run one chunk 0-3: bit-identical."""
-    a, b = runs["snapshots"].member_states(9), runs["plain"].member_states(9)
-    for name in a:
-        assert_equal_trees(a[name], b[name])
-    assert runs["plain"].snapshot_steps() == []
+@pytest.fixture(scope="module")
+def uncut():
+    """{step: every member's state} of the sweep trained in whole chunks of 3 (the last of 1) and
+    no I/O, to steps 4 and 9: what runs cut into pieces must equal."""
+    sweep = Sweep(make_experiment(config()))
+    return {steps: sweep.member_states(sweep.train(sweep.init_states(), steps, 3)) for steps in (4, 9)}
+
+
+def test_cutting_the_first_chunk_at_snapshot_steps_changes_no_number(runs, uncut):
+    """The pieces program runs steps 0-1 and 1-3 here; the uncut run one chunk 0-3: bit-identical."""
+    for name, state in runs["snapshots"].member_states(9).items():
+        assert_equal_trees(comparable(state), comparable(uncut[9][name]))
+
+
+def test_snapshots_at_steps_inside_later_chunks_are_exact_and_change_no_number(runs, uncut):
+    """Steps 4 and 7 cut the chunks 3-6 and 6-9 (chunks of 3) into pieces of one program: the
+    final state equals the uncut run's bit for bit, the snapshot at 4 is the parameters of the
+    same sweep trained to step 4 and stopped, and evaluations and checkpoints stay at chunk ends."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    w = runs["later"]
+    assert w.snapshot_steps() == [4, 7]
+    # evaluations and checkpoints where a run without snapshots has them: at chunk ends 3, 6, 9
+    # (crossing 2, 4, 6 and 8), not at the cuts 4 and 7
+    assert w.checkpoint_steps() == [6, 9]
+    events = EventAccumulator(w.run_dir(w.member_names()[0]), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("eval/loss")] == [3, 6, 9]
+    for name, state in w.member_states(9).items():
+        assert_equal_trees(comparable(state), comparable(uncut[9][name]))
+        assert_equal_trees(w.params(name, 4), uncut[4][name].params)
+        assert not np.array_equal(*(next(iter(leaves(w.params(name, s)).values())) for s in (4, 7)))
+
+
+def comparable(state):
+    """The parameters and loss-path values of a state (a checkpoint's dict or a MemberState)."""
+    fields = ("params", "last_loss", "initial_loss", "max_loss", "step")
+    return {k: state[k] if isinstance(state, dict) else getattr(state, k) for k in fields}
 
 
 def test_the_disk_line_is_parameter_bytes_times_members_times_snapshots():
@@ -218,14 +257,14 @@ def test_a_mixture_run_gives_the_ntk_margin_at_its_snapshot_steps(tmp_path):
     with config.train.unlocked():
         config.train.update(dict(steps=20, chunk_steps=5, eval_every=10, checkpoint_every=10, snapshot_steps="log:5"))
     run = mhjax.sweep(config, tmp_path / "w", progress=False)
-    assert run.snapshot_steps == [0, 1, 3, 5, 20]  # 1 and 3 pieces of the first chunk, 5 and 20 chunk ends
+    assert run.snapshot_steps == [0, 1, 3, 7, 20]  # 1, 3 and 7 cut the first two chunks, 20 the end
     for name in run.member_names:
         margins = [run.ntk(name, step).margin for step in run.snapshot_steps[1:]]
         assert len(margins) == 4 and all(np.isfinite(m) for m in margins) and len(set(margins)) == 4
     records = run.analyze(steps="all")
-    assert sorted({r["step"] for r in records}) == [0, 1, 3, 5, 20] and len(records) == 5 * len(run.member_names)
+    assert sorted({r["step"] for r in records}) == [0, 1, 3, 7, 20] and len(records) == 5 * len(run.member_names)
     for r in records:
-        if r["step"] in (1, 3, 5):
+        if r["step"] in (1, 3, 7):
             assert r["ntk_margin"] == pytest.approx(run.ntk(r["member"], r["step"]).margin, rel=1e-6)
     assert (tmp_path / "w" / "ntk_margin_steps.png").stat().st_size > 1000
     assert "ntk_margin_steps.png" in open(run.report()["md"]).read()
@@ -243,7 +282,11 @@ def test_the_command_line_sets_snapshot_steps_on_any_config_and_the_dry_run_prin
     assert "\nsnapshots: 4 (steps 0, 1, 3, 9) x 2 members x " in out and "on disk under W/snapshots/" in out
     assert cli(["train", "--config", str(path), "--dry-run", "--config.train.snapshot_steps=0,6"]) == 0
     assert "snapshots: 2 (steps 0, 6)" in capsys.readouterr().out
-    code = cli(["train", "--config", str(path), "--dry-run", "--config.train.snapshot_steps=0,5"])
-    assert_one_line_error(capsys, code, "config.train.snapshot_steps: step 5 is not at a chunk end")
+    assert cli(["train", "--config", str(path), "--dry-run", "--config.train.snapshot_steps=0,5"]) == 0
+    assert "snapshots: 2 (steps 0, 5)" in capsys.readouterr().out
+    code = cli(["train", "--config", str(path), "--dry-run", "--config.train.snapshot_steps=0,10"])
+    assert_one_line_error(
+        capsys, code, "config.train.snapshot_steps: each step must be an integer in [0, train.steps=9]"
+    )
     code = cli(["train", "--config", str(path), "--dry-run", "--config.train.snapshot_steps=log:0"])
     assert_one_line_error(capsys, code, 'config.train.snapshot_steps: "log:N" needs an integer N >= 2')

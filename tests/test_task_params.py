@@ -118,6 +118,30 @@ def test_a_plugin_declares_parameters_that_reach_every_form():
         _register("shifted3", sample, params={"heads": 1})
 
 
+def test_a_negative_parameter_names_its_members_without_a_dash_of_its_own():
+    """k=-1 is "kneg1" (a "-" would read as two fields, "k" and "1"); the name it had before
+    (after_marker-k-1-...) is the member's earlier name, which a workdir trained then keeps."""
+
+    def sample(key, length, vocab_size, k=1.0):
+        x = _tokens(key, length, vocab_size)
+        return x, jnp.roll(x, int(k)), jnp.ones(length)
+
+    _register("after_marker", sample, params={"k": 1.0})  # a float: ints and floats
+    config = apply_overrides(
+        tiny_sequence_config(task=("after_marker",), heads=(4,)), {"task_params.after_marker.k": "-1,1,-2.5,2.5"}
+    )
+    members = make_experiment(config).members
+    assert [m.name for m in members] == [
+        "after_marker-kneg1-h4-s0",
+        "after_marker-k1-h4-s0",
+        "after_marker-kneg2.5-h4-s0",
+        "after_marker-k2.5-h4-s0",
+    ]
+    assert [m.hparams["task_params"]["k"] for m in members] == [-1, 1, -2.5, 2.5]
+    assert [m.earlier for m in members] == ["after_marker-k-1-h4-s0", None, "after_marker-k-2.5-h4-s0", None]
+    tasks._REGISTRY.pop("after_marker")
+
+
 TYPED = """import jax
 import jax.numpy as jnp
 import mhjax

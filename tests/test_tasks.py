@@ -428,6 +428,46 @@ def test_the_readme_task_with_targets_from_tokens_is_checked_and_its_two_forms_a
     np.testing.assert_array_equal(batch.targets[0], targets)
 
 
+def _after_first(tokens):
+    """targets(tokens) with weights: the first token, undefined (weight 0) at position 0."""
+    weights = jnp.ones(jnp.shape(tokens), jnp.float32).at[..., 0].set(0.0)
+    return jnp.broadcast_to(tokens[..., :1], jnp.shape(tokens)), weights
+
+
+def _first_token(key, length, vocab_size):
+    inputs = _tokens(key, length, vocab_size)
+    targets, weights = _after_first(inputs)
+    return inputs, targets, weights
+
+
+def test_targets_from_tokens_may_give_weights_and_given_sequences_use_them():
+    """A targets form returning (targets, weights): the check passes it, `analyze --sequences`
+    weighs given sequences with its weights; a weight form of another shape, or negative, is one line."""
+    from mhjax.data.task_check import check_task
+
+    tasks._REGISTRY.pop("after_first", None)
+    tasks.register_task("after_first", _first_token, targets=_after_first)
+    task = check_task("after_first", 8, 16)
+    tokens = np.arange(16, dtype=np.int32).reshape(2, 8)
+    batch, _ = task_sequences(task, tokens, None, 0, 8, 16)
+    np.testing.assert_array_equal(batch.targets, [[0] * 8, [8] * 8])
+    np.testing.assert_array_equal(batch.weights, [[0] + [1] * 7] * 2)
+    assert batch.weights.dtype == np.float32
+    bad = {
+        "wrong shape": lambda x: (x, jnp.ones(x.shape[-1:], jnp.float32)),
+        "negative": lambda x: (x, -jnp.ones(x.shape, jnp.float32)),
+    }
+    for label, form in bad.items():
+        tasks._REGISTRY.pop("after_first", None)
+        tasks.register_task("after_first", _first_token, targets=form)
+        with pytest.raises(ConfigError) as exc:
+            check_task("after_first", 8, 16)
+        line = str(exc.value)
+        assert line.startswith("config.sweep.task: task 'after_first'") and "targets(tokens)" in line, label
+        assert ("finite and >= 0" in line) == (label == "negative") and "\n" not in line
+    tasks._REGISTRY.pop("after_first", None)
+
+
 def test_a_task_defined_in_a_config_file_is_found_again_by_running_that_file(tmp_path):
     config = tmp_path / "with_task.py"
     config.write_text(

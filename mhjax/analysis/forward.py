@@ -40,6 +40,8 @@ class Forward:
     loss: (N, T) per-token cross-entropy, None without targets.
     loss_by_position, accuracy_by_position: (T,) means over sequences weighted by ``weights``,
       NaN where no weight falls; None without targets.
+    weights: (N, T) the weights those means used (given, or the task's own with its targets:
+      0 where the task leaves a position undefined); None without targets.
     allow_changed_task: whether the call allowed a task source (or the text task's corpus)
       changed since training (the task's own targets are then the edited code's).
     task_sha256: {"recorded": at training, "current": now} of the task's source file (the text
@@ -55,6 +57,7 @@ class Forward:
     accuracy_by_position: np.ndarray | None = None
     allow_changed_task: bool = False
     task_sha256: dict | None = None
+    weights: np.ndarray | None = None
 
 
 def head_mask(heads_off, num_layers: int, heads: int, name: str = "heads_off") -> np.ndarray:
@@ -106,6 +109,10 @@ def patch_mask(patch, positions, num_layers: int, heads: int, length: int) -> np
         for position in listed:
             if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or not 0 <= position < length:
                 raise ConfigError(f"patch_positions: position {position!r} is not one of 0..{length - 1}")
+        twice = next((p for i, p in enumerate(listed) if p in listed[:i]), None)
+        if twice is not None:  # a position listed twice is most likely a typo for another one
+            shown = [int(p) for p in listed]
+            raise ConfigError(f"patch_positions: position {twice} is listed twice ({shown}); list each position once")
         at = np.zeros(length, bool)
         at[np.asarray(listed, int)] = True
     return heads_on[:, None, :] & at[None, :, None]
@@ -253,13 +260,19 @@ def forward(
         loss=loss,
         loss_by_position=nan(positions["loss_by_position"]),
         accuracy_by_position=nan(positions["accuracy_by_position"]),
+        weights=weights,
     )
 
 
 def apply_fn(sizes: dict, heads: int):
-    """A pure ``apply(params, tokens (N, T)) -> logits (N, T, V)``: the eval-mode H-head model."""
+    """A pure ``apply(params, tokens (N, T)) -> logits (N, T, V)``: the eval-mode H-head model,
+    jitted as ``forward`` is. Its logits equal ``forward``'s to float32 round-off, not bit for
+    bit: they are two programs (``forward`` also returns the internals), which XLA may fuse and
+    round differently (docs/sweeps.md). Run op by op (unjitted, before), it was 3.3e-6 from
+    ``forward`` on one user's model and 4.8e-7 on the tests'; jitted, equal bit for bit there."""
     model = eval_model(ModelConfig.from_sizes(sizes), int(heads))
 
+    @jax.jit
     def apply(params, tokens):
         return model.apply({"params": params}, jnp.asarray(tokens, jnp.int32))
 

@@ -148,7 +148,8 @@ def check_task(task) -> Task:
 
 
 def task_batch(task, tokens) -> Batch:
-    """Given (N, T) tokens -> a Batch with the task's targets(tokens), every position weighted."""
+    """Given (N, T) tokens -> a Batch with the task's targets(tokens) and its weights (every
+    position weighted where the task gives none)."""
     t = check_task(task)
     if isinstance(tokens, Batch):
         return Batch(*(np.asarray(a) for a in tokens))
@@ -158,7 +159,8 @@ def task_batch(task, tokens) -> Batch:
             "(leave out --sequences)"
         )
     tokens = np.asarray(tokens)
-    return Batch(tokens, np.asarray(t.call_targets(tokens)), np.ones(tokens.shape, np.float32))
+    targets, weights = t.targets_and_weights(tokens)  # weights: the task's, else every position
+    return Batch(tokens, np.asarray(targets), np.asarray(weights, np.float32))
 
 
 def check_conventions(horizon, max_steps, include_sink, chain) -> dict:

@@ -22,7 +22,8 @@ def check_task(
     """The registered task ``name`` with ``params`` bound, after checking its forms on a few
     keys. Raises ConfigError."""
     t = get_task(name, field).with_params(params)
-    memo = (name, _identity(t), tuple(sorted(t.kwargs.items(), key=lambda kv: kv[0])), length, vocab_size)
+    # the targets form too: a notebook that registers the same sampler with another one is checked again
+    memo = (name, _identity(t), t.targets, tuple(sorted(t.kwargs.items(), key=lambda kv: kv[0])), length, vocab_size)
     if memo in _CHECKED:
         return t
     where = f"{field}: task {name!r} ({t.label()})"
@@ -69,15 +70,27 @@ def check_task(
     if all(not np.any(w > 0) for _, _, w in draws):
         raise ConfigError(f"{where}: weights are all zero: no position counts in the loss")
     if t.targets is not None:
-        shape = _run(
-            where,
-            "targets(tokens)",
-            lambda: jax.eval_shape(t.call_targets, jax.ShapeDtypeStruct((2, length), jnp.int32)),
-        )
-        if getattr(shape, "shape", None) != (2, length) or shape.dtype != jnp.int32:
-            raise ConfigError(f"{where}: targets(tokens) must return int32 of the tokens' shape (2, {length})")
+        _check_targets_form(t, where, np.stack([d[0] for d in draws[:2]]))
     _CHECKED.add(memo)
     return t
+
+
+def _check_targets_form(t, where: str, tokens) -> None:
+    """targets(tokens) on two drawn sequences (2, T): int32 targets of their shape, or (targets,
+    weights) with float weights of that shape, finite and >= 0."""
+    shape = tokens.shape
+    want = f"int32 targets of the tokens' shape {shape}, or (targets, weights) with float32 weights of that shape"
+    out = _run(where, "targets(tokens)", lambda: jax.eval_shape(t.call_targets, jax.ShapeDtypeStruct(shape, jnp.int32)))
+    pair = isinstance(out, (tuple, list)) and len(out) == 2
+    targets, weights = out if pair else (out, None)
+    if getattr(targets, "shape", None) != shape or targets.dtype != jnp.int32:
+        raise ConfigError(f"{where}: targets(tokens) must return {want}")
+    if pair and (getattr(weights, "shape", None) != shape or not jnp.issubdtype(weights.dtype, jnp.floating)):
+        raise ConfigError(f"{where}: targets(tokens) must return {want}")
+    if pair:
+        values = np.asarray(_run(where, "targets(tokens)", lambda: t.targets_and_weights(jnp.asarray(tokens))[1]))
+        if not np.all(np.isfinite(values)) or values.min() < 0:
+            raise ConfigError(f"{where}: targets(tokens): weights must be finite and >= 0")
 
 
 def _run(where: str, call: str, fn):

@@ -9,8 +9,10 @@ config's ``sweep.task`` lists registered names.
 Optional forms, for speed and for analysing given tokens:
 - ``batch(key, num, length, vocab_size)``: the same three arrays with a leading (num,) axis
   (default: sequence i drawn by ``sample`` from ``fold_in(key, i)``);
-- ``targets(tokens)``: targets from tokens (..., T) -> (..., T), every position weighted;
-  such a task can be analysed on given sequences (``mhjax analyze --sequences``);
+- ``targets(tokens)``: targets from tokens (..., T) -> (..., T), every position weighted, or
+  ``(targets, weights)``, both (..., T), where positions the task leaves undefined (weight 0)
+  should not count; such a task can be analysed on given sequences (``mhjax analyze
+  --sequences``, ``run.forward(member, tokens)``);
 - ``heldout(key, num, length, vocab_size)``: held-out sequences, drawn apart from the training
   ones (evaluation and analysis; default: ``batch``'s draws from the evaluation key);
 - ``bind(config) -> Task``: a task whose forms read the config's data (the text task's corpus,
@@ -54,7 +56,7 @@ class Task:
     name: str
     sample: Callable  # (key, length, vocab_size) -> (inputs, targets, weights), each (T,)
     batch: Callable | None = None  # (key, num, length, vocab_size) -> the same with a leading (num,) axis
-    targets: Callable | None = None  # tokens (..., T) -> targets (..., T); every position weighted
+    targets: Callable | None = None  # tokens (..., T) -> targets (..., T) or (targets, weights)
     source: dict = dataclasses.field(default_factory=dict)  # {"module"|"config": ..., "function": ...}
     params: dict = dataclasses.field(default_factory=dict)  # declared parameters and their defaults
     values: dict = dataclasses.field(default_factory=dict)  # bound values (with_params)
@@ -85,7 +87,16 @@ class Task:
         return self.sample(key, length, vocab_size, **self.kwargs)
 
     def call_targets(self, tokens):
+        """The targets form's own result: targets, or (targets, weights)."""
         return self.targets(tokens, **self.kwargs)
+
+    def targets_and_weights(self, tokens):
+        """(targets, weights) of ``tokens`` (..., T) by the targets form: its weights where it
+        gives them, else 1 at every position (float32)."""
+        out = self.call_targets(tokens)
+        if isinstance(out, (tuple, list)) and len(out) == 2:
+            return out[0], jnp.asarray(out[1], jnp.float32)
+        return out, jnp.ones(jnp.shape(tokens), jnp.float32)
 
     def draw(self, key, num: int, length: int, vocab_size: int) -> Batch:
         """``num`` sequences from ``key`` (the batched form when the task gives one)."""

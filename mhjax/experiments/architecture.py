@@ -14,7 +14,7 @@ and before its head count: ``copy-d16-h8-s0``, ``copy-w128-h4-s0`` (LETTERS; doc
 head_dim of None (parameter matching) names nothing, so those members keep today's names.
 Architecture fields stay out of every PRNG key name, as learning_rate and task parameters do:
 members that differ only in architecture see the same data and the same init key (paired), and a
-member equals itself trained alone.
+member draws what it draws alone (docs/sweeps.md: what a member equals in another sweep).
 
 Members whose models differ in shape (or dropout, a static setting) cannot share one vmapped
 program: ``shape_groups`` splits a sweep into groups of one model each, and each strategy runs

@@ -9,13 +9,15 @@ of a task that declares parameters records them, defaults included, as ``task_pa
 
 Task parameters stay out of every PRNG key (init, dropout, data and held-out draws): members
 that differ only in a task parameter start from the same init and see the same key stream (a
-paired comparison), and a member equals itself trained without the others of the sweep. So
+paired comparison), and a member draws what it draws without the others of the sweep (its
+training equal to round-off across programs: docs/sweeps.md). So
 members without parameters keep their names and keys, and every earlier config its numbers.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 
 import ml_collections
 
@@ -157,6 +159,8 @@ def members(config) -> list[Member]:
             hparams.update({k: v for k, v in member.hparams.items() if k != "task"})
             rest = member.name[len(name) :]
             named, earlier = (name + _label(values, params) + rest for params in (given, swept))
+            if _negative(values):  # named "k-1" before negative values were "kneg1"
+                earlier = name + _label(values, given, text=_signed_text) + rest
             out.append(Member(named, hparams, earlier if earlier != named else None))
     names = [m.name for m in out]
     if len(set(names)) != len(names):
@@ -166,13 +170,33 @@ def members(config) -> list[Member]:
     return out
 
 
-def _label(values: dict, params) -> str:
-    return "".join(f"-{SHORT.get(p, p)}{_text(values[p])}" for p in params)
+def _label(values: dict, params, text=None) -> str:
+    text = text or _text
+    return "".join(f"-{SHORT.get(p, p)}{text(values[p])}" for p in params)
 
 
 def _values(value) -> tuple:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
+def _is_negative(value) -> bool:
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return numeric and math.copysign(1.0, value) < 0
+
+
+def _negative(values: dict) -> bool:
+    return any(_is_negative(v) for v in values.values())
+
+
 def _text(value) -> str:
+    """A parameter's value in a member name. A negative number is "neg" and its magnitude
+    (``k=-1``: ``after_marker-kneg1-h4-s0``): names are fields joined by "-", so "k-1" would read
+    as a field "k" and a field "1". Negatives are named, not refused: only the task knows whether
+    one means something (an offset, a bias); its sampler refuses those it cannot take."""
+    if _is_negative(value):
+        return "neg" + _text(-value)
+    return _signed_text(value)
+
+
+def _signed_text(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)

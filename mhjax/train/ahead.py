@@ -39,16 +39,24 @@ class Compiled(NamedTuple):
 
 
 class ChunkPlan(NamedTuple):
-    """The chunks a run trains, in order: ``pieces``, the first chunk cut at early evaluation
-    steps (all run by ONE program of up to ``max(pieces)`` steps, engine.make_partial_chunk),
-    then ``chunks`` of ``chunk`` steps each (the last one shorter)."""
+    """The chunks a run trains, in order: ``segments``, (steps, is a piece) each. Pieces (chunks
+    cut at early evaluations, at snapshot steps, or a resumed run's partial first chunk) are all
+    run by ONE program of up to ``piece_length`` steps (engine.make_partial_chunk); the other
+    segments are whole chunks of ``chunk`` steps (the last one may be shorter)."""
 
-    pieces: list[int]
-    chunks: list[int]
+    segments: list[tuple[int, bool]]
 
     def lengths(self) -> list[tuple[int, bool]]:
         """(steps, is a piece) of every chunk, in order."""
-        return [(n, True) for n in self.pieces] + [(n, False) for n in self.chunks]
+        return list(self.segments)
+
+    @property
+    def pieces(self) -> list[int]:
+        return [n for n, piece in self.segments if piece]
+
+    @property
+    def chunks(self) -> list[int]:
+        return [n for n, piece in self.segments if not piece]
 
     @property
     def piece_length(self) -> int:
@@ -60,23 +68,28 @@ class ChunkPlan(NamedTuple):
         return sorted(set(self.chunks), reverse=True)
 
 
-def chunk_plan(step: int, total: int, chunk: int, splits=()) -> ChunkPlan:
-    """The chunks of a run from ``step`` to ``total``; the first chunk is cut at every step k of
-    ``splits`` with step < k < chunk, so that an evaluation or a snapshot can fall on those early
-    steps. Chunks end at multiples of ``chunk`` (and at ``total``) whatever ``step``: a run resumed
-    between two (after a piece, or trained longer from a ``total`` that is not one) first runs
-    the rest of that chunk as a piece, so later evaluations and snapshots fall where they would
-    have in the straight run."""
-    first_end = min((step // chunk + 1) * chunk, total)
-    cuts = sorted({int(k) for k in splits if step < k < min(chunk, first_end)})
-    if not cuts and step % chunk and first_end < total:
-        cuts = [first_end]  # the partial first chunk as one piece (no chunk length of its own)
-    pieces, previous = [], step
-    for bound in sorted(set(cuts) | {first_end}) if cuts else []:
-        pieces.append(bound - previous)
-        previous = bound
-    start = first_end if cuts else step
-    return ChunkPlan(pieces, [min(chunk, total - s) for s in range(start, total, chunk)])
+def chunk_plan(step: int, total: int, chunk: int, splits=(), anywhere=()) -> ChunkPlan:
+    """The chunks of a run from ``step`` to ``total``. Chunks end at multiples of ``chunk`` (and at
+    ``total``) whatever ``step``; a chunk is cut into pieces at every step of ``anywhere`` inside it
+    (snapshot steps), and the first chunk of the run, [0, chunk), also at those of ``splits``
+    (early evaluations), so that a snapshot or an evaluation falls exactly there. A run resumed
+    between two chunk ends (after a piece, or trained longer from a ``total`` that is not a
+    multiple) first runs the rest of that chunk as a piece, so later evaluations and snapshots fall
+    where they would have in the straight run."""
+    anywhere, early = {int(k) for k in anywhere}, {int(k) for k in splits if int(k) < chunk}
+    segments, start = [], step
+    while start < total:
+        end = min((start // chunk + 1) * chunk, total)
+        cuts = sorted(k for k in anywhere | early if start < k < end)
+        if not cuts and start % chunk and end < total:
+            cuts = [end]  # a partial chunk as one piece (no chunk length of its own)
+        if cuts:
+            bounds = [start, *cuts, *([end] if cuts[-1] != end else [])]
+            segments += [(b - a, True) for a, b in zip(bounds, bounds[1:])]
+        else:
+            segments.append((end - start, False))
+        start = end
+    return ChunkPlan(segments)
 
 
 def chunk_lengths(step: int, total: int, chunk: int) -> list[int]:
@@ -87,7 +100,7 @@ def chunk_lengths(step: int, total: int, chunk: int) -> list[int]:
 def jobs(sweep, lengths: list[int], init: bool, piece_length: int = 0) -> list[Job]:
     """Every executable the host loop will call, with the argument shapes and shardings it
     will call them with (states as abstract values: they do not exist yet); ``piece_length``:
-    the program of the first chunk's pieces (ChunkPlan)."""
+    the program of the chunks' pieces (ChunkPlan)."""
     out = []
     states = sweep.abstract_states(sharded=True)
     for p in sweep.programs:
@@ -112,7 +125,7 @@ def describe(sweep, lengths: list[int], init: bool, piece_length: int = 0) -> st
     if lengths:
         parts.append("training chunks of " + " and ".join(str(n) for n in lengths) + " steps")
     if piece_length:
-        parts.append(f"the first chunk's pieces (one program of up to {piece_length} steps)")
+        parts.append(f"chunk pieces at evaluations and snapshots (one program of up to {piece_length} steps)")
     parts.append("evaluation")
     if init:
         parts.append("initial state")

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import jax
 
-from mhjax.train import ahead, hlo
+from mhjax.train import ahead, hlo, snapshots
 from mhjax.train import target as targets
 from mhjax.train.loop import Sweep
 from mhjax.train.placement import Placement
@@ -95,8 +95,10 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
     experiment.planned_devices = placement.size
     sweep = Sweep(experiment, target.backend, placement)
     config = experiment.config
-    # The run's plan from step 0, as the host loop makes it (the first chunk cut at early evaluations).
-    plan = ahead.chunk_plan(0, config.train.steps, config.train.chunk_steps, splits=experiment.eval_steps())
+    # The run's plan from step 0, as the host loop makes it (the first chunk cut at early
+    # evaluations, any chunk at snapshot steps).
+    steps, chunk, snaps = config.train.steps, config.train.chunk_steps, snapshots.steps_of(config)
+    plan = ahead.chunk_plan(0, steps, chunk, splits=experiment.eval_steps(), anywhere=snaps)
     lengths, pieces = plan.chunk_lengths, plan.piece_length
     description = ahead.describe(sweep, lengths, True, pieces)
     # The members one device computes: the compiled program is one device's (per member-step figures)

@@ -247,8 +247,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         hparams = {m.name: m.flat_hparams() for m in members}
         writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
         evals = sorted(set(experiment.eval_steps()))
-        # the first chunk cut at early evaluations and snapshots (train/snapshots.py)
-        plan = ahead.chunk_plan(step, total, chunk, splits=evals + sorted(snaps.steps))
+        # the first chunk cut at early evaluations, any chunk at snapshot steps (train/snapshots.py)
+        plan = ahead.chunk_plan(step, total, chunk, splits=evals, anywhere=snaps.steps)
         _compile_ahead(sweep, console, plan, init=latest is None)
         stop.where = "at the end of the running chunk"
         if latest is None:
@@ -260,6 +260,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             _log_eval(writers, members, sweep.evaluate(states), 0)
         snaps.take(step, states)  # step 0, or a resumed step newly asked for
         console.start(total, step)
+        since = step  # the last stop that was not a snapshot's cut
         for n, piece in plan.lengths():
             if stop.raised:  # before any chunk of this run: nothing to save
                 raise Interrupted(
@@ -286,9 +287,13 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             rate = n * len(members) / max(chunk_time, 1e-9)
             for m in members:
                 writers.scalars(m.name, {"perf/member_steps_per_s": rate}, step + n)
-            previous, step = step, step + n
+            step += n
             trained += n
             console.advance(n, step, rate, time.perf_counter() - started)
+            # Evaluations and checkpoints fall as in a run without snapshots: not at a snapshot's
+            # cut, and at other stops for what was crossed since the last of those (``since``).
+            regular = step % chunk == 0 or step == total or (step < chunk and step in evals)
+            previous, since = (since, step) if regular else (step, since)
             wanted_eval = any(previous < k <= step for k in evals)
             if _crossed(previous, step, config.train.eval_every) or step == total or wanted_eval:
                 evaluation = sweep.evaluate(states)

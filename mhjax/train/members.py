@@ -2,7 +2,8 @@
 
 A member is one training run (task, heads, seed, learning rate, ...). Its PRNG keys
 derive from (config.seed, member seed, its key name) and never from its position in
-the sweep, so a member trained alone equals the same member inside any sweep. The key name
+the sweep, so a member trained alone draws bit for bit what it draws inside any sweep (its
+training is equal to float32 round-off across programs: docs/sweeps.md). The key name
 (:func:`key_names`) leaves out the fields that an experiment shares its random draws over
 (a learning rate, a step size, a training-set size, an init scale).
 """
@@ -96,7 +97,7 @@ def expand(sweep: dict[str, tuple], leading: str | None = None) -> list[Member]:
 def key_names(sweep: dict, members: list[Member], shared=(), leading: str | None = None) -> dict[str, str]:
     """{member name: the name its PRNG key derives from}: the member's name without the ``shared``
     fields. Members that differ only in those start from the same random draws (a comparison over
-    them is paired, not confounded by another init), and a member equals itself trained alone
+    them is paired, not confounded by another init), and a member draws what it draws alone
     whichever other values of those fields were swept beside it."""
     swept_many = {f for f in sweep if f not in shared and len(sweep[f]) > 1}
     return {

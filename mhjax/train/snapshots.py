@@ -1,16 +1,18 @@
 """Snapshots: every member's parameters (not its optimizer state) at chosen steps, kept for good
 under W/snapshots/<step>/ beside the two rolling resume checkpoints (io/workdir.py reads them).
 
-``config.train.snapshot_steps`` (optional; absent or empty: none) is a tuple of steps or
-``"log:N"``: step 0 plus N-1 steps log-spaced from 1 up to train.steps, which is included.
-A snapshot is taken where the host loop stops, so no step of it needs a program of its own:
-- steps below train.chunk_steps are exact: the first chunk is cut there into pieces, all run by
-  ONE program (train/ahead.py's pieces, as for early evaluations: none more when evaluations
-  already cut the first chunk);
-- later steps fall at chunk ends: "log:N" rounds them to the nearest multiple of
-  train.chunk_steps (or train.steps), a listed step must be one (a one-line error otherwise).
-Chunk ends stay multiples of train.chunk_steps across resumes (ahead.chunk_plan), so a resumed or
-longer run takes the snapshots of the straight run. A snapshot already on disk is not written
+``config.train.snapshot_steps`` (optional; absent or empty: none) is a tuple of steps, ``"log:N"``
+(step 0 plus N-1 steps log-spaced from 1 up to train.steps, which is included) or ``"lin:N"``
+(step 0 plus N-1 evenly spaced steps up to train.steps), each rounded to a whole step. Every step
+in [0, train.steps] is taken exactly where the host loop stops, with no program of its own: a
+chunk that holds snapshot steps is cut there into pieces, all run by ONE program
+(engine.make_partial_chunk, the one early evaluations already use: at most one more compile for
+the run, none when evaluations already cut the first chunk). The cut changes no number (the
+pieces run the chunk's own step; tested bit for bit), nor where evaluations and checkpoints fall
+(the host loop skips cuts for them); TensorBoard's train/ points average over windows of each
+piece instead of the whole chunk (io/curves.train_points). Chunk ends stay
+multiples of train.chunk_steps across resumes (ahead.chunk_plan), so a resumed or longer run
+takes the snapshots of the straight run. A snapshot already on disk is not written
 again (a run killed after writing it and resumed from an earlier checkpoint retrains the same
 parameters), and orbax writes each one into a temporary folder renamed into place when complete:
 a kill loses none that was written.
@@ -29,20 +31,21 @@ from mhjax.io.workdir import Workdir
 from mhjax.train.engine import unstack
 
 FIELD = "train.snapshot_steps"
-ALLOWED = 'a tuple of steps in [0, train.steps] or "log:N" (N >= 2)'
+ALLOWED = 'a tuple of steps in [0, train.steps], "log:N" or "lin:N" (N >= 2)'
+SPACINGS = ("log", "lin")
 
 
-def resolve(value, total: int, chunk: int) -> tuple[int, ...]:
-    """The snapshot steps of ``value`` (config.train.snapshot_steps) for a run of ``total`` steps
-    in chunks of ``chunk``, ascending; bad values raise ConfigError naming the field."""
+def resolve(value, total: int) -> tuple[int, ...]:
+    """The snapshot steps of ``value`` (config.train.snapshot_steps) for a run of ``total`` steps,
+    ascending; bad values raise ConfigError naming the field."""
     if value is None:
         return ()
     if isinstance(value, (tuple, list)) and len(value) == 1 and isinstance(value[0], str):
         value = value[0]  # "--config.train.snapshot_steps=log:4" over a tuple in the file
     if isinstance(value, str):
         text = value.strip()
-        if text.startswith("log:"):
-            return _log_steps(text, total, chunk)
+        if text[:4] in (f"{s}:" for s in SPACINGS):
+            return _spaced_steps(text, total)
         if text.lower() in ("none", "off"):
             return ()
         try:  # "0,100,1000" or "()" as typed on the command line over a "log:N" in the file
@@ -57,31 +60,27 @@ def resolve(value, total: int, chunk: int) -> tuple[int, ...]:
     for k in value:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= total:
             raise ConfigError(f"config.{FIELD}: each step must be an integer in [0, train.steps={total}]; got {k!r}")
-        if k >= chunk and k % chunk and k != total:
-            raise ConfigError(
-                f"config.{FIELD}: step {k} is not at a chunk end: steps from train.chunk_steps={chunk} on must be "
-                f'multiples of it or train.steps={total} (or use "log:N", which rounds them)'
-            )
         steps.add(int(k))
     return tuple(sorted(steps))
 
 
-def _log_steps(text: str, total: int, chunk: int) -> tuple[int, ...]:
-    count = text[4:].strip()
+def _spaced_steps(text: str, total: int) -> tuple[int, ...]:
+    """ "log:N" or "lin:N": step 0 and N-1 steps up to ``total`` (log-spaced from 1, or evenly
+    spaced), rounded to whole steps (fewer where two round to one step)."""
+    spacing, count = text[:3], text[4:].strip()
     if not count.isdigit() or int(count) < 2:
-        raise ConfigError(f'config.{FIELD}: "log:N" needs an integer N >= 2 (step 0 and N-1 more); got {text!r}')
+        raise ConfigError(f'config.{FIELD}: "{spacing}:N" needs an integer N >= 2 (step 0 and N-1 more); got {text!r}')
     n = int(count) - 1
-    ends = [total] if n == 1 else [float(x) for x in np.geomspace(1, total, n)]
-    steps = {0, total}
-    for k in ends:
-        k = int(round(k))
-        steps.add(k if k < chunk else min(total, int(round(k / chunk)) * chunk))
-    return tuple(sorted(steps))
+    if spacing == "log":
+        ends = [total] if n == 1 else np.geomspace(1, total, n)
+    else:
+        ends = np.linspace(0, total, n + 1)[1:]
+    return tuple(sorted({0, total, *(int(round(float(k))) for k in ends)}))
 
 
 def steps_of(config) -> tuple[int, ...]:
     """config.train.snapshot_steps resolved for its run (``resolve``)."""
-    return resolve(config.train.get("snapshot_steps"), config.train.steps, config.train.chunk_steps)
+    return resolve(config.train.get("snapshot_steps"), config.train.steps)
 
 
 def params_bytes(sweep) -> int:

@@ -41,8 +41,9 @@ def check_changed_task(opened, record: dict, allow_changed_task: bool = False) -
 
 
 def task_targets(opened, record: dict, tokens):
-    """The member's task's targets for ``tokens`` (every position then weighted), its source
-    checked first (check_changed_task). None when the task has no ``targets(tokens)`` form, or,
+    """(the member's task's targets for ``tokens``, their weights: the task's where its
+    ``targets(tokens)`` gives them, else every position 1); its source is checked first
+    (check_changed_task). (None, None) when the task has no ``targets(tokens)`` form, or,
     with a UserWarning saying why, when it cannot be registered again (its source gone, or
     defined in __main__): the loss fields of the Forward are then None; pass targets."""
     name = record.get("task")
@@ -51,8 +52,11 @@ def task_targets(opened, record: dict, tokens):
         task = tasks.get_task(name).with_params(record.get("task_params"))
     except ConfigError as exc:
         warnings.warn(f"forward: no targets from task {name!r}, so no loss: {exc}", UserWarning, stacklevel=4)
-        return None
-    return None if task.targets is None else np.asarray(task.call_targets(np.asarray(tokens, np.int32)))
+        return None, None
+    if task.targets is None:
+        return None, None
+    targets, weights = task.targets_and_weights(np.asarray(tokens, np.int32))
+    return np.asarray(targets), np.asarray(weights, np.float32)
 
 
 def member_forward(
@@ -72,8 +76,8 @@ def member_forward(
     at ``step`` (a kept checkpoint or a snapshot: workflows/members.check_step).
     A task source or corpus changed since training is refused unless ``allow_changed_task``
     (check_changed_task), given targets or not; the Forward says whether it was given and the
-    source's recorded and current sha256. Without ``targets``: its task's ``targets(tokens)``
-    when the task makes them (see :func:`task_targets`), else no loss. ``patch``, ``patch_tokens``,
+    source's recorded and current sha256. Without ``targets``: its task's ``targets(tokens)`` and
+    their weights when the task makes them (see :func:`task_targets`), else no loss. ``patch``, ``patch_tokens``,
     ``patch_positions``: activation patching (the forward's); the targets stay the clean tokens'."""
     opened = open_workdir(workdir)
     record = member_record(opened, member)
@@ -85,7 +89,7 @@ def member_forward(
         if weights is not None:
             raise ConfigError("weights: given without targets; pass targets too")
         if tokens.ndim in (1, 2) and tokens.size and np.issubdtype(tokens.dtype, np.integer):
-            targets = task_targets(opened, record, tokens if tokens.ndim == 2 else tokens[None])
+            targets, weights = task_targets(opened, record, tokens if tokens.ndim == 2 else tokens[None])
             stated = dict(allow_changed_task=bool(allow_changed_task), task_sha256=hashes)
     params = opened.files.params(member, step)
     sizes = probe.model_sizes(params)  # the member's own sizes (a swept width or head size included)
