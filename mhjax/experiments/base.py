@@ -157,6 +157,18 @@ class Experiment:
         """Extra fields of W/mhjax.json (e.g. where plug-in tasks came from)."""
         return {}
 
+    def config_defaults(self) -> dict:
+        """{dotted field: default} of the optional fields the config may leave out: a resume
+        compares the recorded config and this one with them filled (io/metadata.resolved)."""
+        from mhjax.experiments import override_defaults  # the package's __init__ imports this module
+
+        return override_defaults(self.config)
+
+    def source_label(self, where: str) -> str:
+        """How a message names the plug-in that ``metadata()`` records at ``where`` (dotted, e.g.
+        "tasks.marker": io/metadata.source_changes)."""
+        return f"plug-in {where}"
+
     def notes(self) -> list[str]:
         """Console lines shown before training and by --dry-run (e.g. config entries ignored)."""
         return []

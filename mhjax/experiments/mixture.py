@@ -70,7 +70,7 @@ from mhjax.data.mixture_data import HostSampler
 from mhjax.experiments import mixture_access, mixture_checks, mixture_results
 from mhjax.experiments.base import Experiment, FigureRequest
 from mhjax.experiments.constants import MixtureConstants
-from mhjax.experiments.mixture_config import parts, plugin_sources, restore_plugins, setting, validate
+from mhjax.experiments.mixture_config import parts, plugin_sources, restore_plugins, setting, source_label, validate
 from mhjax.models import classifier, mixture_parts
 from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program, Recipe, TrainedProgram
@@ -337,6 +337,8 @@ class MixtureExperiment(Experiment):
         """W/mhjax.json's "mixture": where the run's data generator, phi, loss and step rule came
         from, so a later process registers them again (``restore_plugins``)."""
         return {"mixture": plugin_sources(self.config)}
+
+    source_label = staticmethod(source_label)  # how messages name a recorded plug-in
 
     def check_start(self) -> None:
         """Every member's loss, gradient and NTK Gram at theta_0 finite, else a ConfigError naming

@@ -256,6 +256,9 @@ class SequenceExperiment(Experiment):
         data = {f"task {t.name}": t.source["data"] for t in self.tasks if "data" in t.source}
         return {**recorded, "data_files": data} if data else recorded
 
+    def source_label(self, where: str) -> str:
+        return f"task {where.split('.')[-1]!r}"  # metadata()'s "tasks.<name>", in data/tasks.py's words
+
     def member_info(self, member: Member) -> dict:
         """Static facts for results.json."""
         m = self.config.model

@@ -42,6 +42,16 @@ def json_ready(value):
     return value
 
 
+def unchanged(stored: dict | None, payload: dict) -> bool:
+    """Whether results.json's ``stored`` content already says what ``payload`` would: a run that
+    trained nothing more (resumed where it ended, e.g. for other snapshots) keeps the results of
+    the run that trained, their ``resumed_from_step`` included."""
+    if not isinstance(stored, dict):
+        return False
+    now = json.loads(json.dumps(json_ready(payload)))
+    return {**now, "resumed_from_step": stored.get("resumed_from_step")} == stored
+
+
 def write_json(path: str, payload, sort_keys: bool = False) -> None:
     """Write ``payload`` (made JSON-ready) atomically: a kill leaves the old file or the new one."""
     write_text(path, json.dumps(json_ready(payload), indent=2, sort_keys=sort_keys))
