@@ -94,7 +94,7 @@ def check_sources(experiment, workdir: Workdir, allow_changed_task: bool, interf
     if lines and not allow_changed_task:
         raise tasks.changed_error(lines, interface)
     for line in lines:
-        log(f"{line}; training on under it (allowed): mhjax.json's {metadata.RESUME_HISTORY} says from which step")
+        log(f"{line}; training on under it (allowed): {Workdir.METADATA}'s {metadata.RESUME_HISTORY} says when")
 
 
 def train(
