@@ -209,9 +209,12 @@ def test_snapshot_steps_changed_between_runs_are_recorded_taken_or_named(halfway
     assert meta["resume_history"][1:] == [
         {"step": 6, "field": "train.snapshot_steps", "before": [0, 1, 6], "after": [0, 3, 6]}
     ]
-    # results.json lost (a full disk at the end): the same command writes it
+    # results.json lost (a full disk at the end): the same command writes it; a field given at its
+    # default (train.divergence_factor, left out so far) is the same config
     os.remove(os.path.join(workdir, "results.json"))
-    payload = train(_sequence(6, (0, 3, 6)), workdir, **QUIET)
+    explicit = _sequence(6, (0, 3, 6))
+    set_field(explicit.config, "train.divergence_factor", 10.0)
+    payload = train(explicit, workdir, **QUIET)
     written = json.load(open(os.path.join(workdir, "results.json")))
     assert written["steps"] == 6 and written["members"] == json.loads(json.dumps(payload["members"]))
     assert written["members"] == json.loads(results)["members"]
