@@ -154,13 +154,13 @@ def test_a_field_given_at_its_default_resumes_a_workdir_that_left_it_out(tmp_pat
     experiment, workdir = make_experiment(config), Workdir(tmp_path / "w")
     workdir.check_or_write_metadata(config.to_dict(), experiment.kind, experiment.metadata())
     explicit = make_experiment(set_field(tiny_mixture_config(heads=(2,), num_train=(8,)), "train.loss", "logistic"))
-    args = (explicit.config.to_dict(), explicit.kind, explicit.metadata(), None, explicit.config_defaults())
+    args = (explicit.config.to_dict(), explicit.kind, explicit.metadata(), None, explicit.config_defaults)
     assert workdir.check_or_write_metadata(*args)
     assert [p.workdir.path for p in growth.plan(explicit, workdir, log=lambda m: None)] == [workdir.path]
     other = make_experiment(set_field(tiny_mixture_config(heads=(2,), num_train=(8,)), "train.loss", "squared"))
     with pytest.raises(ConfigError, match=r"another config \(config.train.loss: stored 'logistic', now 'squared'\)"):
         workdir.check_or_write_metadata(
-            other.config.to_dict(), other.kind, other.metadata(), None, other.config_defaults()
+            other.config.to_dict(), other.kind, other.metadata(), None, other.config_defaults
         )
 
 

@@ -43,6 +43,9 @@ class Experiment:
     # on log-log axes, where a rate is a slope
     curve_style: str = "seed"
     log_curves: tuple[str, ...] = ()
+    # {dotted field: default} of the optional fields a config may leave out (its config module's
+    # DEFAULTS): a resume compares the recorded config and its own with them filled (io/metadata.resolved)
+    config_defaults: dict = {}
     config: Any
     members: list[Member]
     # The devices the sweep is planned for where they are not this machine's (a compile target's,
@@ -156,13 +159,6 @@ class Experiment:
     def metadata(self) -> dict:
         """Extra fields of W/mhjax.json (e.g. where plug-in tasks came from)."""
         return {}
-
-    def config_defaults(self) -> dict:
-        """{dotted field: default} of the optional fields the config may leave out: a resume
-        compares the recorded config and this one with them filled (io/metadata.resolved)."""
-        from mhjax.experiments import override_defaults  # the package's __init__ imports this module
-
-        return override_defaults(self.config)
 
     def source_label(self, where: str) -> str:
         """How a message names the plug-in that ``metadata()`` records at ``where`` (dotted, e.g.

@@ -219,7 +219,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     if not workdir.has_checkpoints():  # a fresh run: its start checked before the workdir is written
         experiment.check_start()
     metadata = (config.to_dict(), experiment.kind, experiment.metadata(), experiment.cannot_extend)
-    resuming = workdir.check_or_write_metadata(*metadata, experiment.config_defaults()) if primary else True
+    resuming = workdir.check_or_write_metadata(*metadata, experiment.config_defaults) if primary else True
     sweep = Sweep(experiment)
     if jax.process_count() > 1:
         for p in sweep.programs:

@@ -44,7 +44,7 @@ def plan(experiment, workdir: Workdir, primary: bool = True, log=print) -> list[
     metadata = workdir.metadata()
     stored, now = metadata.get("config", {}), json.loads(json.dumps(experiment.config.to_dict()))
     history = metadata.get(HISTORY)
-    defaults = experiment.config_defaults()  # a field given at its default equals it left out
+    defaults = experiment.config_defaults  # a field given at its default equals it left out
     full_stored, full_now = resolved(stored, defaults), resolved(now, defaults)
     same_sweep = what(full_stored) == what(full_now)
     if metadata.get("mhjax_version") != __version__ or not _same_but_sweep(full_stored, full_now) or same_sweep:
