@@ -88,16 +88,19 @@ def load_config(path_or_name, overrides: dict | None = None) -> ml_collections.C
 
 
 @python_errors
-def sweep(config, workdir, progress: bool = True, fail_on_divergence: bool = False) -> Run:
+def sweep(
+    config, workdir, progress: bool = True, fail_on_divergence: bool = False, allow_changed_task: bool = False
+) -> Run:
     """Train (or resume) every member of ``config`` (a ConfigDict, a path or a bundled name) in
     ``workdir``, as ``mhjax train --config ... --workdir workdir``; returns its Run.
     ``fail_on_divergence``: raise ``mhjax.DivergedError`` when a member diverged, once
-    everything is written (``mhjax train --fail-on-divergence``)."""
+    everything is written (``mhjax train --fail-on-divergence``). ``allow_changed_task``: resume
+    even if a plug-in's source file changed since the workdir's run (``--allow-changed-task``)."""
     if not isinstance(config, ml_collections.ConfigDict):
         config = load_config(config)
     workdir = os.fspath(workdir)
     log = lambda message: print(message, file=sys.stderr)
-    payload = train(make_experiment(config), workdir, progress=progress, log=log)
+    payload = train(make_experiment(config), workdir, progress=progress, log=log, allow_changed_task=allow_changed_task)
     check_fail(payload["members"], fail_on_divergence, "fail_on_divergence=True")
     return load(workdir)
 

@@ -81,6 +81,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit with status 3 when a member diverged (after writing everything)",
     )
+    train.add_argument(
+        "--allow-changed-task",
+        action="store_true",
+        help="with a workdir trained before: train on even if a plug-in's source file (a task, a mixture generator, "
+        "phi, loss or step rule) changed since; mhjax.json records from which step",
+    )
     dist = train.add_argument_group("several hosts (jax.distributed; one process per host)")
     dist.add_argument(
         "--distributed",

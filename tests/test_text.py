@@ -297,6 +297,8 @@ def test_a_changed_file_is_refused_on_resume_and_analysis(docs_run, tmp_path, ca
         config.write_text(config_source(run.config))
         code = cli.main(["train", "--config", str(config), "--workdir", workdir])
         assert_one_line_error(capsys, code, "differs from it now (sha256 differs)")
+        code = cli.main(["train", "--config", str(config), "--workdir", workdir, "--allow-changed-task"])
+        assert_one_line_error(capsys, code, "differs from it now (sha256 differs)")  # the data: never allowed
     finally:
         with open(path, "wb") as f:
             f.write(original)

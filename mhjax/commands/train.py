@@ -54,6 +54,8 @@ def command(args, overrides) -> int:
             progress=not args.no_progress,
             log=lambda m: print(m, file=sys.stderr),
             primary=jax.process_index() == 0,
+            allow_changed_task=args.allow_changed_task,
+            interface="cli",
         )
     except Interrupted as exc:
         print(f"mhjax: {exc}", file=sys.stderr)

@@ -2,9 +2,10 @@
 
 A plug-in (a mixture data generator, an attention map phi, a loss, a step rule) is a function
 registered under a name, from a config file or any module it imports. Each remembers where it
-came from (its ``source``: the config file, or the module and function); W/mhjax.json records
-the sources of the plug-ins a run used, so that a later process (``mhjax.load``, analyze,
-report) registers them again before it rebuilds anything of the run.
+came from (its ``source``: the config file, or the module and function, and the file's sha256
+for one defined outside mhjax); W/mhjax.json records the sources of the plug-ins a run used, so
+that a later process (``mhjax.load``, analyze, report) registers them again before it rebuilds
+anything of the run, and a resume sees a source that changed (workflows/train.check_sources).
 
 data/tasks.py keeps its own copy of the source bookkeeping for sequence tasks (it predates this
 module; both write the same ``source`` records).
@@ -13,6 +14,7 @@ module; both write the same ``source`` records).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
@@ -51,6 +53,24 @@ def source_of(fn) -> dict:
     return source
 
 
+def file_sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def pinned(source: dict) -> dict:
+    """``source`` with its file's ``sha256`` when it is a plug-in's (defined outside mhjax: mhjax's
+    own are pinned by its version), so that a later command sees the file changed."""
+    path = source.get("config") or source.get("file")
+    if path and not _inside_mhjax(path) and os.path.isfile(path):
+        return {**source, "sha256": file_sha256(path)}
+    return source
+
+
+def _inside_mhjax(path: str) -> bool:
+    return os.path.abspath(path).startswith(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+
+
 def one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
 
@@ -87,8 +107,8 @@ class Registry:
         return self._plugins[name]
 
     def sources(self, names) -> dict[str, dict]:
-        """{name: source} of registered plug-ins, for W/mhjax.json."""
-        return {name: dict(self._plugins[name].source) for name in names if name in self._plugins}
+        """{name: source} of registered plug-ins, for W/mhjax.json (a plug-in's with its file's sha256)."""
+        return {name: pinned(dict(self._plugins[name].source)) for name in names if name in self._plugins}
 
     def restore(self, recorded: dict | None, where: str) -> None:
         """Register again the plug-ins ``recorded`` ({name: source}, from ``where``) that this

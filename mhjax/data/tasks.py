@@ -31,7 +31,6 @@ commands can register it again, and tell when its file changed since training.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import inspect
 import os
 from typing import Any, Callable, NamedTuple
@@ -40,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from mhjax.config import ConfigError
-from mhjax.data.plugins import import_module, run_config_file, source_of
+from mhjax.data.plugins import file_sha256, import_module, pinned, run_config_file, source_of
 
 
 class Batch(NamedTuple):
@@ -213,20 +212,8 @@ def sources(names, bound=()) -> dict[str, dict]:
         source = dict(get_task(name).source)
         if name in data:
             source["data"] = data[name]
-        path = source.get("config") or source.get("file")
-        if path and not _inside_mhjax(path) and os.path.isfile(path):
-            source["sha256"] = file_sha256(path)
-        out[name] = source
+        out[name] = pinned(source)
     return out
-
-
-def file_sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def _inside_mhjax(path: str) -> bool:
-    return os.path.abspath(path).startswith(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
 
 
 def changed_sources(recorded: dict) -> list[str]:

@@ -44,6 +44,9 @@ class Experiment:
     curve_style: str = "seed"
     curve_colour: str = "heads"
     log_curves: tuple[str, ...] = ()
+    # {dotted field: default} of the optional fields a config may leave out (its config module's
+    # DEFAULTS): a resume compares the recorded config and its own with them filled (io/metadata.resolved)
+    config_defaults: dict = {}
     config: Any
     members: list[Member]
     # The devices the sweep is planned for where they are not this machine's (a compile target's,
@@ -157,6 +160,11 @@ class Experiment:
     def metadata(self) -> dict:
         """Extra fields of W/mhjax.json (e.g. where plug-in tasks came from)."""
         return {}
+
+    def source_label(self, where: str) -> str:
+        """How a message names the plug-in that ``metadata()`` records at ``where`` (dotted, e.g.
+        "tasks.marker": io/metadata.source_changes)."""
+        return f"plug-in {where}"
 
     def notes(self) -> list[str]:
         """Console lines shown before training and by --dry-run (e.g. config entries ignored)."""

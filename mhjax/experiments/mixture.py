@@ -67,7 +67,7 @@ from jax.flatten_util import ravel_pytree
 from mhjax.analysis import ntk
 from mhjax.data import mixture_data
 from mhjax.data.mixture_data import HostSampler
-from mhjax.experiments import mixture_access, mixture_checks, mixture_results
+from mhjax.experiments import mixture_access, mixture_checks, mixture_config, mixture_results
 from mhjax.experiments.base import Experiment, FigureRequest
 from mhjax.experiments.constants import MixtureConstants
 from mhjax.experiments.mixture_config import parts, plugin_sources, restore_plugins, setting, validate
@@ -229,6 +229,7 @@ class MixtureExperiment(Experiment):
     analyzes_states, log_every_step = True, True  # TensorBoard's train/loss: every step W/trace keeps
     curve_style, log_curves = "step_size", ("loss", "hessian")  # rates as slopes, step sizes apart
     curve_colour = "step_size"  # a colour and a style per step size; the head count is the marker
+    config_defaults, source_label = mixture_config.DEFAULTS, staticmethod(mixture_config.source_label)
 
     def __init__(self, config):
         validate(config)
@@ -337,8 +338,7 @@ class MixtureExperiment(Experiment):
         return {"params": h * per_head, "own_steps": own_steps(self.config, member["num_train"])}
 
     def metadata(self) -> dict:
-        """W/mhjax.json's "mixture": where the run's data generator, phi, loss and step rule came
-        from, so a later process registers them again (``restore_plugins``)."""
+        """W/mhjax.json's "mixture": where its data generator, phi, loss and step rule came from (restore_plugins)."""
         return {"mixture": plugin_sources(self.config)}
 
     def check_start(self) -> None:

@@ -220,6 +220,14 @@ def plugin_sources(config) -> dict:
     return out
 
 
+def source_label(where: str) -> str:
+    """The plug-in ``plugin_sources`` records at ``where`` ("mixture.<kind>.<name>" in mhjax.json)
+    in its registry's words, e.g. "step rule 'decay'"."""
+    kind, name = where.split(".")[-2:]
+    registry = mixture_data.GENERATORS if kind == "data" else mixture_parts.KINDS[kind]
+    return f"{registry.noun} {name!r}"
+
+
 def restore_plugins(recorded: dict | None, where: str) -> None:
     """Register again the plug-ins a workdir's run used (W/mhjax.json's "mixture")."""
     recorded = recorded or {}

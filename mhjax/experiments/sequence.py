@@ -24,7 +24,7 @@ from mhjax.experiments import (
 )
 from mhjax.experiments.base import Experiment
 from mhjax.experiments.constants import SequenceConstants
-from mhjax.experiments.sequence_config import divergence_factor, requested_attention, validate
+from mhjax.experiments.sequence_config import DEFAULTS, divergence_factor, requested_attention, validate
 from mhjax.experiments.sequence_recipe import SequenceRecipe, weighted_mean  # noqa: F401 (their old home)
 from mhjax.models import cost, cost_devices, count_params
 from mhjax.models.attention_choice import AUTO, AttentionChoice, resolve_attention
@@ -40,6 +40,7 @@ EXAMPLE_SEED = 0  # the fixed evaluation sequence of the end-of-training images 
 class SequenceExperiment(Experiment):
     kind = "sequence"
     analyzable = True
+    config_defaults = DEFAULTS  # sequence_config.py: the optional fields at their defaults
 
     def __init__(self, config):
         validate(config)
@@ -255,6 +256,9 @@ class SequenceExperiment(Experiment):
         recorded = {"tasks": tasks.sources(self.config.sweep.task, self.tasks)}
         data = {f"task {t.name}": t.source["data"] for t in self.tasks if "data" in t.source}
         return {**recorded, "data_files": data} if data else recorded
+
+    def source_label(self, where: str) -> str:
+        return f"task {where.split('.')[-1]!r}"  # metadata()'s "tasks.<name>", in data/tasks.py's words
 
     def member_info(self, member: Member) -> dict:
         """Static facts for results.json."""

@@ -42,6 +42,24 @@ def json_ready(value):
     return value
 
 
+def kept_results(path: str, table: str, payload: dict) -> dict | None:
+    """results.json's content at ``path`` where it and its ``table`` (results.md) exist and it
+    already says what ``payload`` would, else None: a run that trained nothing more (resumed where
+    it ended, e.g. for other snapshots) keeps the results of the run that trained, their
+    ``resumed_from_step`` included."""
+    try:
+        with open(path) as f:
+            stored = json.load(f) if os.path.isfile(table) else None
+    except (OSError, ValueError):  # missing or unreadable: written
+        return None
+    now = json.loads(json.dumps(json_ready(payload)))
+    return (
+        stored
+        if isinstance(stored, dict) and {**now, "resumed_from_step": stored.get("resumed_from_step")} == stored
+        else None
+    )
+
+
 def write_json(path: str, payload, sort_keys: bool = False) -> None:
     """Write ``payload`` (made JSON-ready) atomically: a kill leaves the old file or the new one."""
     write_text(path, json.dumps(json_ready(payload), indent=2, sort_keys=sort_keys))

@@ -29,7 +29,7 @@ import os
 from mhjax.config import ConfigError
 from mhjax.io import parts
 from mhjax.io.metadata import check_or_write
-from mhjax.io.results import WriteFailed, json_ready, markdown_table, write_json, write_text
+from mhjax.io.results import WriteFailed, json_ready, kept_results, markdown_table, write_json, write_text
 
 ANALYSIS_FILES = {"json": "analysis.json", "md": "analysis.md", "png": "analysis.png"}
 
@@ -367,12 +367,14 @@ class Workdir:
     # Writers
     # ------------------------------------------------------------------ #
     def write_results(self, payload: dict) -> dict:
-        """results.json (atomically) and its Markdown table results.md; returns what they hold: a
-        part's payload merged with the other parts' entries (io/parts.merge), else ``payload``."""
+        """results.json (atomically) and results.md, its Markdown table, unless both say it already
+        (io/results.kept_results); returns what they hold: a part's payload with the others' (io/parts.merge)."""
         if self.order is not None:
             stored = self.results() if os.path.isfile(self.results_path) else None
             payload = parts.merge(stored, payload, self.folder, self.order)
         members = [{k: json_ready(v) for k, v in m.items()} for m in payload["members"]]
+        if kept := kept_results(self.results_path, self.file(self.RESULTS_TABLE), {**payload, "members": members}):
+            return kept
         try:
             write_json(self.results_path, {**payload, "members": members})
             write_text(self.file(self.RESULTS_TABLE), markdown_table(members, payload.get("title", "Results")))
@@ -381,12 +383,11 @@ class Workdir:
             raise
         return payload
 
-    def check_or_write_metadata(
-        self, config_dict: dict, kind: str, extra: dict | None = None, cannot_extend: str | None = None
-    ) -> bool:
+    def check_or_write_metadata(self, config_dict: dict, kind: str, *options) -> bool:
         """True if the workdir already belongs to this config (resume, or train longer), after
-        writing mhjax.json if it is new (io/metadata.check_or_write says which configs may resume)."""
-        return check_or_write(self, config_dict, kind, extra, cannot_extend)
+        writing mhjax.json if it is new (io/metadata.check_or_write: which configs may resume, and
+        ``options``: extra, cannot_extend, defaults)."""
+        return check_or_write(self, config_dict, kind, *options)
 
     def write_metadata(self, metadata: dict) -> None:
         """mhjax.json, atomically (never a half file)."""

@@ -16,7 +16,7 @@ from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.trace import NoTrace, TraceWriter
 from mhjax.io.workdir import Workdir
 from mhjax.plotting import draw as draw_figures
-from mhjax.train import ahead, end_images, engine, snapshots
+from mhjax.train import ahead, end_images, engine, snapshot_resume, snapshots
 from mhjax.train import status as member_status
 from mhjax.train.console import Console
 from mhjax.train.interrupt import StopOnSignal
@@ -219,7 +219,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     if not workdir.has_checkpoints():  # a fresh run: its start checked before the workdir is written
         experiment.check_start()
     metadata = (config.to_dict(), experiment.kind, experiment.metadata(), experiment.cannot_extend)
-    resuming = workdir.check_or_write_metadata(*metadata) if primary else True
+    resuming = workdir.check_or_write_metadata(*metadata, experiment.config_defaults) if primary else True
     sweep = Sweep(experiment)
     if jax.process_count() > 1:
         for p in sweep.programs:
@@ -259,6 +259,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         if 0 in evals and step == 0:
             _log_eval(writers, members, sweep.evaluate(states), 0)
         snaps.take(step, states)  # step 0, or a resumed step newly asked for
+        if latest is not None:  # snapshot steps newly asked for before it (train/snapshot_resume.py)
+            snapshot_resume.take_passed(snaps, sweep, latest, log)
         console.start(total, step)
         since = step  # the last stop that was not a snapshot's cut
         for n, piece in plan.lengths():

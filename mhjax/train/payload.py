@@ -15,6 +15,7 @@ Fields and the theta they are taken at (K = the run's last step):
 from __future__ import annotations
 
 import jax
+import numpy as np
 
 from mhjax.train import engine
 from mhjax.train import status as member_status
@@ -35,8 +36,9 @@ def results_payload(experiment, sweep, states, evaluation, seconds, step, resume
                 steps=int(steps[j]),
                 train_loss=float(losses[j]),
                 **evaluation[i],
-                # the member's program's training time, which its members share; wall_time_s: its older name
-                **dict.fromkeys(("program_wall_time_s", "wall_time_s"), seconds[member.name]),
+                # the member's program's training time, which its members share; wall_time_s: its older name;
+                # in float32 as checkpoints keep it, so that a run resumed where it ended says the same
+                **dict.fromkeys(("program_wall_time_s", "wall_time_s"), float(np.float32(seconds[member.name]))),
                 program=p.name,
                 **member_status.path_fields(status, j, factor),
             )

@@ -24,7 +24,7 @@ from mhjax import __version__
 from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
 from mhjax.io import parts
-from mhjax.io.metadata import HISTORY, what
+from mhjax.io.metadata import HISTORY, resolved, what
 from mhjax.io.results import json_ready
 from mhjax.io.workdir import Workdir
 
@@ -44,8 +44,10 @@ def plan(experiment, workdir: Workdir, primary: bool = True, log=print) -> list[
     metadata = workdir.metadata()
     stored, now = metadata.get("config", {}), json.loads(json.dumps(experiment.config.to_dict()))
     history = metadata.get(HISTORY)
-    same_sweep = what(stored) == what(now)
-    if metadata.get("mhjax_version") != __version__ or not _same_but_sweep(stored, now) or same_sweep:
+    defaults = experiment.config_defaults  # a field given at its default equals it left out
+    full_stored, full_now = resolved(stored, defaults), resolved(now, defaults)
+    same_sweep = what(full_stored) == what(full_now)
+    if metadata.get("mhjax_version") != __version__ or not _same_but_sweep(full_stored, full_now) or same_sweep:
         # resumed or trained longer, or a config the run refuses (io/metadata.check_or_write)
         return _parts(experiment, workdir, history) if history else [Part(workdir, experiment)]
     history = history or _first_part(workdir, metadata)

@@ -10,8 +10,10 @@ import time
 
 import jax
 
+from mhjax import __version__
 from mhjax.config import ConfigError
-from mhjax.io import plugin_log
+from mhjax.data import tasks
+from mhjax.io import metadata, plugin_log
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.workdir import Workdir
 from mhjax.train import snapshots
@@ -72,14 +74,50 @@ def library_logs(path: str):
         root.setLevel(saved[1])
 
 
-def train(experiment, workdir, *, progress: bool = True, log=print, primary: bool = True) -> dict:
+def check_sources(experiment, workdir: Workdir, allow_changed_task: bool, interface: str, log) -> None:
+    """A workdir whose plug-in (task, mixture generator, phi, loss, step rule) has another source
+    file now than the one its run recorded (sha256) is refused as analyze and forward refuse it,
+    unless ``allow_changed_task``: then each is said, and mhjax.json's resume_history records the
+    step from which the new source trains (io/metadata.check_or_write). A data file (the text
+    corpus) that changed is refused whatever is allowed (io/metadata.check_data_files)."""
+    if not os.path.isfile(workdir.metadata_path):
+        return
+    stored = workdir.metadata()
+    if stored.get("mhjax_version") != __version__:
+        return  # refused by check_or_write, in its words
+    current = experiment.metadata()
+    metadata.check_data_files(workdir, stored.get(metadata.DATA_FILES), current.get(metadata.DATA_FILES))
+    lines = [
+        f"{experiment.source_label(c['source'])}: its source {c['file']} changed since training (sha256 differs)"
+        for c in metadata.source_changes(stored, current)
+    ]
+    if lines and not allow_changed_task:
+        raise tasks.changed_error(lines, interface)
+    for line in lines:
+        log(f"{line}; training on under it (allowed): {Workdir.METADATA}'s {metadata.RESUME_HISTORY} says when")
+
+
+def train(
+    experiment,
+    workdir,
+    *,
+    progress: bool = True,
+    log=print,
+    primary: bool = True,
+    allow_changed_task: bool = False,
+    interface: str = "python",
+) -> dict:
     """Train (or resume) every member of ``experiment`` in ``workdir``; returns results.json's
     payload. ``primary``: this process holds the workdir's lock and its log (several processes of
-    one distributed run share the workdir: process 0 does)."""
+    one distributed run share the workdir: process 0 does). A plug-in whose source changed since
+    the workdir's run is refused unless ``allow_changed_task`` (``check_sources``; ``interface``:
+    "cli" or "python", whose words the refusal uses)."""
     workdir = Workdir.of(workdir)
     lock = WorkdirLock(workdir, "train", create=True) if primary else contextlib.nullcontext()
     logs = library_logs(workdir.log_path) if primary else contextlib.nullcontext()
     with lock, logs:
+        if primary:  # before anything is written: growth.plan records a grown sweep
+            check_sources(experiment, workdir, allow_changed_task, interface, log)
         experiment.keep_names(workdir.recorded_names())  # resumed or trained longer: the names it has
         for line in experiment.notes() if primary else ():
             log(line)
