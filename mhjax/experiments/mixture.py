@@ -339,8 +339,11 @@ class MixtureExperiment(Experiment):
         return {"mixture": plugin_sources(self.config)}
 
     def check_start(self) -> None:
-        """Every member's loss, gradient and NTK Gram at theta_0 finite, else a ConfigError naming
-        the likely field (mixture_checks.py)."""
+        """The step rule finite and >= 0 at every step of every member's own K with its own step
+        size (and > 0 at one), then every member's loss, gradient and NTK Gram at theta_0 finite,
+        else a ConfigError naming the likely field (mixture_checks.py)."""
+        runs = [(m["step_size"], own_steps(self.config, m["num_train"])) for m in self.members]
+        mixture_parts.check_step_rule(setting(self.config, "train.step_rule"), runs)
         mixture_checks.check_theta0(self)
 
     # -- results ---------------------------------------------------------
@@ -396,5 +399,6 @@ class MixtureExperiment(Experiment):
             "exponential_tail": mixture_parts.exponential_tail(loss),
             "generator": None if generator == mixture_data.DEFAULT_GENERATOR else generator,
             "step_rule": setting(self.config, "train.step_rule"),
+            "slope_window": list(setting(self.config, "analysis.slope_window")),
         }
         return [FigureRequest("mixture", data)]

@@ -84,6 +84,7 @@ def write_figures_and_summary(
     exponential_tail: bool = True,
     generator: str | None = None,
     step_rule: str = "constant",
+    slope_window=(0.1, 1.0),
 ) -> list[str]:
     """loss_vs_K.png, test_loss_vs_n.png, ntk_margin_vs_H.png, path.png and mixture_summary.md;
     returns the paths written. A figure that fails is skipped with a message (results are
@@ -94,7 +95,7 @@ def write_figures_and_summary(
     written = []
     path = workdir.file(SUMMARY)
     crossings = edge_crossings(lambda name, tags: _curves(workdir, name, tags), kept(records))
-    write_text(path, summary_markdown(records, init, crossings, loss, exponential_tail, generator))
+    write_text(path, summary_markdown(records, init, crossings, loss, exponential_tail, generator, slope_window))
     written.append(path)
     records = kept(records)  # the figures' means leave diverged members out, as the summary does
     if not records:
