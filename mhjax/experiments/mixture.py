@@ -41,15 +41,15 @@ name (models/mixture_parts.py, data/mixture_data.py): the data generator ``data.
 (default the tokenized mixture), the attention map ``model.phi`` (softmax), the loss of the
 margin ``train.loss`` (logistic: softplus(-y Phi)) and the step rule ``train.step_rule``
 (constant: the member's ``step_size``). W/mhjax.json records where each came from. Before the
-first step every member's loss, gradient and NTK Gram at theta_0 must be finite
-(mixture_checks.py). The exact train loss L(theta_k) is recorded at ``train.loss_points``
-log-spaced k (plus 0 and K) from the per-step losses the program returns (``loss_curve``), and
-``MixtureRecipe.trace`` adds L, the normalised margin, ||grad L||/L and ||theta|| per step in-graph
-(W/trace: every step up to 10^4, log-spaced beyond; ``train.trace = False``: none).
+first step the step rule is run on every step a member takes and every member's loss, gradient
+and NTK Gram at theta_0 must be finite (mixture_checks.py). The exact train loss L(theta_k) is
+recorded at ``train.loss_points`` log-spaced k (plus 0 and K) from the per-step losses the
+program returns (``loss_curve``); ``MixtureRecipe.trace`` adds L, the normalised margin,
+||grad L||/L and ||theta|| per step in-graph (W/trace; ``train.trace = False``: none).
 
 Per-member results (``mixture_results``): NTK margin at theta_0 and linear baselines,
-param_distance, head_spread, loss_slope, margin_loss_product; ``evaluate`` adds test loss and
-accuracy and the Hessian/gradient quantities at theta_K. ``figures`` hands the records to the
+param_distance, head_spread, loss_slope, loss_zero_at_step, margin_loss_product; ``evaluate``
+adds test loss, accuracy and the Hessian quantities at theta_K. ``figures`` hands the records to the
 plotting layer (mixture_summary.md and the figures of ``mhjax.plotting.mixture``).
 """
 
@@ -339,11 +339,8 @@ class MixtureExperiment(Experiment):
         return {"mixture": plugin_sources(self.config)}
 
     def check_start(self) -> None:
-        """The step rule finite and >= 0 at every step of every member's own K with its own step
-        size (and > 0 at one), then every member's loss, gradient and NTK Gram at theta_0 finite,
-        else a ConfigError naming the likely field (mixture_checks.py)."""
-        runs = [(m["step_size"], own_steps(self.config, m["num_train"])) for m in self.members]
-        mixture_parts.check_step_rule(setting(self.config, "train.step_rule"), runs)
+        """The step rule at every step each member takes, then theta_0 (mixture_checks.py)."""
+        mixture_checks.check_step_rule(self)
         mixture_checks.check_theta0(self)
 
     # -- results ---------------------------------------------------------

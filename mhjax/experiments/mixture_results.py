@@ -10,14 +10,22 @@
 * loss_curve {steps, values}: the recorded L(theta_k) with k = K appended; loss_slope: the
   least-squares slope of log L(theta_k) against log S_k, S_k = sum_{j<k} eta_j (the clock of
   GD's rate: the same slope as against log k for the constant step rule, where S_k = eta k), over
-  the last decade of steps, k in [K/10, K].
+  the recorded k in [a K, b K] (``analysis.slope_window`` (a, b); (0.1, 1): the last decade), with
+  loss_slope_stderr (the fit's standard error), loss_slope_window ([first, last] k fitted),
+  loss_slope_points and loss_slope_note (why there is none: the loss reached 0 inside the window,
+  fewer than 3 points, the member diverged; ``fit_loss_slope``).
+* loss_zero_at_step: the first step k whose L(theta_k) is 0 or subnormal (at or below float32's
+  smallest normal), read from every step's loss (train/records.py); null when it never was.
 * train_loss: L(theta_K), the full-batch loss after the last step (it was L(theta_{K-1}), the
   last step's input, before; = train_loss_eval).
 * K is the member's own K (``own_steps``: train.steps, or steps_per_example * n).
 * margin_loss_product = ntk_margin^2 * S_K * L(theta_K) with S_K = sum_{k<K} eta_k (= eta K
   for the constant step rule; field ``step_sum``): the theory's training rate L ~ 1/(gamma^2 S_K)
   makes it of order one and flat in K. Null for a loss without an exponential tail (the squared
-  loss), as are grad_norm_over_loss and min_hessian_eig_over_loss_sqrtH.
+  loss), as are grad_norm_over_loss and min_hessian_eig_over_loss_sqrtH, and where L(theta_K) is 0
+  (a product of 0 says nothing of the rate).
+* Every rate or product of RATE_FIELDS is null for a diverged member (on the path: non-finite or
+  above the factor at some step; or at theta_K): its numbers are not a rate.
 * A margin that cannot be computed (a non-finite Gram) is null, never 0.
 * status "diverged" (``diverged_reason``) when L(theta_K) > train.divergence_factor * L(theta_0)
   (0 = off), besides the trainer's check of every L(theta_k) on the way (train/status.py);

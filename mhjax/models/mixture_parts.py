@@ -8,7 +8,9 @@
   theory's quantities that assume an exponential tail (gamma^2 eta K L, the 1/K rate,
   ||grad L|| / L, sqrt(H) lambda_min / L, c / (gamma^2 n)) apply; they are null otherwise.
 * ``config.train.step_rule``: rule(count, step_size) -> rate of GD step ``count``. "constant"
-  = step_size, "inverse_sqrt" = step_size / sqrt(1 + count).
+  = step_size, "inverse_sqrt" = step_size / sqrt(1 + count). Before training it is run on every
+  step 0..K-1 of each member's own K with its own step size (``check_step_rule``): a rate that is
+  not finite or negative at a step, or 0 at every step, is refused (0 from some step on is not).
 
 ``mhjax.register_mixture(kind, name, fn)`` adds one (kind "phi", "loss" or "step_rule"; "data"
 registers a data generator, as ``@mhjax.mixture_data`` does). W/mhjax.json records where each
