@@ -303,3 +303,20 @@ def test_the_slope_window_is_a_setting_checked_in_one_line(value, message):
         assert message is not None and str(exc).startswith(message) and "\n" not in str(exc), str(exc)
         return
     assert message is None and config.analysis.slope_window == tuple(float(v) for v in value.split(","))
+
+
+def test_the_rule_is_judged_at_the_members_own_step_sizes_and_under_jit():
+    """A rule that is NaN above eta = 0.4 was refused by the probe at eta = 0.5 though the members
+    use 0.1; it now trains. A rule with Python control flow on the step is one line, not a trace."""
+    mhjax.register_mixture("step_rule", "t_nan_above_04", lambda c, e: jnp.where(e > 0.4, jnp.nan, e))
+    mhjax.register_mixture("step_rule", "t_python_if", lambda c, e: e if c < 5 else 0.0)
+    config = tiny_mixture_config(heads=(1,), num_train=(8,), step_size=(0.1,))
+    config.train.step_rule = "t_nan_above_04"
+    make_experiment(config)
+    mixture_parts.check_step_rule("t_nan_above_04", [(0.1, 20)])
+    with pytest.raises(ConfigError, match=r"^config\.train\.step_rule: step rule 't_nan_above_04' .* step size 0\.5;"):
+        mixture_parts.check_step_rule("t_nan_above_04", [(0.1, 20), (0.5, 20)])
+    with pytest.raises(ConfigError) as info:
+        mixture_parts.check_step_rule("t_python_if", [(0.1, 20)])
+    assert "failed when run on every step under jax.jit: TracerBoolConversionError" in str(info.value)
+    assert "\n" not in str(info.value)

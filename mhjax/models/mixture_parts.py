@@ -100,33 +100,33 @@ LOSS_PROBES = (jnp.array([-2.0, 0.0, 2.0, 5.0], jnp.float32), jnp.array([-1.0, 1
 
 
 def check_parts(names: dict, seq_len: int) -> None:
-    """Run each chosen part on small inputs before anything compiles: registered, finite, the
-    right shape (phi at zero scores of two batch sizes; the loss at margins of two sizes; the
-    rule at a few steps; ``check_step_rule`` runs it on every step of a run before training)."""
+    """Run each chosen part on small inputs before anything compiles: registered, the right shape,
+    finite (phi at zero scores of 2 and 5 rows; the loss at 4 and 2 margins). The step rule is only
+    run here, at steps 0, 1, 2, for a scalar or one rate per step: ``check_step_rule`` checks its
+    values at every step with the members' own step sizes before training."""
     t = int(seq_len)
     probes = {
         "phi": [(jnp.zeros((b, t), jnp.float32),) for b in (2, 5)],
         "loss": [(z,) for z in LOSS_PROBES],
         "step_rule": [(jnp.arange(3, dtype=jnp.int32), jnp.float32(0.5))],
     }
-    at = {
-        "phi": "zero scores",
-        "loss": "margins " + ", ".join(f"{v:g}" for v in LOSS_PROBES[0]),
-        "step_rule": "steps 0, 1, 2",
-    }
     for kind, inputs in probes.items():
         plugin = get(kind, names[kind])
-        where = f"{FIELDS[kind]}: {kind} {plugin.name!r} ({plugin.label()})"
+        where = f"{FIELDS[kind]}: {KINDS[kind].noun} {plugin.name!r} ({plugin.label()})"
         for args in inputs:
             try:
                 out = np.asarray(plugin.fn(*args))
             except Exception as exc:
                 raise ConfigError(f"{where}: failed on a test input: {one_line(exc)}") from None
-            want = None if kind == "step_rule" else tuple(args[0].shape)
-            if want is not None and out.shape != want:
-                raise ConfigError(f"{where}: must keep the input's shape {want}; got {out.shape}")
+            if kind == "step_rule":
+                if out.shape not in ((), (3,)):
+                    raise ConfigError(f"{where}: must give one rate per step; got shape {out.shape} for steps 0, 1, 2")
+                continue
+            if out.shape != args[0].shape:
+                raise ConfigError(f"{where}: must keep the input's shape {tuple(args[0].shape)}; got {out.shape}")
             if not np.all(np.isfinite(out)):
-                raise ConfigError(f"{where}: not finite at {at[kind]}")
+                at = "zero scores" if kind == "phi" else "margins " + ", ".join(f"{v:g}" for v in np.asarray(args[0]))
+                raise ConfigError(f"{where}: not finite at {at}")
 
 
 RULE_CHUNK = 2**20  # steps of a step rule evaluated at once by check_step_rule (4 MiB of rates)
@@ -167,7 +167,10 @@ def check_step_rule(name: str, runs) -> None:
     longest = {}
     for eta, steps in runs:
         longest[eta] = max(longest.get(eta, 0), steps)
-    found = {eta: first_bad_steps(plugin.fn, eta, steps) for eta, steps in longest.items()}
+    try:
+        found = {eta: first_bad_steps(plugin.fn, eta, steps) for eta, steps in longest.items()}
+    except Exception as exc:  # e.g. Python control flow on the step count, which jit cannot trace
+        raise ConfigError(f"{where}: failed when run on every step under jax.jit: {one_line(exc)}") from None
     for eta, steps in runs:
         nonfinite, negative, positive, value = found[eta]
         rule = f"a rate must be finite and >= 0 at every step 0..K-1 (K = {steps}) and > 0 at some step"
