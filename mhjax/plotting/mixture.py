@@ -4,8 +4,9 @@ where a member has no recorded ``loss_curve``); mixture_summary.md comes from mi
 What each figure measures (the init scheme and the loss are in every figure's title: numbers
 under "zero_plus_step" (identical heads) measure a learning-rate effect of H, not width):
   * loss_vs_K.png: train loss L(theta_k) against S_k = sum_{j<k} eta_j (= eta k for a constant step),
-    (mean over seeds) with a band from the lowest to the highest seed, each H's last-decade slope
-    as mean ± std over seeds in the legend, and a 1/S_k line through the first H's first point.
+    (mean over seeds) with a band from the lowest to the highest seed, each H's slope (over
+    analysis.slope_window: the last decade by default) as mean ± std over seeds in the legend,
+    and a 1/S_k line through the first H's first point.
     Exact losses from ``loss_curve``; without it, TensorBoard chunk means at the chunk centre.
   * test_loss_vs_n.png: test loss at theta_K (mean, min-max over seeds) against n, a line per H
     with its fitted slope, a 1/n line, and c/(gamma^2 n) per H (gamma: that H's mean NTK margin
@@ -47,8 +48,9 @@ class Style:
     """What every panel says: the init scheme, the loss, whether it has an exponential tail, and
     the step rule whose S_k = sum_{j<k} eta_j is the clock of the rate figures."""
 
-    def __init__(self, init: str = "?", loss: str = "logistic", tail: bool = True, step_rule: str = "constant"):
+    def __init__(self, init="?", loss="logistic", tail=True, step_rule="constant", slope_window=(0.1, 1.0)):
         self.init, self.loss, self.tail, self.step_rule = init, loss, tail, step_rule
+        self.slope_window = tuple(float(v) for v in slope_window)  # analysis.slope_window: the legend's slopes
 
     def clock(self, eta: float, steps):
         """S_k at ``steps`` for step size ``eta`` (models/mixture_parts.step_sums)."""
@@ -91,7 +93,7 @@ def write_figures_and_summary(
     already saved). The members' TensorBoard runs are read once (``workdir`` keeps them)."""
     log = log or (lambda m: print(m, file=sys.stderr))
     workdir = Workdir.of(workdir)
-    style = Style(init, loss, exponential_tail, step_rule)
+    style = Style(init, loss, exponential_tail, step_rule, slope_window)
     written = []
     path = workdir.file(SUMMARY)
     crossings = edge_crossings(lambda name, tags: _curves(workdir, name, tags), kept(records))
@@ -188,7 +190,9 @@ def _plot_loss_vs_K(fig, workdir, records, chunk_steps, style):
         ax.set_xlabel("S_k = eta k (k: GD step)" if constant else f"S_k = sum of eta_j over j < k ({style.step_rule})")
         ax.set_ylabel("train loss (mean, band: seeds' range)")
         ax.legend(fontsize=7)
-    style.suptitle(fig, "train loss against S_k; slope: last decade, mean ± std over seeds")
+    a, b = style.slope_window
+    over = "last decade" if (a, b) == (0.1, 1.0) else f"k in [{a:g} K, {b:g} K]"
+    style.suptitle(fig, f"train loss against S_k; slope: {over}, mean ± std over seeds")
 
 
 def _plot_test_loss_vs_n(fig, records, style):
