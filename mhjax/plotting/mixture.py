@@ -48,9 +48,8 @@ class Style:
     """What every panel says: the init scheme, the loss, whether it has an exponential tail, and
     the step rule whose S_k = sum_{j<k} eta_j is the clock of the rate figures."""
 
-    def __init__(self, init="?", loss="logistic", tail=True, step_rule="constant", slope_window=(0.1, 1.0)):
+    def __init__(self, init: str = "?", loss: str = "logistic", tail: bool = True, step_rule: str = "constant"):
         self.init, self.loss, self.tail, self.step_rule = init, loss, tail, step_rule
-        self.slope_window = tuple(float(v) for v in slope_window)  # analysis.slope_window: the legend's slopes
 
     def clock(self, eta: float, steps):
         """S_k at ``steps`` for step size ``eta`` (models/mixture_parts.step_sums)."""
@@ -93,7 +92,7 @@ def write_figures_and_summary(
     already saved). The members' TensorBoard runs are read once (``workdir`` keeps them)."""
     log = log or (lambda m: print(m, file=sys.stderr))
     workdir = Workdir.of(workdir)
-    style = Style(init, loss, exponential_tail, step_rule, slope_window)
+    style = Style(init, loss, exponential_tail, step_rule)
     written = []
     path = workdir.file(SUMMARY)
     crossings = edge_crossings(lambda name, tags: _curves(workdir, name, tags), kept(records))
@@ -108,7 +107,7 @@ def write_figures_and_summary(
         (
             "loss_vs_K.png",
             max(11, 4.2 * panels),
-            lambda fig: _plot_loss_vs_K(fig, workdir, records, chunk_steps, style),
+            lambda fig: _plot_loss_vs_K(fig, workdir, records, chunk_steps, style, slope_window),
         ),
         ("test_loss_vs_n.png", 11, lambda fig: _plot_test_loss_vs_n(fig, records, style)),
         ("ntk_margin_vs_H.png", 11, lambda fig: _plot_margin_vs_H(fig, records, style)),
@@ -154,7 +153,7 @@ def _curve(workdir, record, chunk_steps):
     return found[0] - (train_window(chunk_steps) - 1) / 2, found[1]
 
 
-def _plot_loss_vs_K(fig, workdir, records, chunk_steps, style):
+def _plot_loss_vs_K(fig, workdir, records, chunk_steps, style, slope_window=(0.1, 1.0)):
     panels = group_by(records, ("num_train", "step_size"))
     colors = _colors(r["heads"] for r in records)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
@@ -190,7 +189,7 @@ def _plot_loss_vs_K(fig, workdir, records, chunk_steps, style):
         ax.set_xlabel("S_k = eta k (k: GD step)" if constant else f"S_k = sum of eta_j over j < k ({style.step_rule})")
         ax.set_ylabel("train loss (mean, band: seeds' range)")
         ax.legend(fontsize=7)
-    a, b = style.slope_window
+    a, b = (float(v) for v in slope_window)  # analysis.slope_window: the legend's slopes
     over = "last decade" if (a, b) == (0.1, 1.0) else f"k in [{a:g} K, {b:g} K]"
     style.suptitle(fig, f"train loss against S_k; slope: {over}, mean ± std over seeds")
 
