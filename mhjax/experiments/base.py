@@ -184,7 +184,8 @@ class Experiment:
     def extra_results(self, trained: list[TrainedProgram], loss_curves: dict[int, dict]) -> dict[int, dict]:
         """{member index: extra results.json fields} computed from the final states: ``trained``
         holds every program with its stacked constants and states, ``loss_curves`` the exact
-        losses the trainer recorded at ``loss_steps()`` ({member index: {"steps", "values"}})."""
+        losses the trainer recorded at ``loss_steps()`` ({member index: {"steps", "values"}}, and
+        "zero_at_step" once a step's loss was 0: train/records.py)."""
         return {}
 
     def results_fields(self, backend: str) -> dict:

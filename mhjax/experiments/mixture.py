@@ -36,21 +36,16 @@ tau = 0 makes every draw zero, so all heads start equal and stay equal):
 the member's own step size; a positive number = one full-batch GD step of that size after
 the scheme's draw (0 = no step).
 
-Training is plain full-batch GD (optax.sgd) for K = ``train.steps`` steps, with plug-ins chosen by
-name (models/mixture_parts.py, data/mixture_data.py): the data generator ``data.generator``
-(default the tokenized mixture), the attention map ``model.phi`` (softmax), the loss of the
-margin ``train.loss`` (logistic: softplus(-y Phi)) and the step rule ``train.step_rule``
-(constant: the member's ``step_size``). W/mhjax.json records where each came from. Before the
-first step every member's loss, gradient and NTK Gram at theta_0 must be finite
-(mixture_checks.py). The exact train loss L(theta_k) is recorded at ``train.loss_points``
-log-spaced k (plus 0 and K) from the per-step losses the program returns (``loss_curve``), and
-``MixtureRecipe.trace`` adds L, the normalised margin, ||grad L||/L and ||theta|| per step in-graph
-(W/trace: every step up to 10^4, log-spaced beyond; ``train.trace = False``: none).
-
-Per-member results (``mixture_results``): NTK margin at theta_0 and linear baselines,
-param_distance, head_spread, loss_slope, margin_loss_product; ``evaluate`` adds test loss and
-accuracy and the Hessian/gradient quantities at theta_K. ``figures`` hands the records to the
-plotting layer (mixture_summary.md and the figures of ``mhjax.plotting.mixture``).
+Training: full-batch GD (optax.sgd) for K = ``train.steps`` steps with plug-ins chosen by name
+(models/mixture_parts.py, data/mixture_data.py; W/mhjax.json records where each came from):
+``data.generator`` (the tokenized mixture), ``model.phi`` (softmax), ``train.loss`` (logistic:
+softplus(-y Phi)), ``train.step_rule`` (constant: the member's ``step_size``). Before the first
+step the rule is run on every step a member takes, and theta_0 is checked (mixture_checks.py).
+L(theta_k) is recorded at ``train.loss_points`` log-spaced k (plus 0 and K) from the per-step
+losses (``loss_curve``); ``MixtureRecipe.trace`` adds L, the normalised margin, ||grad L||/L and
+||theta|| per step in-graph (W/trace; ``train.trace = False``: none). Results (``mixture_results``):
+NTK margins, param_distance, head_spread, loss_slope, loss_zero_at_step, margin_loss_product;
+``evaluate`` adds test loss, accuracy and the Hessian quantities at theta_K.
 """
 
 from __future__ import annotations
@@ -342,8 +337,8 @@ class MixtureExperiment(Experiment):
         return {"mixture": plugin_sources(self.config)}
 
     def check_start(self) -> None:
-        """Every member's loss, gradient and NTK Gram at theta_0 finite, else a ConfigError naming
-        the likely field (mixture_checks.py)."""
+        """The step rule at every step each member takes, then theta_0 (mixture_checks.py)."""
+        mixture_checks.check_step_rule(self)
         mixture_checks.check_theta0(self)
 
     # -- results ---------------------------------------------------------
@@ -399,5 +394,6 @@ class MixtureExperiment(Experiment):
             "exponential_tail": mixture_parts.exponential_tail(loss),
             "generator": None if generator == mixture_data.DEFAULT_GENERATOR else generator,
             "step_rule": setting(self.config, "train.step_rule"),
+            "slope_window": list(setting(self.config, "analysis.slope_window")),
         }
         return [FigureRequest("mixture", data)]

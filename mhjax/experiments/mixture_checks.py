@@ -1,5 +1,5 @@
-"""The start of a mixture run checked before training: every member's loss, gradient and NTK Gram
-at theta_0 must be finite.
+"""The start of a mixture run checked before training: the step rule at every step each member
+takes (``check_step_rule``), and every member's loss, gradient and NTK Gram at theta_0 finite.
 
 A value that overflows at theta_0 would otherwise train quietly into numbers that mean nothing:
 at init.tau = 1e30 the loss and the gradient are finite but the Gram overflows, and the margin
@@ -18,6 +18,8 @@ import numpy as np
 
 from mhjax.analysis import ntk
 from mhjax.config import ConfigError
+from mhjax.experiments.mixture_config import setting
+from mhjax.models import mixture_parts
 from mhjax.train.loop import stack_constants
 
 CHECKS = ("Phi", "loss", "gradient", "NTK Gram")
@@ -34,6 +36,14 @@ def start_values(recipe, consts):
     gram = ntk.ntk_gram(recipe.apply_single(consts), theta0, consts.X, chunk_size=min(64, recipe.max_train))
     phi = recipe.phi(theta0, consts.X, consts)
     return jnp.stack([_finite(phi), jnp.isfinite(loss), _finite(grads), _finite(gram)])
+
+
+def check_step_rule(experiment) -> None:
+    """ConfigError naming the rule, the step size and the first bad step unless the step rule is
+    finite and >= 0 at every step 0..K-1 of each member's own K with its own step size, and > 0 at
+    one (models/mixture_parts.check_step_rule)."""
+    runs = [(m["step_size"], experiment.member_info(m)["own_steps"]) for m in experiment.members]
+    mixture_parts.check_step_rule(setting(experiment.config, "train.step_rule"), runs)
 
 
 def check_theta0(experiment) -> None:

@@ -45,6 +45,7 @@ DEFAULTS = {
     "analysis.lanczos_iters": 16,
     "analysis.margin_iters": 20000,
     "analysis.margin_tol": 1e-4,
+    "analysis.slope_window": (0.1, 1.0),  # loss_slope over k in [0.1 K, K]: the last decade
 }
 
 
@@ -81,7 +82,7 @@ FIELDS = {
         "trace",
         "snapshot_steps",
     },
-    "analysis": {"lanczos_iters", "margin_iters", "margin_tol"},
+    "analysis": {"lanczos_iters", "margin_iters", "margin_tol", "slope_window"},
 }
 DATA_COMMON = ("dim", "seq_len", "num_test", "generator")
 
@@ -183,6 +184,17 @@ def validate(config) -> None:
     tol = setting(config, "analysis.margin_tol")
     if not (is_number(tol) and 0 < tol < 1):
         raise cfg.ConfigError(f"config.analysis.margin_tol: must be in (0.0, 1.0), got {tol!r}")
+    window = setting(config, "analysis.slope_window")
+    if not (
+        isinstance(window, (tuple, list))
+        and len(window) == 2
+        and all(is_number(v) and math.isfinite(v) for v in window)
+        and 0 <= window[0] < window[1] <= 1
+    ):
+        raise cfg.ConfigError(
+            f"config.analysis.slope_window: must be two fractions (a, b) of K with 0 <= a < b <= 1 (the slope's "
+            f"steps [a K, b K]); got {window!r}"
+        )
 
 
 def _validate_data(config) -> None:

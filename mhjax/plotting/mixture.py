@@ -4,8 +4,9 @@ where a member has no recorded ``loss_curve``); mixture_summary.md comes from mi
 What each figure measures (the init scheme and the loss are in every figure's title: numbers
 under "zero_plus_step" (identical heads) measure a learning-rate effect of H, not width):
   * loss_vs_K.png: train loss L(theta_k) against S_k = sum_{j<k} eta_j (= eta k for a constant step),
-    (mean over seeds) with a band from the lowest to the highest seed, each H's last-decade slope
-    as mean ± std over seeds in the legend, and a 1/S_k line through the first H's first point.
+    (mean over seeds) with a band from the lowest to the highest seed, each H's slope (over
+    analysis.slope_window: the last decade by default) as mean ± std over seeds in the legend,
+    and a 1/S_k line through the first H's first point.
     Exact losses from ``loss_curve``; without it, TensorBoard chunk means at the chunk centre.
   * test_loss_vs_n.png: test loss at theta_K (mean, min-max over seeds) against n, a line per H
     with its fitted slope, a 1/n line, and c/(gamma^2 n) per H (gamma: that H's mean NTK margin
@@ -94,6 +95,7 @@ def write_figures_and_summary(
     exponential_tail: bool = True,
     generator: str | None = None,
     step_rule: str = "constant",
+    slope_window=(0.1, 1.0),
 ) -> list[str]:
     """loss_vs_K.png, test_loss_vs_n.png, ntk_margin_vs_H.png, path.png and mixture_summary.md;
     returns the paths written. A figure that fails is skipped with a message (results are
@@ -105,7 +107,7 @@ def write_figures_and_summary(
     written = []
     path = workdir.file(SUMMARY)
     crossings = edge_crossings(lambda name, tags: _curves(workdir, name, tags), kept(records))
-    write_text(path, summary_markdown(records, init, crossings, loss, exponential_tail, generator))
+    write_text(path, summary_markdown(records, init, crossings, loss, exponential_tail, generator, slope_window))
     written.append(path)
     records = kept(records)  # the figures' means leave diverged members out, as the summary does
     if not records:
@@ -116,7 +118,7 @@ def write_figures_and_summary(
         (
             "loss_vs_K.png",
             max(11, 4.2 * panels),
-            lambda fig: _plot_loss_vs_K(fig, workdir, records, chunk_steps, style),
+            lambda fig: _plot_loss_vs_K(fig, workdir, records, chunk_steps, style, slope_window),
         ),
         ("test_loss_vs_n.png", 11, lambda fig: _plot_test_loss_vs_n(fig, records, style)),
         ("ntk_margin_vs_H.png", 11, lambda fig: _plot_margin_vs_H(fig, records, style)),
@@ -162,7 +164,7 @@ def _curve(workdir, record, chunk_steps):
     return found[0] - (train_window(chunk_steps) - 1) / 2, found[1]
 
 
-def _plot_loss_vs_K(fig, workdir, records, chunk_steps, style):
+def _plot_loss_vs_K(fig, workdir, records, chunk_steps, style, slope_window=(0.1, 1.0)):
     panels = group_by(records, ("num_train", "step_size"))
     colors = _colors(r["heads"] for r in records)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
@@ -198,7 +200,9 @@ def _plot_loss_vs_K(fig, workdir, records, chunk_steps, style):
         ax.set_xlabel("S_k = eta k (k: GD step)" if constant else f"S_k = sum of eta_j over j < k ({style.step_rule})")
         ax.set_ylabel("train loss (mean, band: seeds' range)")
         ax.legend(fontsize=7)
-    style.suptitle(fig, "train loss against S_k; slope: last decade, mean ± std over seeds")
+    a, b = (float(v) for v in slope_window)  # analysis.slope_window: the legend's slopes
+    over = "last decade" if (a, b) == (0.1, 1.0) else f"k in [{a:g} K, {b:g} K]"
+    style.suptitle(fig, f"train loss against S_k; slope: {over}, mean ± std over seeds")
 
 
 def _plot_test_loss_vs_n(fig, records, style):

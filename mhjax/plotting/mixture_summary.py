@@ -1,11 +1,15 @@
 """mixture_summary.md of a mixture sweep, and the record helpers its figures share.
 
 The table: per (n, eta, H), means over seeds of the margins, losses, accuracies and Hessian
-quantities. The training rate section: each H's last-decade slope of log L against log S_k
-(S_k = sum_{j<k} eta_j, the clock of GD's rate for any step rule; = eta k for a constant step) and
-gamma^2 S_K L(theta_K), mean ± std over seeds, and the rate verdict, which is one-sided: the
-theory bounds the loss from above by c / (gamma^2 S_K), so a slope at or below RATE_SLOPE (-0.8)
-agrees with it and a faster decay does not contradict it. The verdict and the quantities that
+quantities. The training rate section: each H's slope of log L against log S_k over the
+recorded k in [a K, b K] (``analysis.slope_window`` (a, b), the last decade by default; S_k =
+sum_{j<k} eta_j, the clock of GD's rate for any step rule; = eta k for a constant step) with the
+fit's standard error and the steps it used, and gamma^2 S_K L(theta_K), mean ± std over seeds;
+the members without a slope and why; rows whose L(theta_K) is below PRECISION_FLOOR flagged; and
+the rate verdict, which is one-sided: the theory bounds the loss from above by c / (gamma^2 S_K),
+so a slope at or below RATE_SLOPE (-0.8) agrees with it and a faster decay does not contradict
+it. The verdict names the H that meet it and those that do not, and the smallest H from which
+every larger H meets it (``rate_threshold``). The verdict and the quantities that
 assume an exponential tail of the loss are left out for a loss without one (the squared loss),
 and the summary says so. Diverged members (train/status.py) are left out of every mean, slope
 and verdict, and the summary names them and says how many.
@@ -17,7 +21,8 @@ import math
 
 import numpy as np
 
-RATE_SLOPE = -0.8  # a last-decade slope at or below this agrees with the theory's 1/S_K upper bound
+RATE_SLOPE = -0.8  # a slope at or below this agrees with the theory's 1/S_K upper bound
+PRECISION_FLOOR = 1e-6  # L(theta_K) below it: GD's updates are at float32 rounding level (a flat tail is no rate)
 TAIL_FIELDS = ("margin_loss_product", "grad_norm_over_loss", "min_hessian_eig_over_loss_sqrtH")
 
 
@@ -66,8 +71,31 @@ SUMMARY_COLUMNS = (
 )
 
 
+def slope_text(group) -> str:
+    """'mean ± std (s.e. x)' of the seeds' slopes, x the largest of their fits' standard errors."""
+    text = mean_std(group, "loss_slope")
+    errors = values_of(group, "loss_slope_stderr")
+    if text == "-" or not errors.size:
+        return text
+    return f"{text} (s.e. {'up to ' if errors.size > 1 else ''}{errors.max():.2g})"
+
+
+def window_text(group) -> str:
+    """The fitted steps of the group's seeds: 'first-last (points)', or each distinct one."""
+    found = sorted(
+        {(tuple(r["loss_slope_window"]), r.get("loss_slope_points")) for r in group if r.get("loss_slope_window")}
+    )
+    return ", ".join(f"{a}-{b} ({count})" for (a, b), count in found) or "-"
+
+
+def below_floor(group) -> bool:
+    """Whether a seed's L(theta_K) is below PRECISION_FLOOR (0 included)."""
+    return any(v < PRECISION_FLOOR for v in values_of(group, "train_loss_eval"))
+
+
 def rate_rows(records) -> list[tuple]:
-    """(n, eta, H, seeds, slope, product, L(theta_K), eta lambda_max), each 'mean ± std', per (n, eta, H)."""
+    """(n, eta, H, seeds, slope (s.e.), fitted steps, product, L(theta_K), eta lambda_max) per
+    (n, eta, H), each 'mean ± std' over seeds; L(theta_K) marked '*' below PRECISION_FLOOR."""
     rows = []
     for (n, eta, h), group in group_by(records, ("num_train", "step_size", "heads")).items():
         rows.append(
@@ -76,9 +104,10 @@ def rate_rows(records) -> list[tuple]:
                 eta,
                 h,
                 len(group),
-                mean_std(group, "loss_slope"),
+                slope_text(group),
+                window_text(group),
                 mean_std(group, "margin_loss_product"),
-                mean_std(group, "train_loss_eval"),
+                mean_std(group, "train_loss_eval") + (" *" if below_floor(group) else ""),
                 mean_std(group, "step_times_hessian_max"),
             )
         )
@@ -88,7 +117,8 @@ def rate_rows(records) -> list[tuple]:
 def rate_threshold(records, slope: float = RATE_SLOPE) -> dict:
     """{(n, eta): the smallest H from which on every larger H has mean loss_slope <= ``slope``,
     or None}: where the measured rate is at least the theory's 1/S_K (one-sided: the theory gives
-    an upper bound on the loss, so decaying faster agrees with it)."""
+    an upper bound on the loss, so decaying faster agrees with it). An H without a slope does not
+    meet it."""
     out = {}
     for (n, eta), group in group_by(records, ("num_train", "step_size")).items():
         by_h = group_by(group, ("heads",))
@@ -100,6 +130,69 @@ def rate_threshold(records, slope: float = RATE_SLOPE) -> dict:
                 break
         out[(n, eta)] = found
     return out
+
+
+def verdict_lines(records, slope: float = RATE_SLOPE) -> list[str]:
+    """Per (n, eta): the H whose mean slope meets ``slope`` and those that do not (with their
+    slopes; '*': L(theta_K) below PRECISION_FLOOR in a seed), the H without a slope, and the
+    smallest H from which every larger H meets it (``rate_threshold``), in those words."""
+    lines, threshold = [], rate_threshold(records, slope)
+    for (n, eta), group in group_by(records, ("num_train", "step_size")).items():
+        meet, fail, none = [], [], []
+        for (h,), members in group_by(group, ("heads",)).items():
+            value = mean_of(members, "loss_slope")
+            if not math.isfinite(value):
+                none.append(f"{h}")
+                continue
+            (meet if value <= slope else fail).append(f"{h} ({value:.2f}{'*' if below_floor(members) else ''})")
+        parts = [f"met at H = {', '.join(meet)}" if meet else "met at no H"]
+        parts += [f"not at H = {', '.join(fail)}"] if fail else []
+        parts += [f"no slope at H = {', '.join(none)}"] if none else []
+        largest = max(h for (h,) in group_by(group, ("heads",)))
+        found = threshold[(n, eta)]
+        tail = f"H = {found}" if found is not None else f"none (H = {largest} does not meet it)"
+        lines.append(
+            f"- n={n}, eta={fmt(eta)}: slope <= {slope} (at least the 1/S_K rate) {'; '.join(parts)}. "
+            f"Smallest H from which every larger H meets it: {tail}."
+        )
+    return lines
+
+
+def rate_section(records, tail: bool, loss: str, window=(0.1, 1.0)) -> list[str]:
+    """The '## Training rate' section (records: the kept members, those with loss_slope)."""
+    a, b = (float(v) for v in window)
+    span = f"[{a:g} K, {b:g} K]" if b < 1 else (f"[{a:g} K, K]" if a > 0 else "[1, K]")
+    lines = [
+        "",
+        "## Training rate",
+        "",
+        "slope: least-squares slope of log L(theta_k) against log S_k, S_k = sum_{j<k} eta_j (= eta k for a",
+        f"constant step), over the recorded k in {span} (analysis.slope_window = ({a:g}, {b:g})), with the fit's",
+        "standard error (s.e.; the largest over seeds) and the steps it used (first-last (points)) (theory:",
+        "L <= c / (gamma^2 S_K), so a slope <= -1 up to noise). No slope where the loss reached 0 inside the",
+        "window or fewer than 3 points lie in it (listed below).",
+        "product: ntk_margin^2 * S_K * L(theta_K) (theory: of order one and flat in K once H is past a",
+        "threshold; none where L(theta_K) is 0). Mean ± std over seeds.",
+        "Where L(theta_K) is below 1e-6 the GD updates are at float32 rounding level, so a flat tail",
+        "there is a precision floor, not a rate: such rows are marked `*`. eta_K lambda_max at theta_K (> 2: above",
+        "GD's stability edge).",
+        "",
+        "| n | eta | H | seeds | loss slope | fitted k (points) | margin^2 sum(eta) L | L(theta_K) | eta lambda_max |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n, eta, h, count, slope, steps, product, value, sharp in rate_rows(records):
+        lines.append(f"| {n} | {fmt(eta)} | {h} | {count} | {slope} | {steps} | {product} | {value} | {sharp} |")
+    lines += [""]
+    without = [r for r in records if "loss_slope" in r and r.get("loss_slope") is None]
+    if without:
+        lines += [f"No slope for {len(without)} member(s):", ""]
+        lines += [f"- {r['name']}: {r.get('loss_slope_note') or 'no slope'}" for r in without] + [""]
+    if not tail:
+        return lines + [f"- No rate verdict: the 1/S_K bound assumes a loss with an exponential tail, not `{loss}`."]
+    lines += verdict_lines(records)
+    if any(below_floor(g) for g in group_by(records, ("num_train", "step_size", "heads")).values()):
+        lines += ["", "`*`: L(theta_K) < 1e-6 in a seed: that slope may read float32's floor, not a rate."]
+    return lines
 
 
 def edge_crossings(curves_of, records: list[dict]) -> dict:
@@ -129,9 +222,10 @@ def summary_markdown(
     loss: str = "logistic",
     tail: bool = True,
     generator: str | None = None,
+    slope_window=(0.1, 1.0),
 ) -> str:
     """The summary, titled by the data generator (config.data.generator) it was trained on;
-    ``generator`` None: the built-in tokenized mixture."""
+    ``generator`` None: the built-in tokenized mixture; ``slope_window``: analysis.slope_window."""
     total = max((r.get("steps") or 0) for r in records) if records else 0
     diverged = [r for r in records if r.get("status", "ok") == "diverged"]
     records = kept(records)
@@ -168,29 +262,7 @@ def summary_markdown(
         row += [fmt(mean_of(group, field)) for field, _ in SUMMARY_COLUMNS]
         lines.append("| " + " | ".join(row) + " |")
     if any("loss_slope" in r for r in records):
-        lines += [
-            "",
-            "## Training rate",
-            "",
-            "slope: least-squares slope of log L(theta_k) against log S_k, S_k = sum_{j<k} eta_j (= eta k for a",
-            "constant step), over k in [K/10, K] (theory: L <= c / (gamma^2 S_K), so a slope <= -1 up to noise).",
-            "product: ntk_margin^2 * S_K * L(theta_K) (theory: of order one and flat in K once H is past a",
-            "threshold). Mean ± std over seeds.",
-            "Where L(theta_K) is below ~1e-6 the GD updates are at float32 rounding level, so a flat tail there",
-            "is a precision floor, not a rate. eta_K lambda_max at theta_K (> 2: above GD's stability edge).",
-            "",
-            "| n | eta | H | seeds | loss slope | margin^2 sum(eta) L | L(theta_K) | eta lambda_max |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for n, eta, h, count, slope, product, value, sharp in rate_rows(records):
-            lines.append(f"| {n} | {fmt(eta)} | {h} | {count} | {slope} | {product} | {value} | {sharp} |")
-        lines += [""]
-        if tail:
-            for (n, eta), h in rate_threshold(records).items():
-                found = f"H >= {h}" if h is not None else "no H in the sweep"
-                lines.append(f"- n={n}, eta={fmt(eta)}: slope <= {RATE_SLOPE} (at least the 1/S_K rate) for {found}.")
-        else:
-            lines.append(f"- No rate verdict: the 1/S_K bound assumes a loss with an exponential tail, not `{loss}`.")
+        lines += rate_section(records, tail, loss, slope_window)
     unstable = sorted(
         {(r.get("step_size"), r.get("heads")) for r in records if (r.get("step_times_hessian_max") or 0) > 2}
     )
