@@ -12,7 +12,6 @@ from mhjax.io import compile_cache
 from mhjax.io.results import WriteFailed
 from mhjax.io.workdir import Workdir
 from mhjax.train.console import next_commands, summary_lines
-from mhjax.train.interrupt import EXIT_STATUS
 from mhjax.train.loop import Interrupted
 from mhjax.train.placement import maybe_initialize_distributed
 from mhjax.train.status import DivergedError, check_fail
@@ -57,7 +56,7 @@ def command(args, overrides) -> int:
         )
     except Interrupted as exc:
         print(f"mhjax: {exc}", file=sys.stderr)
-        return EXIT_STATUS
+        return exc.exit_status
     except WriteFailed as exc:  # a full disk: one line naming the file; the last checkpoint holds
         print(f"mhjax: error: {exc}", file=sys.stderr)
         return 1

@@ -19,14 +19,12 @@ from mhjax.plotting import draw as draw_figures
 from mhjax.train import ahead, end_images, engine, snapshots
 from mhjax.train import status as member_status
 from mhjax.train.console import Console
-from mhjax.train.interrupt import StopOnSignal
+from mhjax.train.interrupt import Interrupted, StopOnSignal  # noqa: F401 (Interrupted: its home before)
 from mhjax.train.payload import results_payload
 from mhjax.train.placement import Placement
+from mhjax.train.preempt import SharedStop, StopTimes, grace_seconds, interrupted, jax_preemption_service
 from mhjax.train.records import HostRecords
-
-
-class Interrupted(Exception):
-    """Ctrl-C arrived; a checkpoint was written (or nothing was trained since the last one)."""
+from mhjax.train.resume_curves import crossed, evaluation_due, log_eval, prior_step_seconds, rewrite_resumed_step
 
 
 def stack_constants(experiment, indices):
@@ -226,45 +224,57 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             mine = [experiment.members[p.members[j]].name for j in sweep.placement.local_members(len(p.members))]
             log(f"process {jax.process_index()}/{jax.process_count()} computes program {p.name}: {', '.join(mine)}")
     members = experiment.members
-    total, chunk = config.train.steps, config.train.chunk_steps
+    total, chunk, grace = config.train.steps, config.train.chunk_steps, grace_seconds(config)
     checkpointer = workdir.checkpointer()
     latest = checkpointer.latest_step() if resuming else None
     step = int(latest or 0)
     writers, snaps = NoWriters(), snapshots.Snapshots(sweep, workdir, snapshots.steps_of(config))
-    stop = StopOnSignal(where="after the compile: nothing is trained before the programs are ready")
+    stop = StopOnSignal(
+        where="after the compile: nothing is trained before the programs are ready",
+        own_sigterm=jax.process_count() == 1 or not jax_preemption_service(),  # else JAX's own handler
+    )
+    shared, times = SharedStop(stop), StopTimes(grace, chunk)
     try:
         stop.start()
         if latest is not None:  # before compiling: a corrupt checkpoint is reported at once
             states, seconds = sweep.restore(checkpointer, latest)
             log(f"resuming from checkpoint at step {latest}")
+            times = StopTimes(grace, chunk, prior_step_seconds(sweep, seconds, latest))
             if sweep.records.starts_at and sweep.records.wanted.size:
                 log(f"checkpoint {latest} predates recorded loss points: loss_curve starts at step {latest}")
             if sweep.path_from:
                 log(f"checkpoint {latest} predates the loss-path records: divergence is checked from step {latest} on")
         names = [m.name for m in members]
-        writers = MemberWriters(workdir.tensorboard_dir, names, log=log) if primary else NoWriters()
+        # Resumed (or started again after a kill before any checkpoint): points a killed process
+        # wrote at steps >= ``step`` are dropped, as W/trace cuts its files (io/trace.py).
+        purge = step if step < total else None  # a finished run's points (analysis included) stay
+        writers = MemberWriters(workdir.tensorboard_dir, names, log=log, purge_step=purge) if primary else NoWriters()
         traces = TraceWriter(workdir.trace_dir, step) if primary else NoTrace()  # W/trace, from ``step`` on
         hparams = {m.name: m.flat_hparams() for m in members}
         writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
         evals = sorted(set(experiment.eval_steps()))
         # the first chunk cut at early evaluations and snapshots (train/snapshots.py)
-        plan = ahead.chunk_plan(step, total, chunk, splits=evals + sorted(snaps.steps))
+        splits = evals + sorted(snaps.steps)
+        plan = ahead.chunk_plan(step, total, chunk, splits=splits)
         _compile_ahead(sweep, console, plan, init=latest is None)
-        stop.where = "at the end of the running chunk"
+        stop.where, stop.preparing = "at the end of the running chunk", False
+        log(times.start_line())
         if latest is None:
             states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
         reported_divergence, evaluation = set(), None
         factor, every = experiment.divergence_factor(), experiment.log_every_step  # train/... at every step?
         started, trained = time.perf_counter(), 0
         if 0 in evals and step == 0:
-            _log_eval(writers, members, sweep.evaluate(states), 0)
+            log_eval(writers, members, sweep.evaluate(states), 0)
+        if writers.purged and latest is not None:  # what the purge dropped at ``step`` itself, written again
+            evaluation = rewrite_resumed_step(workdir, experiment, sweep, states, writers, step, splits)
+            again = "; its evaluation written again" if evaluation is not None else ""
+            log(f"tensorboard: points of earlier runs at steps >= {step} dropped (purge_step {step}){again}")
         snaps.take(step, states)  # step 0, or a resumed step newly asked for
         console.start(total, step)
         for n, piece in plan.lengths():
-            if stop.raised:  # before any chunk of this run: nothing to save
-                raise Interrupted(
-                    f"interrupted at step {step} before training; nothing new to save, run the same command to resume"
-                )
+            if stop.raised and shared.processes == 1:  # before any chunk of this run: nothing to save
+                raise interrupted(stop, step, workdir.path, saved=False)
             chunk_time = 0.0
             for program in sweep.programs:
                 name, idx = program.name, program.members
@@ -273,8 +283,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                     states[name], metrics = sweep.run_piece(program, states[name], n, plan.piece_length)
                 else:
                     states[name], metrics = sweep.run_chunk(program, states[name], n)
-                # One device-to-host transfer per program and chunk: the metrics and status.
-                metrics, status = sweep.host((metrics, engine.member_status(states[name])))
+                # One device-to-host transfer per program and chunk: the metrics, status and stop flags.
+                metrics, status, flags = sweep.host((metrics, engine.member_status(states[name]), shared.flag()))
                 metrics = experiment.check_chunk(program, metrics, step)  # may stop the run: nothing saved
                 elapsed = time.perf_counter() - start
                 for i in idx:  # a program's members share its wall time
@@ -284,21 +294,25 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                 _log_chunk(writers, members, idx, metrics, status, step + n, reported_divergence, log, factor, every)
                 sweep.record(program, metrics["loss"], step)
             rate = n * len(members) / max(chunk_time, 1e-9)
+            halt = shared.now(flags)  # every process the same answer (train/preempt.py)
+            times.chunk(chunk_time, n, log)
             for m in members:
                 writers.scalars(m.name, {"perf/member_steps_per_s": rate}, step + n)
             previous, step = step, step + n
             trained += n
             console.advance(n, step, rate, time.perf_counter() - started)
-            wanted_eval = any(previous < k <= step for k in evals)
-            if _crossed(previous, step, config.train.eval_every) or step == total or wanted_eval:
+            if evaluation_due(previous, step, total, config.train.eval_every, evals):
                 evaluation = sweep.evaluate(states)
-                _log_eval(writers, members, evaluation, step)
+                log_eval(writers, members, evaluation, step)
             snaps.take(step, states)  # before the checkpoint: resumed, a step is taken again or kept
-            due = _crossed(previous, step, config.train.checkpoint_every) or step == total
-            if due or stop.raised:
+            due = crossed(previous, step, config.train.checkpoint_every) or step == total
+            if due or halt:
+                writers.flush()  # every point up to ``step`` on disk before the checkpoint commits it
+                saving = time.perf_counter()
                 sweep.save(checkpointer, step, states, seconds)
-            if stop.raised and step < total:
-                raise Interrupted(f"interrupted at step {step}; checkpoint written, run the same command to resume")
+                times.saved(time.perf_counter() - saving, log)
+            if halt and step < total:
+                raise interrupted(stop, step, workdir.path, saved=True)
         stop.close()
         console.close()  # the final lines start on a line of their own
         if latest is not None and latest >= total:
@@ -341,10 +355,6 @@ def _compile_ahead(sweep, console, plan, init: bool) -> None:
     console.compiled(report.seconds, len(report.executables), report.from_cache)
 
 
-def _crossed(previous: int, step: int, every: int) -> bool:
-    return every > 0 and previous // every != step // every
-
-
 def _log_chunk(writers, members, idx, metrics, status, step, reported, log, factor, every_step=False):
     """TensorBoard scalars of a chunk that ended at ``step``: ``train/...`` from the scan's per-step
     rows (io/curves.train_points: every step for chunks of up to io.curves.TRAIN_POINTS_PER_CHUNK
@@ -365,8 +375,3 @@ def _log_chunk(writers, members, idx, metrics, status, step, reported, log, fact
     for name, line in member_status.chunk_messages([m.name for m in members], idx, status, reported, factor):
         log(line)
         writers.text(name, "status", line, step)
-
-
-def _log_eval(writers, members, evaluation, step):
-    for i, m in enumerate(members):
-        writers.scalars(m.name, {f"eval/{k.removeprefix('eval_')}": v for k, v in evaluation[i].items()}, step)
