@@ -209,6 +209,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     payload. Diverged members are named at the end (train/status.py)."""
     workdir = Workdir.of(workdir)
     config = experiment.config
+    grace = grace_seconds(config)  # a bad value stops here, before the workdir is written
     # With several processes (jax.distributed) only process 0 writes metadata, logs and results;
     # every process takes part in checkpoints (orbax coordinates them).
     primary = jax.process_index() == 0
@@ -224,7 +225,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             mine = [experiment.members[p.members[j]].name for j in sweep.placement.local_members(len(p.members))]
             log(f"process {jax.process_index()}/{jax.process_count()} computes program {p.name}: {', '.join(mine)}")
     members = experiment.members
-    total, chunk, grace = config.train.steps, config.train.chunk_steps, grace_seconds(config)
+    total, chunk = config.train.steps, config.train.chunk_steps
     checkpointer = workdir.checkpointer()
     latest = checkpointer.latest_step() if resuming else None
     step = int(latest or 0)
