@@ -274,7 +274,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         snaps.take(step, states)  # step 0, or a resumed step newly asked for
         console.start(total, step)
         for n, piece in plan.lengths():
-            if stop.raised and shared.processes == 1:  # before any chunk of this run: nothing to save
+            if stop.raised and not trained and shared.processes == 1:  # before any chunk: nothing to save
                 raise interrupted(stop, step, workdir.path, saved=False)
             chunk_time = 0.0
             for program in sweep.programs:
