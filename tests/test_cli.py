@@ -56,7 +56,7 @@ def _help(argv, capsys):
 def test_top_level_help_lists_the_commands_in_the_order_of_use_with_a_description(capsys):
     text = _help([], capsys)
     _, commands = _subparsers()
-    assert list(commands) == list(cli.COMMANDS) == ["train", "analyze", "report", "configs", "example2"]
+    assert list(commands) == list(cli.COMMANDS) == ["train", "status", "analyze", "report", "configs", "example2"]
     listed = text[text.index("train ", text.index("commands")) :]
     positions = [re.search(rf"\b{name} ", listed).start() for name in cli.COMMANDS]
     assert positions == sorted(positions), listed

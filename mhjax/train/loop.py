@@ -12,6 +12,7 @@ from jax.experimental import multihost_utils
 
 from mhjax.io.checkpoint import member_key
 from mhjax.io.curves import train_points
+from mhjax.io.progress import Progress
 from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.trace import NoTrace, TraceWriter
 from mhjax.io.workdir import Workdir
@@ -273,6 +274,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             log(f"tensorboard: points of earlier runs at steps >= {step} dropped (purge_step {step}){again}")
         snaps.take(step, states)  # step 0, or a resumed step newly asked for
         console.start(total, step)
+        progress = Progress(workdir, names, total, step, write=primary)  # W/progress.json: mhjax status
+        progress.update(step)
         for n, piece in plan.lengths():
             if stop.raised and not trained and shared.processes == 1:  # before any chunk: nothing to save
                 raise interrupted(stop, step, workdir.path, saved=False)
@@ -302,6 +305,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             previous, step = step, step + n
             trained += n
             console.advance(n, step, rate, time.perf_counter() - started)
+            progress.update(step, {members[i].name for i, _ in reported_divergence})
             if evaluation_due(previous, step, total, config.train.eval_every, evals):
                 evaluation = sweep.evaluate(states)
                 log_eval(writers, members, evaluation, step)
