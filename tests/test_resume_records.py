@@ -290,3 +290,14 @@ def jax_leaves(tree):
     import jax
 
     return jax.tree_util.tree_leaves(tree)
+
+
+def test_the_evaluation_written_again_at_a_resume_is_where_the_straight_run_evaluated():
+    """Chunks of 3 to 12, eval_every 5: the straight run evaluates at the chunk ends 6 (crossing
+    5), 12 (crossing 10, and the end) and at the asked step 3; not at 9. A checkpoint at a
+    finished run's last step (trained longer since) had its evaluation there."""
+    from mhjax.train.resume_curves import evaluated_at
+
+    config = tiny_train(tiny_sequence_config(heads=(1,)), 12, 3, 5, 3)
+    assert [evaluated_at(s, config, [3], [3], None) for s in (3, 6, 9, 12)] == [True, True, False, True]
+    assert evaluated_at(9, config, [3], [3], finished_at=9)

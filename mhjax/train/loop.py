@@ -25,7 +25,7 @@ from mhjax.train.payload import results_payload
 from mhjax.train.placement import Placement
 from mhjax.train.preempt import SharedStop, StopTimes, grace_seconds, interrupted, jax_preemption_service
 from mhjax.train.records import HostRecords
-from mhjax.train.resume_curves import crossed, evaluation_due, log_eval, prior_step_seconds, rewrite_resumed_step
+from mhjax.train.resume_curves import prior_step_seconds, rewrite_resumed_step
 
 
 def stack_constants(experiment, indices):
@@ -267,9 +267,9 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         factor, every = experiment.divergence_factor(), experiment.log_every_step  # train/... at every step?
         started, trained = time.perf_counter(), 0
         if 0 in evals and step == 0:
-            log_eval(writers, members, sweep.evaluate(states), 0)
+            _log_eval(writers, members, sweep.evaluate(states), 0)
         if writers.purged and latest is not None:  # what the purge dropped at ``step`` itself, written again
-            evaluation = rewrite_resumed_step(workdir, experiment, sweep, states, writers, step, splits)
+            evaluation = rewrite_resumed_step(workdir, experiment, sweep, states, writers, step, splits, _log_eval)
             again = "; its evaluation written again" if evaluation is not None else ""
             log(f"tensorboard: points of earlier runs at steps >= {step} dropped (purge_step {step}){again}")
         snaps.take(step, states)  # step 0, or a resumed step newly asked for
@@ -306,11 +306,12 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             trained += n
             console.advance(n, step, rate, time.perf_counter() - started)
             progress.update(step, {members[i].name for i, _ in reported_divergence})
-            if evaluation_due(previous, step, total, config.train.eval_every, evals):
+            wanted_eval = any(previous < k <= step for k in evals)
+            if _crossed(previous, step, config.train.eval_every) or step == total or wanted_eval:
                 evaluation = sweep.evaluate(states)
-                log_eval(writers, members, evaluation, step)
+                _log_eval(writers, members, evaluation, step)
             snaps.take(step, states)  # before the checkpoint: resumed, a step is taken again or kept
-            due = crossed(previous, step, config.train.checkpoint_every) or step == total
+            due = _crossed(previous, step, config.train.checkpoint_every) or step == total
             if due or halt:
                 writers.flush()  # every point up to ``step`` on disk before the checkpoint commits it
                 saving = time.perf_counter()
@@ -360,6 +361,10 @@ def _compile_ahead(sweep, console, plan, init: bool) -> None:
     console.compiled(report.seconds, len(report.executables), report.from_cache)
 
 
+def _crossed(previous: int, step: int, every: int) -> bool:
+    return every > 0 and previous // every != step // every
+
+
 def _log_chunk(writers, members, idx, metrics, status, step, reported, log, factor, every_step=False):
     """TensorBoard scalars of a chunk that ended at ``step``: ``train/...`` from the scan's per-step
     rows (io/curves.train_points: every step for chunks of up to io.curves.TRAIN_POINTS_PER_CHUNK
@@ -380,3 +385,8 @@ def _log_chunk(writers, members, idx, metrics, status, step, reported, log, fact
     for name, line in member_status.chunk_messages([m.name for m in members], idx, status, reported, factor):
         log(line)
         writers.text(name, "status", line, step)
+
+
+def _log_eval(writers, members, evaluation, step):
+    for i, m in enumerate(members):
+        writers.scalars(m.name, {f"eval/{k.removeprefix('eval_')}": v for k, v in evaluation[i].items()}, step)

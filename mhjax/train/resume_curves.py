@@ -25,7 +25,8 @@ def crossed(previous: int, step: int, every: int) -> bool:
 
 
 def evaluation_due(previous: int, step: int, total: int, eval_every: int, evals) -> bool:
-    """The host loop's rule: evaluate at the end of a chunk from ``previous`` to ``step``."""
+    """The host loop's rule (train/loop.py ``run``; keep the two alike): evaluate at the end of a
+    chunk from ``previous`` to ``step``."""
     return crossed(previous, step, eval_every) or step == total or any(previous < k <= step for k in evals)
 
 
@@ -41,14 +42,10 @@ def evaluated_at(step: int, config, evals, splits, finished_at: int | None) -> b
     return evaluation_due(previous, step, total, int(config.train.eval_every), evals)
 
 
-def log_eval(writers, members, evaluation, step: int) -> None:
-    for i, m in enumerate(members):
-        writers.scalars(m.name, {f"eval/{k.removeprefix('eval_')}": v for k, v in evaluation[i].items()}, step)
-
-
-def rewrite_resumed_step(workdir, experiment, sweep, states, writers, step: int, splits):
+def rewrite_resumed_step(workdir, experiment, sweep, states, writers, step: int, splits, log_eval):
     """Write again the points at ``step`` (the checkpoint resumed from) that the purge dropped;
-    returns the evaluation written (None where none was due)."""
+    returns the evaluation written (None where none was due). ``log_eval(writers, members,
+    evaluation, step)``: how the host loop logs an evaluation."""
     members = experiment.members
     for program in sweep.programs:
         status = sweep.host(engine.member_status(states[program.name]))
