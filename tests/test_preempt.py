@@ -14,7 +14,7 @@ import pytest
 
 from mhjax.config import ConfigError
 from mhjax.train import preempt
-from mhjax.train.interrupt import EXIT_REQUEUE, EXIT_STATUS, StopOnSignal
+from mhjax.train.interrupt import EXIT_REQUEUE, EXIT_STATUS, StopOnSignal, exits_at_once
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -73,6 +73,28 @@ def test_a_signal_while_training_stops_at_the_chunk_end_and_a_second_exits_at_on
     assert "second signal (SIGTERM): exiting now" in err
 
 
+def test_outside_the_training_loop_a_scheduler_signal_exits_at_once_with_the_requeue_code():
+    code = (
+        "import signal, sys, time\n"
+        "from mhjax.train.interrupt import exits_at_once\n"
+        "with exits_at_once([signal.SIGTERM, signal.SIGUSR2]):\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGUSR2)
+    rc, _, err = _finish(proc)
+    assert rc == EXIT_REQUEUE and "SIGUSR2 outside training: exiting now" in err
+    before = signal.getsignal(signal.SIGUSR2)
+    with exits_at_once([signal.SIGUSR2]):
+        assert signal.getsignal(signal.SIGUSR2) != before
+    assert signal.getsignal(signal.SIGUSR2) == before  # the previous handling is back
+
+
 def test_ctrl_c_keeps_130_unless_a_scheduler_signal_took_part():
     proc = _holder("training")
     proc.send_signal(signal.SIGINT)
@@ -86,13 +108,14 @@ def test_ctrl_c_keeps_130_unless_a_scheduler_signal_took_part():
 
 
 def test_under_jax_distributed_sigterm_is_left_to_jax():
+    before = signal.getsignal(signal.SIGUSR1)
     stop = StopOnSignal(own_sigterm=False).start()
     try:
         assert signal.getsignal(signal.SIGTERM) is not stop._handle
         assert signal.getsignal(signal.SIGUSR1) == stop._handle
     finally:
         stop.close()
-    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+    assert signal.getsignal(signal.SIGUSR1) == before
 
 
 def test_stop_times_predict_chunk_plus_checkpoint_and_name_a_chunk_steps_that_fits():

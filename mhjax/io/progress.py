@@ -37,7 +37,7 @@ class Progress:
         self.started = time.time()
 
     def update(self, step: int, diverged=()) -> None:
-        if not self.write:
+        if not self.write or self.started_step >= self.total:  # a run that trains nothing leaves it as it was
             return
         now = time.time()
         trained = (int(step) - self.started_step) * len(self.members)

@@ -26,6 +26,7 @@ reads it and acts at once, whatever the main thread is doing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -35,6 +36,33 @@ import threading
 EXIT_STATUS = 130  # 128 + SIGINT, what a shell reports for a run stopped by Ctrl-C
 EXIT_REQUEUE = 75  # EX_TEMPFAIL: stopped on a scheduler's signal, state saved; run the same command again
 SCHEDULER_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+@contextlib.contextmanager
+def exits_at_once(signals):
+    """A block (a command, outside the training loop's StopOnSignal: before it starts, with the
+    config, the experiment and the workdir; after it closes, with results and figures) in which
+    each of ``signals`` exits at once with EXIT_REQUEUE: the checkpoints hold everything trained,
+    and the command run again picks up from them, results included. The previous handling comes
+    back after the block (nothing changes off the main thread)."""
+
+    def handler(signum, frame):
+        name = signal.Signals(signum).name
+        sys.stderr.write(f"\nmhjax: {name} outside training: exiting now; the latest checkpoint holds the run\n")
+        sys.stderr.flush()
+        os._exit(EXIT_REQUEUE)
+
+    previous = {}
+    try:
+        for signum in signals:
+            previous[signum] = signal.signal(signum, handler)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 class Interrupted(Exception):

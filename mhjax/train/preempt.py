@@ -28,7 +28,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from mhjax.config import ConfigError
-from mhjax.train.interrupt import EXIT_STATUS, Interrupted
+from mhjax.train.interrupt import EXIT_STATUS, SCHEDULER_SIGNALS, Interrupted
 
 GRACE_FIELD = "train.preempt_grace_s"
 DEFAULT_GRACE_S = 30.0  # SLURM's default KillWait: SIGTERM, then SIGKILL 30 s later
@@ -137,6 +137,13 @@ class SharedStop:
             self.stop.note(signal.SIGTERM)
             return True
         return bool(flags)
+
+
+def owned_signals() -> tuple:
+    """The scheduler's signals mhjax handles here: all of them, less SIGTERM where JAX's preemption
+    service owns it (jax.distributed)."""
+    jax_owns = jax.process_count() > 1 and jax_preemption_service()
+    return tuple(s for s in SCHEDULER_SIGNALS if not (jax_owns and s == signal.SIGTERM))
 
 
 def jax_preemption_service() -> bool:
