@@ -173,6 +173,15 @@ class Run:
     def member_names(self) -> list[str]:
         return self._files.member_names()
 
+    @python_errors
+    def status(self) -> dict:
+        """Where the sweep is, read while it may be training: {"workdir", "holder_pid", "total_steps",
+        "members": [{name, part, state, step, checkpoint_step, checkpoint_age_s, member_steps_per_s,
+        eta_s}]}, state one of training, done, diverged, stopped, missing (io/sweep_state.py)."""
+        from mhjax.io.sweep_state import sweep_status
+
+        return sweep_status(self._files)
+
     @property
     def checkpoint_steps(self) -> list[int]:
         """The steps of the kept checkpoints (the two latest), ascending."""

@@ -97,6 +97,17 @@ def _parser() -> argparse.ArgumentParser:
     dist.add_argument("--num-processes", type=int, default=None, help="number of processes (with --coordinator)")
     dist.add_argument("--process-id", type=int, default=None, help="this process's id (with --coordinator)")
 
+    status = sub.add_parser(
+        "status",
+        help="where a sweep is: each member's step, state, checkpoint age, rate and time to finish",
+        formatter_class=fmt,
+        description="Each member's step reached, state (training, done, diverged, stopped, missing), the age of "
+        "its latest checkpoint, member-steps/s and time to finish; reads only, so it works while `mhjax train` "
+        "holds the workdir (whose pid it names).",
+    )
+    status.add_argument("--workdir", metavar="W", required=True, help="a sweep workdir, training or not")
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+
     register_analyze(sub)
     register_sample(sub)
 
@@ -270,7 +281,7 @@ def register_sample(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-COMMANDS = ("train", "analyze", "sample", "report", "configs", "example2")  # the order of use, as in --help
+COMMANDS = ("train", "status", "analyze", "sample", "report", "configs", "example2")  # the order of use, as in --help
 
 
 def _command(name: str):

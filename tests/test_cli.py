@@ -56,7 +56,11 @@ def _help(argv, capsys):
 def test_top_level_help_lists_the_commands_in_the_order_of_use_with_a_description(capsys):
     text = _help([], capsys)
     _, commands = _subparsers()
-    assert list(commands) == list(cli.COMMANDS) == ["train", "analyze", "sample", "report", "configs", "example2"]
+    assert (
+        list(commands)
+        == list(cli.COMMANDS)
+        == ["train", "status", "analyze", "sample", "report", "configs", "example2"]
+    )
     listed = text[text.index("train ", text.index("commands")) :]
     positions = [re.search(rf"\b{name} ", listed).start() for name in cli.COMMANDS]
     assert positions == sorted(positions), listed
@@ -206,3 +210,31 @@ def test_ctrl_c_checkpoints_exits_130_and_the_next_run_resumes(tmp_path):
     assert f"resuming from checkpoint at step {max(saved)}" in done.stderr
     assert os.path.isfile(os.path.join(workdir, "results.json"))
     assert max(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()) == steps
+
+
+# ~30 s: a real run stopped and resumed; test_resume_records stops the loop on SIGTERM in process
+@pytest.mark.slow
+def test_sigterm_checkpoints_exits_75_with_the_resume_command_that_resumes(tmp_path):
+    steps = 150
+    config = _write_config(tmp_path / "tiny.py", heads=(2,), steps=steps, chunk=1, every=0)
+    workdir = str(tmp_path / "w")
+    command = [sys.executable, "-m", "mhjax", "train", "--config", config, "--workdir", workdir]
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _read_until(proc, rf"\b([1-9]\d*)/{steps}\b", timeout=300)  # the first chunk has run
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = err.decode()
+    assert proc.returncode == 75, err[-3000:]
+    stop = re.search(r"mhjax: SIGTERM: stopped at step (\d+), checkpoint written; resume: (mhjax train .*)$", err, re.M)
+    assert stop and "Traceback" not in err, err[-3000:]
+    assert max(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()) == int(stop[1])
+    resume = stop[2].split()  # mhjax train --config ... --workdir W, run as python -m mhjax
+    done = subprocess.run(
+        [sys.executable, "-m", "mhjax", *resume[1:], "--no-progress"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resuming from checkpoint at step {stop[1]}" in done.stderr

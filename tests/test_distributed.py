@@ -2,10 +2,13 @@
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -126,3 +129,45 @@ def test_two_processes_train_disjoint_members_matching_one_process(reference):
         assert_trees_close(single[name], multi[name])
     results = json.load(open(root / "multi" / "results.json"))
     assert len(results["members"]) == 4
+
+
+def _read_until(proc, text, timeout=300):
+    """Lines of the child's stderr up to the first holding ``text``."""
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if text in line:
+            return lines
+    raise AssertionError(f"no {text!r}: {''.join(lines)[-3000:]}")
+
+
+# ~50 s each (two processes, a real stop): one process's stop is test_resume_records and test_preempt
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM])
+def test_a_signal_to_one_process_stops_both_at_the_same_chunk_with_a_checkpoint(tmp_path, signum):
+    """USR1 travels in the chunk-end gather; SIGTERM is JAX's preemption service's (its sync point)."""
+    (tmp_path / "long.py").write_text(
+        config_source(tiny_train(fused(tiny_sequence_config(task=("copy",), heads=(1, 2))), 100000, 1, 0, 0))
+    )
+    args = ["--config", str(tmp_path / "long.py"), "--workdir", str(tmp_path / "w")]
+    args += ["--coordinator", f"127.0.0.1:{_free_port()}", "--num-processes", "2"]
+    procs = [_train(args + ["--process-id", str(i)]) for i in range(2)]
+    try:
+        for proc in procs:
+            _read_until(proc, "graceful stop on SIGTERM/SIGUSR1/SIGUSR2")
+        procs[1].send_signal(signum)
+        errs = [proc.communicate(timeout=120)[1] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    stopped = []
+    for proc, err in zip(procs, errs):
+        assert proc.returncode == 75, err[-3000:]
+        stopped.append(int(re.search(rf"{signum.name}: stopped at step (\d+), checkpoint written; resume: ", err)[1]))
+    assert stopped[0] == stopped[1] > 0
+    saved = [int(d) for d in os.listdir(tmp_path / "w" / "checkpoints") if d.isdigit()]
+    assert max(saved) == stopped[0]

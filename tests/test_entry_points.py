@@ -62,6 +62,20 @@ def test_train(trained):
     assert sorted(os.listdir(os.path.join(workdir, "tb"))) == list(MEMBERS)
 
 
+@runs("status")
+def test_status(trained):
+    """A finished sweep: every member done at its last step; results.json keeps its own status (ok)."""
+    workdir = trained[-1]
+    code, out, err = main(["status", "--workdir", workdir, "--json"])
+    assert code == 0, err
+    status = json.loads(out)
+    assert [(r["name"], r["state"], r["step"], r["eta_s"]) for r in status["members"]] == [
+        (name, "done", 2, 0.0) for name in MEMBERS
+    ]
+    with open(os.path.join(workdir, "results.json")) as f:
+        assert {m["status"] for m in json.load(f)["members"]} == {"ok"}
+
+
 @runs("analyze")
 def test_analyze_workdir(trained):
     workdir = trained[-1]

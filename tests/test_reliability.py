@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import FAST_COMPILE, config_source, set_field, tiny_sequence_config, tiny_train
+from tests.tb_scalars import assert_same_scalars
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -234,6 +235,10 @@ def test_sigkill_during_checkpoint_write_resumes_bit_identical(setup, tmp_path):
     assert f"resuming from checkpoint at step {FIRST_CHECKPOINT}" in proc.stderr
     assert complete_steps(workdir) == [FIRST_CHECKPOINT, STEPS] and _no_tmp_checkpoints(workdir)
     assert_identical_runs(reference, str(workdir))
+    # TensorBoard: flushed before checkpoint 6 was committed, the killed run's points after it
+    # (flushed before checkpoint 9, never committed) dropped at the resume: the straight run's points
+    assert f"points of earlier runs at steps >= {FIRST_CHECKPOINT} dropped" in proc.stderr
+    assert_same_scalars(reference, str(workdir), sorted(os.listdir(os.path.join(reference, "tb"))))
 
 
 @pytest.mark.slow  # ~20 s: the checkpoint-write kill covers the same rename

@@ -17,7 +17,10 @@ from mhjax.io.workdir import Workdir
 from mhjax.train import loop
 from mhjax.train.loop import Interrupted, Sweep, run
 from tests.conftest import tiny_sequence_config, tiny_train
+from tests.tb_scalars import assert_same_scalars
 from tests.test_mixture_sweep import tiny_mixture_config
+
+SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1}
 
 
 class Killed(Exception):
@@ -45,7 +48,7 @@ def stop_at_chunk(monkeypatch, calls: int, how: str):
         if count[0] == calls:
             if how == "kill":
                 raise Killed
-            signal.raise_signal(signal.SIGINT)  # handled between chunks: checkpoint, then Interrupted
+            signal.raise_signal(SIGNALS[how])  # handled between chunks: checkpoint, then Interrupted
         return out
 
     monkeypatch.setattr(Sweep, "run_chunk", run_chunk)
@@ -101,6 +104,7 @@ def reference(tmp_path_factory):
         ("mixture", "kill", 3, 10),  # killed after the first checkpoint
         ("mixture", "kill", 4, 10),  # killed with steps 10-14 traced past the checkpoint
         ("mixture", "sigint", 3, 15),  # Ctrl-C after the first checkpoint
+        ("mixture", "sigterm", 2, 10),  # a scheduler's SIGTERM: the same stop, the requeue exit code
     ],
 )
 def test_an_interrupted_sweep_resumed_writes_the_uninterrupted_results(
@@ -111,8 +115,12 @@ def test_an_interrupted_sweep_resumed_writes_the_uninterrupted_results(
     lines = []
     with monkeypatch.context() as patch:
         stop_at_chunk(patch, chunk, how)
-        with pytest.raises(Killed if how == "kill" else Interrupted):
+        with pytest.raises(Killed if how == "kill" else Interrupted) as stopped:
             run(make_experiment(config), workdir, progress=False, log=lines.append)
+    if how == "sigterm":  # the one line: signal, step, the command that resumes
+        assert stopped.value.exit_status == 75
+        assert str(stopped.value).startswith(f"SIGTERM: stopped at step {resumed_from}, checkpoint written; resume: ")
+        assert lines[-1].startswith("graceful stop on SIGTERM/SIGUSR1/SIGUSR2: at the running chunk's end")
     assert not os.path.exists(os.path.join(workdir, "results.json"))
     names = [m.name for m in make_experiment(config).members]
     if kind == "mixture":  # a kill in the middle of writing the trace leaves a partial record
@@ -130,6 +138,9 @@ def test_an_interrupted_sweep_resumed_writes_the_uninterrupted_results(
             assert list(got_trace["step"]) == list(range(20))
             for field, values in want_trace.items():
                 np.testing.assert_allclose(got_trace[field], values, rtol=1e-6, err_msg=field)
+    if kind == "mixture":  # TensorBoard: the straight run's points (a kill's after the checkpoint dropped)
+        assert_same_scalars(reference["mixture workdir"], workdir, names)
+        assert f"tensorboard: points of earlier runs at steps >= {resumed_from} dropped" in " ".join(lines)
     if kind == "mixture":  # the points before the checkpoint are there, as in the uninterrupted run
         for member in got["members"]:
             assert member["loss_curve"]["steps"][0] == 0 and len(member["loss_curve"]["steps"]) > 5
@@ -279,3 +290,15 @@ def jax_leaves(tree):
     import jax
 
     return jax.tree_util.tree_leaves(tree)
+
+
+def test_the_evaluation_written_again_at_a_resume_is_where_the_straight_run_evaluated():
+    """Chunks of 3 to 12, eval_every 5: the straight run evaluates at the chunk ends 6 (crossing
+    5), 12 (crossing 10, and the end) and at the asked step 3; not at 9. A checkpoint at a
+    finished run's last step (trained longer since) had its evaluation there."""
+    from mhjax.train.resume_curves import evaluated_at
+
+    config = tiny_train(tiny_sequence_config(heads=(1,)), 12, 3, 5, 3)
+    assert [evaluated_at(s, config, [3], None) for s in (3, 6, 9, 12)] == [True, True, False, True]
+    assert evaluated_at(9, config, [3], finished_at=9)
+    assert not evaluated_at(7, config, [3], None)  # a snapshot's cut (a signal stopped it there): no evaluation

@@ -12,9 +12,10 @@ from mhjax.io import compile_cache
 from mhjax.io.results import WriteFailed
 from mhjax.io.workdir import Workdir
 from mhjax.train.console import next_commands, summary_lines
-from mhjax.train.interrupt import EXIT_STATUS
+from mhjax.train.interrupt import exits_at_once
 from mhjax.train.loop import Interrupted
 from mhjax.train.placement import maybe_initialize_distributed
+from mhjax.train.preempt import owned_signals
 from mhjax.train.status import DivergedError, check_fail
 from mhjax.workflows.configs import load_config
 from mhjax.workflows.target import compile_for, report_lines
@@ -42,6 +43,13 @@ def command(args, overrides) -> int:
         # Before make_experiment: validating a task runs it, which starts the XLA backend, and
         # jax.distributed.initialize must come before that.
         maybe_initialize_distributed(args.coordinator, args.num_processes, args.process_id, args.distributed)
+    # A scheduler's signal before training's own handling starts, or after it ends: exit 75 at once
+    with exits_at_once(() if args.dry_run else owned_signals()):
+        return _sweep(args, config)
+
+
+def _sweep(args, config) -> int:
+    """Describe (--dry-run) or train the sweep of ``config``."""
     experiment = make_experiment(config)  # validates before anything compiles
     if args.dry_run:
         print(describe(experiment, jax.default_backend()))
@@ -59,7 +67,7 @@ def command(args, overrides) -> int:
         )
     except Interrupted as exc:
         print(f"mhjax: {exc}", file=sys.stderr)
-        return EXIT_STATUS
+        return exc.exit_status
     except WriteFailed as exc:  # a full disk: one line naming the file; the last checkpoint holds
         print(f"mhjax: error: {exc}", file=sys.stderr)
         return 1

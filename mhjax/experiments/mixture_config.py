@@ -79,6 +79,7 @@ FIELDS = {
         "loss",
         "step_rule",
         "divergence_factor",
+        "preempt_grace_s",  # train/preempt.py
         "trace",
         "snapshot_steps",
     },

@@ -120,5 +120,6 @@ FIELDS = {
     "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout", "scan_layers", "head_dim", "dtype"},
     "data": {"protocol", "num_train", "batch_size", "num_eval", "path", "holdout"},
     "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every", "snapshot_steps", "divergence_factor"}
+    | {"preempt_grace_s"}  # train/preempt.py
     | set(optimizer.FIELDS),
 }

@@ -55,6 +55,17 @@ class WorkdirLock:
             self.file.close()
 
 
+def holder_pid(workdir) -> int | None:
+    """The pid of the process holding ``workdir``'s lock, or None (not held, or no lock file);
+    reads only: the lock file is opened for reading, never created."""
+    try:
+        with open(Workdir.of(workdir).lock_path) as file:
+            pid = _holder(file)
+    except OSError:
+        return None
+    return int(pid) if pid.isdigit() else None
+
+
 def _holder(file) -> str:
     """The pid holding a write lock on ``file`` (F_GETLK on a struct flock), or "unknown"."""
     query = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)

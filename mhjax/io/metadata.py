@@ -17,7 +17,7 @@ HISTORY = "sweep_history"
 # Config fields that choose how a sweep is computed, not what: a run may resume under another
 # (checkpoints hold one entry per member whatever the strategy, devices or attention path), and
 # with other snapshot steps (they keep parameters and change no number).
-HOW_NOT_WHAT = ("attention", "strategy", "devices", "train.snapshot_steps")
+HOW_NOT_WHAT = ("attention", "strategy", "devices", "train.snapshot_steps", "train.preempt_grace_s")
 
 # mhjax.json's record of what changed between the runs of one workdir, one entry per change, with
 # the ``step`` it took effect (the checkpoint the run resumed from: the steps before it ran under

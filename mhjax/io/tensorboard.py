@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -41,19 +42,26 @@ _NOT_METRICS = {
 
 
 class MemberWriters:
-    def __init__(self, root: str, names: list[str], log=None):
+    def __init__(self, root: str, names: list[str], log=None, purge_step: int | None = None):
         """``root``: the folder of the runs (``Workdir.tensorboard_dir``). A run that cannot be
         written (a full disk) loses its events from then on, says so once through ``log`` and
-        never stops the training: TensorBoard is a view of it, not its record."""
+        never stops the training: TensorBoard is a view of it, not its record.
+        ``purge_step``: a run resumed from that step's checkpoint; readers (TensorBoard, io/curves.py)
+        drop every point at steps >= it written before, by a process that trained past the
+        checkpoint and was killed (tensorboardX's purge_step: a SessionLog START at that step).
+        Only runs that already hold events get it."""
         self.root = root
         self.log = log or (lambda message: print(message, file=sys.stderr))
         self.lost: dict[str, str] = {}  # member -> why its events are no longer written
-        self.writers = {name: self._open(name) for name in names}
+        self.purged = purge_step is not None and any(has_events(os.path.join(root, name)) for name in names)
+        self.writers = {name: self._open(name, purge_step) for name in names}
 
-    def _open(self, name: str) -> SummaryWriter:
+    def _open(self, name: str, purge_step: int | None = None) -> SummaryWriter:
         path = os.path.join(self.root, name)
+        if not has_events(path):
+            purge_step = None
         try:
-            writer = SummaryWriter(path, flush_secs=30)
+            writer = SummaryWriter(path, flush_secs=30, purge_step=purge_step)
         except OSError as exc:
             self._lose(name, exc)
             return SummaryWriter(path, write_to_disk=False)  # the same methods, writing nothing
@@ -86,7 +94,13 @@ class MemberWriters:
             writer.close()
 
     def flush(self) -> None:
+        """Every event logged so far on disk (the loop calls this before a checkpoint is committed,
+        so a kill -9 after it loses no point up to the checkpoint's step). tensorboardX's own flush
+        writes out only what its thread has taken from the queue: wait for the thread first."""
         for writer in self.writers.values():
+            guard = getattr(writer, "_mhjax_guard", None)
+            if guard is not None:
+                guard.drain(writer._get_file_writer().event_writer)
             writer.flush()
 
     # ------------------------------------------------------------------ #
@@ -133,6 +147,8 @@ class _GuardedEvents:
 
     def __init__(self, events, on_error):
         self.events, self.on_error, self.failed = events, on_error, False
+        self._reached = threading.Condition()
+        self._marks = [0, 0]  # marks sent, marks the writer thread reached
 
     def _guarded(self, write) -> None:
         if self.failed:
@@ -144,13 +160,37 @@ class _GuardedEvents:
             self.on_error(exc)
 
     def write_event(self, event) -> None:
+        if isinstance(event, _Mark):  # every event queued before it is written
+            with self._reached:
+                self._marks[1] = max(self._marks[1], event.number)
+                self._reached.notify_all()
+            return
         self._guarded(lambda: self.events.write_event(event))
+
+    def drain(self, event_writer, timeout: float = 60.0) -> None:
+        """Wait until ``event_writer``'s thread has written every event queued so far."""
+        if event_writer._closed:
+            return
+        with self._reached:
+            self._marks[0] += 1
+            number = self._marks[0]
+        event_writer._event_queue.put(_Mark(number))
+        with self._reached:
+            self._reached.wait_for(lambda: self._marks[1] >= number, timeout)
 
     def flush(self) -> None:
         self._guarded(self.events.flush)
 
     def close(self) -> None:
         self._guarded(self.events.close)
+
+
+class _Mark:
+    """Queued behind a run's events (it crosses tensorboardX's multiprocessing queue pickled, so
+    it is known by its number): reached, everything before it is written (_GuardedEvents.drain)."""
+
+    def __init__(self, number: int):
+        self.number = number
 
 
 def _guard(writer: SummaryWriter, on_error) -> None:
@@ -161,11 +201,14 @@ def _guard(writer: SummaryWriter, on_error) -> None:
     guarded = _GuardedEvents(events._ev_writer, on_error)
     events._ev_writer = guarded
     events._worker._record_writer = guarded
+    writer._mhjax_guard = guarded
 
 
 class NoWriters:
     """MemberWriters' stand-in where nothing is written (the non-primary processes of a
     distributed run): the same methods, each doing nothing."""
+
+    purged = False
 
     def scalars(self, name: str, values: dict, step: int) -> None:
         pass
@@ -189,6 +232,11 @@ class NoWriters:
         self, records: list[dict], hparams: dict[str, dict], later_tags: list[str], step: int, description: str = ""
     ) -> None:
         pass
+
+
+def has_events(run_dir: str) -> bool:
+    """Whether the run folder holds an event file."""
+    return os.path.isdir(run_dir) and any("tfevents" in entry for entry in os.listdir(run_dir))
 
 
 def log_to_run(run_dir: str, scalars: dict, images: dict, step: int) -> None:

@@ -12,6 +12,7 @@ from jax.experimental import multihost_utils
 
 from mhjax.io.checkpoint import member_key
 from mhjax.io.curves import train_points
+from mhjax.io.progress import Progress
 from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.trace import NoTrace, TraceWriter
 from mhjax.io.workdir import Workdir
@@ -19,14 +20,12 @@ from mhjax.plotting import draw as draw_figures
 from mhjax.train import ahead, end_images, engine, snapshot_resume, snapshots
 from mhjax.train import status as member_status
 from mhjax.train.console import Console
-from mhjax.train.interrupt import StopOnSignal
+from mhjax.train.interrupt import Interrupted, StopOnSignal  # noqa: F401 (Interrupted: its home before)
 from mhjax.train.payload import results_payload
 from mhjax.train.placement import Placement
+from mhjax.train.preempt import SharedStop, StopTimes, grace_seconds, interrupted, jax_preemption_service
 from mhjax.train.records import HostRecords
-
-
-class Interrupted(Exception):
-    """Ctrl-C arrived; a checkpoint was written (or nothing was trained since the last one)."""
+from mhjax.train.resume_curves import prior_step_seconds, rewrite_resumed_step
 
 
 def stack_constants(experiment, indices):
@@ -211,6 +210,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     payload. Diverged members are named at the end (train/status.py)."""
     workdir = Workdir.of(workdir)
     config = experiment.config
+    grace = grace_seconds(config)  # a bad value stops here, before the workdir is written
     # With several processes (jax.distributed) only process 0 writes metadata, logs and results;
     # every process takes part in checkpoints (orbax coordinates them).
     primary = jax.process_index() == 0
@@ -231,18 +231,26 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     latest = checkpointer.latest_step() if resuming else None
     step = int(latest or 0)
     writers, snaps = NoWriters(), snapshots.Snapshots(sweep, workdir, snapshots.steps_of(config))
-    stop = StopOnSignal(where="after the compile: nothing is trained before the programs are ready")
+    stop = StopOnSignal(
+        where="after the compile: nothing is trained before the programs are ready",
+        own_sigterm=jax.process_count() == 1 or not jax_preemption_service(),  # else JAX's own handler
+    )
+    shared, times = SharedStop(stop), StopTimes(grace, chunk)
     try:
         stop.start()
         if latest is not None:  # before compiling: a corrupt checkpoint is reported at once
             states, seconds = sweep.restore(checkpointer, latest)
             log(f"resuming from checkpoint at step {latest}")
+            times = StopTimes(grace, chunk, prior_step_seconds(sweep, seconds, latest))
             if sweep.records.starts_at and sweep.records.wanted.size:
                 log(f"checkpoint {latest} predates recorded loss points: loss_curve starts at step {latest}")
             if sweep.path_from:
                 log(f"checkpoint {latest} predates the loss-path records: divergence is checked from step {latest} on")
         names = [m.name for m in members]
-        writers = MemberWriters(workdir.tensorboard_dir, names, log=log) if primary else NoWriters()
+        # Resumed (or started again after a kill before any checkpoint): points a killed process
+        # wrote at steps >= ``step`` are dropped, as W/trace cuts its files (io/trace.py).
+        purge = step if step < total else None  # a finished run's points (analysis included) stay
+        writers = MemberWriters(workdir.tensorboard_dir, names, log=log, purge_step=purge) if primary else NoWriters()
         traces = TraceWriter(workdir.trace_dir, step) if primary else NoTrace()  # W/trace, from ``step`` on
         hparams = {m.name: m.flat_hparams() for m in members}
         writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
@@ -250,7 +258,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         # the first chunk cut at early evaluations, any chunk at snapshot steps (train/snapshots.py)
         plan = ahead.chunk_plan(step, total, chunk, splits=evals, anywhere=snaps.steps)
         _compile_ahead(sweep, console, plan, init=latest is None)
-        stop.where = "at the end of the running chunk"
+        stop.where, stop.preparing = "at the end of the running chunk", False
+        log(times.start_line())
         if latest is None:
             states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
         reported_divergence, evaluation = set(), None
@@ -258,16 +267,20 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         started, trained = time.perf_counter(), 0
         if 0 in evals and step == 0:
             _log_eval(writers, members, sweep.evaluate(states), 0)
+        if writers.purged and latest is not None:  # what the purge dropped at ``step`` itself, written again
+            evaluation = rewrite_resumed_step(workdir, experiment, sweep, states, writers, step, evals, _log_eval)
+            again = "; its evaluation written again" if evaluation is not None else ""
+            log(f"tensorboard: points of earlier runs at steps >= {step} dropped (purge_step {step}){again}")
         snaps.take(step, states)  # step 0, or a resumed step newly asked for
         if latest is not None:  # snapshot steps newly asked for before it (train/snapshot_resume.py)
             snapshot_resume.take_passed(snaps, sweep, latest, log)
         console.start(total, step)
         since = step  # the last stop that was not a snapshot's cut
+        progress = Progress(workdir, names, total, step, write=primary)  # W/progress.json: mhjax status
+        progress.update(step)
         for n, piece in plan.lengths():
-            if stop.raised:  # before any chunk of this run: nothing to save
-                raise Interrupted(
-                    f"interrupted at step {step} before training; nothing new to save, run the same command to resume"
-                )
+            if stop.raised and not trained and shared.processes == 1:  # before any chunk: nothing to save
+                raise interrupted(stop, step, workdir.path, saved=False)
             chunk_time = 0.0
             for program in sweep.programs:
                 name, idx = program.name, program.members
@@ -276,8 +289,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                     states[name], metrics = sweep.run_piece(program, states[name], n, plan.piece_length)
                 else:
                     states[name], metrics = sweep.run_chunk(program, states[name], n)
-                # One device-to-host transfer per program and chunk: the metrics and status.
-                metrics, status = sweep.host((metrics, engine.member_status(states[name])))
+                # One device-to-host transfer per program and chunk: the metrics, status and stop flags.
+                metrics, status, flags = sweep.host((metrics, engine.member_status(states[name]), shared.flag()))
                 metrics = experiment.check_chunk(program, metrics, step)  # may stop the run: nothing saved
                 elapsed = time.perf_counter() - start
                 for i in idx:  # a program's members share its wall time
@@ -287,6 +300,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                 _log_chunk(writers, members, idx, metrics, status, step + n, reported_divergence, log, factor, every)
                 sweep.record(program, metrics["loss"], step)
             rate = n * len(members) / max(chunk_time, 1e-9)
+            halt = shared.now(flags)  # every process the same answer (train/preempt.py)
+            times.chunk(chunk_time, n, log)
             for m in members:
                 writers.scalars(m.name, {"perf/member_steps_per_s": rate}, step + n)
             step += n
@@ -296,16 +311,20 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             # cut, and at other stops for what was crossed since the last of those (``since``).
             regular = step % chunk == 0 or step == total or (step < chunk and step in evals)
             previous, since = (since, step) if regular else (step, since)
+            progress.update(step, {members[i].name for i, _ in reported_divergence})
             wanted_eval = any(previous < k <= step for k in evals)
             if _crossed(previous, step, config.train.eval_every) or step == total or wanted_eval:
                 evaluation = sweep.evaluate(states)
                 _log_eval(writers, members, evaluation, step)
             snaps.take(step, states)  # before the checkpoint: resumed, a step is taken again or kept
             due = _crossed(previous, step, config.train.checkpoint_every) or step == total
-            if due or stop.raised:
+            if due or halt:
+                writers.flush()  # every point up to ``step`` on disk before the checkpoint commits it
+                saving = time.perf_counter()
                 sweep.save(checkpointer, step, states, seconds)
-            if stop.raised and step < total:
-                raise Interrupted(f"interrupted at step {step}; checkpoint written, run the same command to resume")
+                times.saved(time.perf_counter() - saving, log)
+            if halt and step < total:
+                raise interrupted(stop, step, workdir.path, saved=True)
         stop.close()
         console.close()  # the final lines start on a line of their own
         if latest is not None and latest >= total:
