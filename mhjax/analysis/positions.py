@@ -51,11 +51,24 @@ def _token_fn(
     return run
 
 
+LOGIT_ELEMENTS = 2**26  # logits per forward pass (256 MiB of float32): held-out sets are scored in slices
+
+
+def member_token_losses(params, heads: int, tokens, targets, sizes: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(cross-entropy, correct) per token, (N, T) numpy, of the plain eval-mode H-head model on
+    ``tokens`` (N, T), in slices of at most LOGIT_ELEMENTS logits, one jitted forward per shape."""
+    run = _token_fn(*(sizes[k] for k in SIZE_KEYS), int(heads), sizes.get(ATTENTION_WIDTH))
+    tokens, targets = np.asarray(tokens, np.int32), np.asarray(targets, np.int32)
+    params = jax.tree_util.tree_map(jnp.asarray, params)
+    rows = max(1, LOGIT_ELEMENTS // (tokens.shape[1] * int(sizes["vocab_size"])))
+    out = [
+        jax.device_get(run(params, tokens[i : i + rows], targets[i : i + rows])) for i in range(0, len(tokens), rows)
+    ]
+    return np.concatenate([o[0] for o in out]), np.concatenate([o[1] for o in out])
+
+
 def member_by_position(params, heads: int, batch, sizes: dict) -> dict[str, list]:
     """:func:`by_position` of the plain eval-mode H-head model on ``batch`` (tokens, targets,
-    weights (N, T)), one jitted forward per model shape."""
-    run = _token_fn(*(sizes[k] for k in SIZE_KEYS), int(heads), sizes.get(ATTENTION_WIDTH))
+    weights (N, T))."""
     tokens, targets, weights = (np.asarray(a) for a in batch)
-    params = jax.tree_util.tree_map(jnp.asarray, params)
-    loss, correct = jax.device_get(run(params, jnp.asarray(tokens, jnp.int32), jnp.asarray(targets, jnp.int32)))
-    return by_position(loss, correct, weights)
+    return by_position(*member_token_losses(params, heads, tokens, targets, sizes), weights)

@@ -37,6 +37,15 @@ UNROLL_MIN_STEPS, UNROLL_MAX_MEMBERS = 2000, 16  # when `auto` unrolls on a CPU
 EXAMPLE_SEED = 0  # the fixed evaluation sequence of the end-of-training images (numpy: no compile)
 
 
+def eval_key(root: int, seed: int, task: str, bound) -> np.ndarray:
+    """The key of a member's held-out set. A task with a held-out split (text: windows of the
+    corpus's last part) draws it from (root seed, task) alone: every member of the sweep, whatever
+    its seed, is scored on the same windows, so head counts pair across seeds too. A task of
+    generated sequences (copy, cycle, ...) draws a fresh set per seed, as it always has (recorded
+    numbers stay): members of one seed share it, so head counts pair within a seed."""
+    return derive_key(root, "eval", task) if bound.heldout is not None else derive_key(root, seed, "eval", task)
+
+
 class SequenceExperiment(Experiment):
     kind = "sequence"
     analyzable = True
@@ -62,12 +71,12 @@ class SequenceExperiment(Experiment):
         return divergence_factor(self.config)
 
     def member_constants(self, member: Member) -> SequenceConstants:
-        root, task = self.config.seed, member["task"]
+        root, task, index = self.config.seed, member["task"], task_params.task_index(self.tasks, member)
         return SequenceConstants(
             key=derive_key(root, member["seed"], self._key_names[member.name]),
             data_key=derive_key(root, member["seed"], "data", task),
-            eval_key=derive_key(root, member["seed"], "eval", task),
-            task_id=np.int32(task_params.task_index(self.tasks, member)),
+            eval_key=eval_key(root, member["seed"], task, self.tasks[index]),
+            task_id=np.int32(index),
             heads=np.int32(member["heads"]),
             learning_rate=np.float32(member["learning_rate"]),
         )

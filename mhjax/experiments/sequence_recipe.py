@@ -113,9 +113,8 @@ class SequenceRecipe(Recipe):
         batch = sequences.eval_batch(
             consts.eval_key, consts.task_id, self.num_eval, self.length, self.vocab, self.tasks
         )
-        usable = (self.num_eval // self.eval_batch) * self.eval_batch
-        shape = (-1, self.eval_batch, self.length)
-        batch = jax.tree_util.tree_map(lambda a: a[:usable].reshape(shape), tuple(batch))
+        shape = (-1, self.eval_batch, self.length)  # num_eval: a multiple of eval_batch (sequence_config)
+        batch = jax.tree_util.tree_map(lambda a: a.reshape(shape), tuple(batch))
 
         def one(batch):
             x, y, w = batch

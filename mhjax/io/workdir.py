@@ -10,6 +10,7 @@
     W/tb/<member>/            each member's TensorBoard run (io/tensorboard.py)
     W/trace/<member>.bin      per-step scalars a recipe traces, and format.json (io/trace.py)
     W/results.json, .md       written when training ends (io/results.py)
+    W/eval_windows/           per-window held-out losses of each member (io/window_files.py)
     W/analysis/analysis.*     `mhjax analyze --workdir W`
     W/report.md, W/report/    `mhjax report --workdir W`
     W/<figure>.png, <name>.md an experiment's own figures and summaries (Experiment.figures, drawn by plotting)
@@ -27,7 +28,7 @@ import json
 import os
 
 from mhjax.config import ConfigError
-from mhjax.io import parts
+from mhjax.io import parts, window_files
 from mhjax.io.metadata import check_or_write
 from mhjax.io.results import WriteFailed, json_ready, markdown_table, write_json, write_text
 
@@ -366,16 +367,23 @@ class Workdir:
     # ------------------------------------------------------------------ #
     # Writers
     # ------------------------------------------------------------------ #
-    def write_results(self, payload: dict) -> dict:
-        """results.json (atomically) and its Markdown table results.md; returns what they hold: a
+    def window_sums(self, member: str):  # its per-window held-out sums (io/window_files.py), or None
+        return window_files.read(self.file(window_files.FOLDER), member)
+
+    def write_results(self, payload: dict, tables=None) -> dict:
+        """results.json (atomically), results.md (``tables(payload, self)``'s Markdown first) and
+        W/eval_windows (io/window_files.py: taken out of ``payload``); returns what they hold: a
         part's payload merged with the other parts' entries (io/parts.merge), else ``payload``."""
+        window_files.save(self.file(window_files.FOLDER), payload)
         if self.order is not None:
             stored = self.results() if os.path.isfile(self.results_path) else None
             payload = parts.merge(stored, payload, self.folder, self.order)
         members = [{k: json_ready(v) for k, v in m.items()} for m in payload["members"]]
         try:
             write_json(self.results_path, {**payload, "members": members})
-            write_text(self.file(self.RESULTS_TABLE), markdown_table(members, payload.get("title", "Results")))
+            table = markdown_table(members, payload.get("title", "Results"))
+            more = tables({**payload, "members": members}, self) if tables else ""
+            write_text(self.file(self.RESULTS_TABLE), table.replace("\n\n", f"\n\n{more}\n", 1) if more else table)
         except WriteFailed as exc:
             exc.hint = "; training is done and checkpointed: free some space and run the same command to write it"
             raise

@@ -16,6 +16,7 @@ from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.trace import NoTrace, TraceWriter
 from mhjax.io.workdir import Workdir
 from mhjax.plotting import draw as draw_figures
+from mhjax.plotting.paired import results_tables
 from mhjax.train import ahead, end_images, engine, snapshots
 from mhjax.train import status as member_status
 from mhjax.train.console import Console
@@ -312,7 +313,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         if evaluation is None:  # else the loop's last evaluation is of this very state
             evaluation = sweep.evaluate(states)
         payload = results_payload(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
-        written = workdir.write_results(payload) if primary else payload  # with any other part's members
+        # with any other part's members; results.md with head counts paired on held-out windows
+        written = workdir.write_results(payload, tables=results_tables) if primary else payload
         description = f"{payload['title']}: {len(members)} members, {step} steps"
         writers.finish(payload["members"], hparams, experiment.metric_tags(), step, description)
         # Host copies are gathered by EVERY process (a collective); then only process 0 draws.

@@ -30,6 +30,7 @@ from mhjax.io.results import diverged_lines, markdown_table, write_text
 from mhjax.io.workdir import Workdir
 from mhjax.plotting.architecture import architecture_figures
 from mhjax.plotting.heads import head_tables
+from mhjax.plotting.paired import paired_tables
 from mhjax.plotting.positions import plot_accuracy_by_position
 from mhjax.plotting.report import (
     analysis_tables,
@@ -100,6 +101,8 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
     if summary:
         lines += ["## Results", "", "Final metrics; mean ± std over seeds.", "", summary]
     lines += diverged_lines(members)
+    paired = paired_tables(members, workdir.window_sums, workdir.sweep_fields())
+    lines += [paired] if paired else []
     curves = training_curves(workdir, [m["name"] for m in members])
     kind = opened.kind  # the Experiment class: how its curves read (no plug-in code runs)
     link = figure(
