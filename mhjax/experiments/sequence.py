@@ -17,8 +17,10 @@ from mhjax.experiments import (
     architecture,
     optimizer,
     path_memory,
+    sequence_baselines,
     sequence_programs,
     sequence_results,
+    sequence_signals,
     target_range,
     task_params,
 )
@@ -35,15 +37,6 @@ from mhjax.train.members import Member, derive_key, key_names
 
 UNROLL_MIN_STEPS, UNROLL_MAX_MEMBERS = 2000, 16  # when `auto` unrolls on a CPU
 EXAMPLE_SEED = 0  # the fixed evaluation sequence of the end-of-training images (numpy: no compile)
-
-
-def eval_key(root: int, seed: int, task: str, bound) -> np.ndarray:
-    """The key of a member's held-out set. A task with a held-out split (text: windows of the
-    corpus's last part) draws it from (root seed, task) alone: every member of the sweep, whatever
-    its seed, is scored on the same windows, so head counts pair across seeds too. A task of
-    generated sequences (copy, cycle, ...) draws a fresh set per seed, as it always has (recorded
-    numbers stay): members of one seed share it, so head counts pair within a seed."""
-    return derive_key(root, "eval", task) if bound.heldout is not None else derive_key(root, seed, "eval", task)
 
 
 class SequenceExperiment(Experiment):
@@ -75,7 +68,7 @@ class SequenceExperiment(Experiment):
         return SequenceConstants(
             key=derive_key(root, member["seed"], self._key_names[member.name]),
             data_key=derive_key(root, member["seed"], "data", task),
-            eval_key=eval_key(root, member["seed"], task, self.tasks[index]),
+            eval_key=sequence_results.eval_key(root, member["seed"], task, self.tasks[index]),
             task_id=np.int32(index),
             heads=np.int32(member["heads"]),
             learning_rate=np.float32(member["learning_rate"]),
@@ -128,7 +121,23 @@ class SequenceExperiment(Experiment):
             **({"attention_fallback": fallback} if fallback else {}),
             "optimizer": self.optimizer.recorded(),
             **({"dtype": dtype} if dtype != "float32" else {}),
+            **sequence_baselines.baselines(self),  # text: n-gram baselines on the held-out windows
         }
+
+    def eval_steps(self) -> list[int]:
+        return [0]  # theta_0's held-out loss starts every curve
+
+    def evaluation_fields(self, index: int, metrics: dict) -> dict:
+        return sequence_signals.bits_fields(self, index, metrics)  # text: eval_bits_per_byte
+
+    def learning_rates(self, indices: list[int], first_step: int, length: int):
+        return sequence_signals.learning_rates(self, indices, first_step, length)
+
+    def throughput(self, member_steps_per_s: float) -> dict:
+        return sequence_signals.throughput(self, member_steps_per_s, self._devices())
+
+    def result_notes(self, payload: dict) -> list[str]:
+        return sequence_baselines.bigram_notes(payload)  # text members not below the bigram
 
     def _kernel_priced(self, backend: str) -> bool:
         """Whether the cost model prices static head counts at the Pallas kernel's cost: on a

@@ -27,7 +27,17 @@ from mhjax.data.tasks import Batch
 from mhjax.experiments.architecture import record_sizes
 from mhjax.models.probe import model_sizes
 from mhjax.train.engine import unstack
+from mhjax.train.members import derive_key
 from mhjax.train.placement import to_host
+
+
+def eval_key(root: int, seed: int, task: str, bound) -> np.ndarray:
+    """The key of a member's held-out set. A task with a held-out split (text: windows of the
+    corpus's last part) draws it from (root seed, task) alone: every member of the sweep, whatever
+    its seed, is scored on the same windows, so head counts pair across seeds too. A task of
+    generated sequences (copy, cycle, ...) draws a fresh set per seed, as it always has (recorded
+    numbers stay): members of one seed share it, so head counts pair within a seed."""
+    return derive_key(root, "eval", task) if bound.heldout is not None else derive_key(root, seed, "eval", task)
 
 
 def held_out(experiment, member) -> Batch:

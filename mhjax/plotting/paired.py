@@ -69,9 +69,28 @@ def _rows(group: list[dict], read, scale: float) -> list[list[str]]:
     return rows
 
 
-def paired_tables(members: list[dict], read, sweep_fields=None) -> str:
+def baseline_line(baseline: dict | None) -> list[str]:
+    """The n-gram baselines of a text task (results.json ``baselines``) as a line under its table."""
+    if not baseline:
+        return []
+    cells = [
+        f"{name} {_cell(baseline[f'{name}_bits'], baseline.get(f'{name}_bits_se') or float('nan'), 1.0)}"
+        for name in ("unigram", "bigram", "trigram")
+        if baseline.get(f"{name}_bits") is not None
+    ]
+    b = baseline
+    entropy = b.get("heldout_unigram_entropy_bits", float("nan"))
+    return [
+        f"Baselines on the same {b.get('windows')} windows ({b.get('unit')}; {b.get('smoothing')}): "
+        + ", ".join(cells)
+        + f"; the held-out tokens' own unigram entropy {entropy:.4f}.",
+        "",
+    ]
+
+
+def paired_tables(members: list[dict], read, sweep_fields=None, baselines=None) -> str:
     """The Markdown section (empty when no member has per-window sums). ``read(name)``: a member's
-    (2, N) per-window sums or None (Workdir.window_sums)."""
+    (2, N) per-window sums or None (Workdir.window_sums); ``baselines``: results.json's, by task."""
     keys = [k for k in _group_keys(members, sweep_fields) if k != "heads"]
     groups: dict = defaultdict(list)
     for m in members:
@@ -91,6 +110,7 @@ def paired_tables(members: list[dict], read, sweep_fields=None) -> str:
             "|---:|---:|---:|---:|---|",
             *("| " + " | ".join(r) + " |" for r in rows),
             "",
+            *baseline_line((baselines or {}).get(group[0].get("task"))),
         ]
     if not out:
         return ""
@@ -105,4 +125,4 @@ def paired_tables(members: list[dict], read, sweep_fields=None) -> str:
 
 def results_tables(payload: dict, workdir) -> str:
     """results.md's section (Workdir.write_results's ``tables``)."""
-    return paired_tables(payload["members"], workdir.window_sums, workdir.sweep_fields())
+    return paired_tables(payload["members"], workdir.window_sums, workdir.sweep_fields(), payload.get("baselines"))

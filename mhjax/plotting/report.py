@@ -214,11 +214,15 @@ def _number_first(value):
     return (0, value, "") if isinstance(value, (int, float)) else (1, 0, str(value))
 
 
-def plot_curves(members: list[dict], curves: dict, path: str, styled: str = "seed", log_tags=()) -> bool:
+def plot_curves(
+    members: list[dict], curves: dict, path: str, styled: str = "seed", log_tags=(), baselines=None
+) -> bool:
     """A panel per (task, tag), a line per member coloured by head count, a line style per value of
     the member field ``styled`` (the seed; a mixture's step size); a tag containing one of
     ``log_tags`` (e.g. "loss", "hessian") on log-log axes, where a rate is a slope (steps and
-    values that are not positive left out). An accuracy's axis ends a little above 100%."""
+    values that are not positive left out). An accuracy's axis ends a little above 100%.
+    ``baselines``: results.json's {task: n-gram bits} (text), drawn as horizontal lines on the
+    held-out bits panel and, in nats, on the held-out loss panel."""
     from matplotlib.ticker import MaxNLocator
 
     tags = _curve_tags(curves)
@@ -240,10 +244,11 @@ def plot_curves(members: list[dict], curves: dict, path: str, styled: str = "see
     for n, (task, tag, label) in enumerate(panels):
         ax = axes.flat[n]
         loglog = any(t in tag.lower() for t in log_tags)
-        labelled = set()
+        labelled, drawn = set(), set()
         for m in members:
             if task_label(m, arch) != task or tag not in curves.get(m["name"], {}):
                 continue
+            drawn.add(m.get("task"))
             steps, values = curves[m["name"]][tag]
             steps, values = np.asarray(steps, float), np.asarray(values, float) * (100 if "accuracy" in tag else 1)
             if loglog:
@@ -262,6 +267,7 @@ def plot_curves(members: list[dict], curves: dict, path: str, styled: str = "see
                 ls=styles[kinds.index(m.get(styled)) % len(styles)],
                 label=label_text,
             )
+        _baseline_lines(ax, tag, (baselines or {}).get(next(iter(drawn), None)))
         ax.set(
             xlabel="step",
             ylabel=label + (" %" if "accuracy" in tag else ""),
@@ -293,6 +299,19 @@ def plot_curves(members: list[dict], curves: dict, path: str, styled: str = "see
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
+
+
+def _baseline_lines(ax, tag: str, baseline: dict | None) -> None:
+    """The n-gram baselines of the panel's task as horizontal lines, in the panel's unit."""
+    scale = 1.0 if tag.startswith("eval/bits_per_") else math.log(2) if tag == "eval/loss" else None
+    if not baseline or scale is None:
+        return
+    for n, name in enumerate(("unigram", "bigram", "trigram")):
+        if baseline.get(f"{name}_bits") is not None:
+            value = baseline[f"{name}_bits"] * scale
+            ax.axhline(value, color="0.45", ls=(0, (1 + 2 * n, 2)), lw=1)
+            ax.annotate(name, (1.0, value), xycoords=("axes fraction", "data"), fontsize="x-small", color="0.35",
+                        ha="right", va="bottom")  # fmt: skip
 
 
 def _per_layer(ax, by_heads: dict, key: str, scale: float, colours: dict, bars: bool = False, high=np.inf):

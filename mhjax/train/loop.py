@@ -203,7 +203,7 @@ class Sweep:
         for p in self.programs:
             metrics = self.host(self._evaluate[p.name](states[p.name], self.consts[p.name]))
             for j, i in enumerate(p.members):
-                out[i] = {k: float(v[j]) for k, v in metrics.items()}
+                out[i] = self.experiment.evaluation_fields(i, {k: float(v[j]) for k, v in metrics.items()})
         return out
 
 
@@ -282,11 +282,15 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                     seconds[members[i].name] += elapsed
                 chunk_time += elapsed
                 traces.append([members[i].name for i in idx], metrics.pop("trace", None), step)
-                _log_chunk(writers, members, idx, metrics, status, step + n, reported_divergence, log, factor, every)
+                rates = experiment.learning_rates(idx, step, n)  # per step, from the schedule (or None)
+                _log_chunk(
+                    writers, members, idx, metrics, status, step + n, reported_divergence, log, factor, every, rates
+                )
                 sweep.record(program, metrics["loss"], step)
             rate = n * len(members) / max(chunk_time, 1e-9)
+            perf = {f"perf/{k}": v for k, v in experiment.throughput(rate).items() if v is not None}
             for m in members:
-                writers.scalars(m.name, {"perf/member_steps_per_s": rate}, step + n)
+                writers.scalars(m.name, {"perf/member_steps_per_s": rate, **perf}, step + n)
             previous, step = step, step + n
             trained += n
             console.advance(n, step, rate, time.perf_counter() - started)
@@ -306,13 +310,16 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             log(f"training already complete at step {latest}; not retraining")
         elif primary and trained:
             wall = time.perf_counter() - started
+            speed = trained * len(members) / max(wall, 1e-9)
+            throughput = {"member_steps_per_s": speed, **experiment.throughput(speed)}
             log(
                 f"trained {trained} steps x {len(members)} members in {wall:.1f} s: "
-                f"{trained * len(members) / max(wall, 1e-9):,.0f} member-steps/s (with logging and evaluation)"
+                f"{speed:,.0f} member-steps/s{_throughput_text(throughput)} (with logging and evaluation)"
             )
         if evaluation is None:  # else the loop's last evaluation is of this very state
             evaluation = sweep.evaluate(states)
         payload = results_payload(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
+        payload.update(throughput if primary and trained else {})  # this run's rates, with logging and evaluation
         # with any other part's members; results.md with head counts paired on held-out windows
         written = workdir.write_results(payload, tables=results_tables) if primary else payload
         description = f"{payload['title']}: {len(members)} members, {step} steps"
@@ -323,7 +330,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             end_images.write(experiment, writers, member_states, step, log, payload["members"])
             for request in experiment.figures(written):  # experiment-specific figures and summaries
                 draw_figures(workdir, request, log)
-            for line in member_status.diverged_lines(written["members"]):
+            for line in member_status.diverged_lines(written["members"]) + experiment.result_notes(written):
                 log(line)
         return written
     finally:
@@ -347,14 +354,25 @@ def _crossed(previous: int, step: int, every: int) -> bool:
     return every > 0 and previous // every != step // every
 
 
-def _log_chunk(writers, members, idx, metrics, status, step, reported, log, factor, every_step=False):
+def _throughput_text(throughput: dict) -> str:
+    """ ", 1,234 tokens/s, MFU 12.3%" of what the experiment derives from member-steps/s."""
+    text = f", {throughput['tokens_per_s']:,.0f} tokens/s" if throughput.get("tokens_per_s") is not None else ""
+    if "mfu" in throughput:
+        text += ", MFU " + (
+            "n/a (no peak for this device)" if throughput["mfu"] is None else f"{throughput['mfu']:.1%}"
+        )
+    return text
+
+
+def _log_chunk(writers, members, idx, metrics, status, step, reported, log, factor, every_step=False, rates=None):
     """TensorBoard scalars of a chunk that ended at ``step``: ``train/...`` from the scan's per-step
     rows (io/curves.train_points: every step for chunks of up to io.curves.TRAIN_POINTS_PER_CHUNK
     steps, else means over windows of ``train_window(n)`` steps; ``every_step``, the experiment's
     log_every_step: every step io/trace.kept keeps). Row t of a chunk of n steps is the step that
     takes theta_{step-n+t} to the next: its loss is the loss of theta_{step-n+t}, logged at that
     step (a window's mean at its last row's step), so train/loss at s is the loss of theta_s.
-    ``train/learning_rate`` at the chunk's end. Members that newly diverged are said on ``log``."""
+    ``train/learning_rate`` at every step from ``rates`` (steps, members) where the experiment
+    computes them, else at the chunk's end. Members that newly diverged are said on ``log``."""
     lr = status.get("learning_rate")
     n = metrics["loss"].shape[0]
     steps, points = train_points(metrics, step - n, every_step)
@@ -362,7 +380,10 @@ def _log_chunk(writers, members, idx, metrics, status, step, reported, log, fact
     for j, i in enumerate(idx):
         for w, at in enumerate(steps):
             writers.scalars(members[i].name, {tag: float(m[w, j]) for tag, m in points.items()}, at)
-        if lr is not None:
+        if rates is not None:
+            for t in range(n):
+                writers.scalars(members[i].name, {"train/learning_rate": float(rates[t, j])}, step - n + t)
+        elif lr is not None:
             writers.scalars(members[i].name, {"train/learning_rate": float(lr[j])}, step)
     for name, line in member_status.chunk_messages([m.name for m in members], idx, status, reported, factor):
         log(line)

@@ -101,12 +101,17 @@ def write_report(workdir, log=None, reference: str | None = None) -> dict:
     if summary:
         lines += ["## Results", "", "Final metrics; mean ± std over seeds.", "", summary]
     lines += diverged_lines(members)
-    paired = paired_tables(members, workdir.window_sums, workdir.sweep_fields())
+    paired = paired_tables(members, workdir.window_sums, workdir.sweep_fields(), results.get("baselines"))
     lines += [paired] if paired else []
     curves = training_curves(workdir, [m["name"] for m in members])
     kind = opened.kind  # the Experiment class: how its curves read (no plug-in code runs)
     link = figure(
-        "curves.png", lambda *a: plot_curves(*a, styled=kind.curve_style, log_tags=kind.log_curves), members, curves
+        "curves.png",
+        lambda *a: plot_curves(
+            *a, styled=kind.curve_style, log_tags=kind.log_curves, baselines=results.get("baselines")
+        ),
+        members,
+        curves,
     )
     if link:
         lines += ["## Training curves", "", link, ""]
