@@ -30,13 +30,8 @@ def learning_rates(experiment, indices, first_step: int, length: int) -> np.ndar
     optax.inject_hyperparams does), computed on the host from the schedule."""
     steps = np.arange(first_step, first_step + length)
     settings = optimizer.Settings.from_config(experiment.config)
-    out = np.empty((length, len(indices)))
-    for j, i in enumerate(indices):
-        rate = float(experiment.members[i]["learning_rate"])
-        schedule = optimizer.schedule(settings, rate)
-        with jax.default_device(jax.devices("cpu")[0]):
-            out[:, j] = np.asarray(schedule(steps), np.float64) if callable(schedule) else rate
-    return out
+    rates = [float(experiment.members[i]["learning_rate"]) for i in indices]
+    return np.stack([optimizer.host_rates(settings, rate, steps) for rate in rates], axis=1)
 
 
 def flops_per_member_step(experiment) -> float:

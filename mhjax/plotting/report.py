@@ -12,7 +12,13 @@ from mhjax.io.results import number_text, params_text
 from mhjax.plotting.architecture import ARCHITECTURE, architecture_axes, value_label
 from mhjax.plotting.style import clipped_sd, heads_colours, heads_label, pyplot
 
-CURVE_TAGS = (("train/loss", "training loss"), ("eval/loss", "held-out loss"), ("eval/accuracy", "held-out accuracy"))
+CURVE_TAGS = (
+    ("train/loss", "training loss"),
+    ("eval/loss", "held-out loss"),
+    ("eval/bits_per_byte", "held-out bits/byte"),  # text (data/text.py)
+    ("eval/bits_per_token", "held-out bits/token"),
+    ("eval/accuracy", "held-out accuracy"),
+)
 
 
 def _num(value) -> float:
@@ -310,8 +316,8 @@ def _baseline_lines(ax, tag: str, baseline: dict | None) -> None:
         if baseline.get(f"{name}_bits") is not None:
             value = baseline[f"{name}_bits"] * scale
             ax.axhline(value, color="0.45", ls=(0, (1 + 2 * n, 2)), lw=1)
-            ax.annotate(name, (1.0, value), xycoords=("axes fraction", "data"), fontsize="x-small", color="0.35",
-                        ha="right", va="bottom")  # fmt: skip
+            where = (0.01, value)  # left: the curves start high above the baselines
+            ax.annotate(name, where, xycoords=("axes fraction", "data"), fontsize="x-small", color="0.35", va="bottom")
 
 
 def _per_layer(ax, by_heads: dict, key: str, scale: float, colours: dict, bars: bool = False, high=np.inf):
