@@ -306,12 +306,14 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                 raise Interrupted(f"interrupted at step {step}; checkpoint written, run the same command to resume")
         stop.close()
         console.close()  # the final lines start on a line of their own
+        throughput = {}  # this run's rates (experiment.throughput), when it trained
         if latest is not None and latest >= total:
             log(f"training already complete at step {latest}; not retraining")
         elif primary and trained:
             wall = time.perf_counter() - started
             speed = trained * len(members) / max(wall, 1e-9)
-            throughput = {"member_steps_per_s": speed, **experiment.throughput(speed)}
+            rates = experiment.throughput(speed)  # results.json keeps them where the experiment has any
+            throughput = {"member_steps_per_s": speed, **rates} if rates else {}
             log(
                 f"trained {trained} steps x {len(members)} members in {wall:.1f} s: "
                 f"{speed:,.0f} member-steps/s{_throughput_text(throughput)} (with logging and evaluation)"
@@ -319,7 +321,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         if evaluation is None:  # else the loop's last evaluation is of this very state
             evaluation = sweep.evaluate(states)
         payload = results_payload(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
-        payload.update(throughput if primary and trained else {})  # this run's rates, with logging and evaluation
+        payload.update(throughput)  # with logging and evaluation
         # with any other part's members; results.md with head counts paired on held-out windows
         written = workdir.write_results(payload, tables=results_tables) if primary else payload
         description = f"{payload['title']}: {len(members)} members, {step} steps"
