@@ -13,6 +13,8 @@ import os
 
 import numpy as np
 
+from mhjax.io.results import WriteFailed
+
 FOLDER = "eval_windows"
 FIELD = "eval_window_sums"  # the member field results carry them in, until written here
 STARTS = "eval_window_starts"  # the payload's {task: offsets}, until written here
@@ -28,11 +30,19 @@ def save(folder: str, payload: dict) -> dict:
     arrays = {_name(m["name"]): m.pop(FIELD) for m in payload["members"] if FIELD in m}
     arrays.update({f"{_name(task)}.starts": s for task, s in (payload.pop(STARTS, None) or {}).items()})
     if arrays:
-        os.makedirs(folder, exist_ok=True)
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            raise WriteFailed(folder, exc) from None
     for name, array in arrays.items():
-        tmp = os.path.join(folder, name + ".tmp.npy")
-        np.save(tmp, np.asarray(array))
-        os.replace(tmp, os.path.join(folder, name + ".npy"))  # a kill leaves the old file or the new one
+        tmp, path = os.path.join(folder, name + ".tmp.npy"), os.path.join(folder, name + ".npy")
+        try:
+            np.save(tmp, np.asarray(array))
+            os.replace(tmp, path)  # a kill leaves the old file or the new one
+        except OSError as exc:  # a full disk: one line naming the file (results.WriteFailed)
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+            raise WriteFailed(path, exc) from None
     return payload
 
 

@@ -374,12 +374,12 @@ class Workdir:
         """results.json (atomically), results.md (``tables(payload, self)``'s Markdown first) and
         W/eval_windows (io/window_files.py: taken out of ``payload``); returns what they hold: a
         part's payload merged with the other parts' entries (io/parts.merge), else ``payload``."""
-        window_files.save(self.file(window_files.FOLDER), payload)
         if self.order is not None:
             stored = self.results() if os.path.isfile(self.results_path) else None
             payload = parts.merge(stored, payload, self.folder, self.order)
-        members = [{k: json_ready(v) for k, v in m.items()} for m in payload["members"]]
         try:
+            window_files.save(self.file(window_files.FOLDER), payload)
+            members = [{k: json_ready(v) for k, v in m.items()} for m in payload["members"]]
             write_json(self.results_path, {**payload, "members": members})
             table = markdown_table(members, payload.get("title", "Results"))
             more = tables({**payload, "members": members}, self) if tables else ""
