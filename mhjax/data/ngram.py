@@ -13,8 +13,9 @@ P_3. A window's first target has one token of context inside the window: the tri
 with the bigram (no model sees more of the past than the Transformer does).
 
 Counting is sparse: k-grams are coded as int64 (id_1 V^(k-1) + ... + id_k), counted with np.unique
-in blocks of BLOCK tokens (a memory-mapped .bin is read a block at a time) and merged; sorted codes
-are looked up with np.searchsorted. Memory: ~16 bytes per distinct k-gram of the training split.
+in blocks of BLOCK tokens (a memory-mapped .bin is read a block at a time), merged every few
+blocks; sorted codes are looked up with np.searchsorted. Memory: ~16 bytes per distinct k-gram of
+the training split (a few times that while merging), besides a few blocks.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 BLOCK = 2**24  # tokens counted at once
+MERGE_EVERY = 8  # blocks' counts merged into the running counts
 ORDERS = {1: "unigram", 2: "bigram", 3: "trigram"}
 
 
@@ -54,14 +56,21 @@ def count(ids, k: int, vocab: int, block: int = BLOCK) -> Level:
     for start in range(0, max(ids.size - k + 1, 0), block):
         chunk = np.asarray(ids[start : start + block + k - 1])  # k - 1 tokens shared with the next block
         parts.append(np.unique(_codes(chunk, k, vocab), return_counts=True))
+        if len(parts) == MERGE_EVERY:  # memory: the merged counts and a few blocks', not every block's
+            parts = [_merge(parts)]
     if not parts:
         empty = np.zeros(0, np.int64)
         return Level(empty, empty, empty, empty, empty)
-    codes, inverse = np.unique(np.concatenate([c for c, _ in parts]), return_inverse=True)
-    counts = np.bincount(inverse, weights=np.concatenate([n for _, n in parts])).astype(np.int64)
+    codes, counts = _merge(parts)
     contexts, first, types = np.unique(codes // vocab, return_index=True, return_counts=True)
     totals = np.add.reduceat(counts, first)
     return Level(codes, counts, contexts, totals, types)
+
+
+def _merge(parts) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique codes and their summed counts of several (codes, counts)."""
+    codes, inverse = np.unique(np.concatenate([c for c, _ in parts]), return_inverse=True)
+    return codes, np.bincount(inverse, weights=np.concatenate([n for _, n in parts])).astype(np.int64)
 
 
 def _lookup(sorted_codes: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarray:
