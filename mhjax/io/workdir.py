@@ -28,9 +28,9 @@ import json
 import os
 
 from mhjax.config import ConfigError
-from mhjax.io import parts, window_files
+from mhjax.io import parts, results_files, window_files
 from mhjax.io.metadata import check_or_write
-from mhjax.io.results import WriteFailed, json_ready, markdown_table, write_json, write_text
+from mhjax.io.results import write_json
 
 ANALYSIS_FILES = {"json": "analysis.json", "md": "analysis.md", "png": "analysis.png"}
 
@@ -371,23 +371,8 @@ class Workdir:
         return window_files.read(self.file(window_files.FOLDER), member)
 
     def write_results(self, payload: dict, tables=None) -> dict:
-        """results.json (atomically), results.md (``tables(payload, self)``'s Markdown first) and
-        W/eval_windows (io/window_files.py: taken out of ``payload``); returns what they hold: a
-        part's payload merged with the other parts' entries (io/parts.merge), else ``payload``."""
-        if self.order is not None:
-            stored = self.results() if os.path.isfile(self.results_path) else None
-            payload = parts.merge(stored, payload, self.folder, self.order)
-        try:
-            window_files.save(self.file(window_files.FOLDER), payload)
-            members = [{k: json_ready(v) for k, v in m.items()} for m in payload["members"]]
-            write_json(self.results_path, {**payload, "members": members})
-            table = markdown_table(members, payload.get("title", "Results"))
-            more = tables({**payload, "members": members}, self) if tables else ""
-            write_text(self.file(self.RESULTS_TABLE), table.replace("\n\n", f"\n\n{more}\n", 1) if more else table)
-        except WriteFailed as exc:
-            exc.hint = "; training is done and checkpointed: free some space and run the same command to write it"
-            raise
-        return payload
+        """results.json, results.md and W/eval_windows (io/results_files.py); returns what they hold."""
+        return results_files.write(self, payload, tables)
 
     def check_or_write_metadata(
         self, config_dict: dict, kind: str, extra: dict | None = None, cannot_extend: str | None = None
