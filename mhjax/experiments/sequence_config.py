@@ -82,13 +82,6 @@ def validate(config) -> None:
     cfg.require_nonneg_int(config, "seed")
     if config.seed >= 2**32:  # PRNGKey keeps only 32 bits here: 2**32 would silently equal seed 0
         raise cfg.ConfigError(f"config.seed: must be an integer in [0, 2**32), got {config.seed}")
-    num_eval, batch = config.data.num_eval, config.data.batch_size
-    if num_eval > batch and num_eval % batch:  # evaluated in batches of batch_size: never cut silently
-        low, high = num_eval // batch * batch, (num_eval // batch + 1) * batch
-        raise cfg.ConfigError(
-            f"config.data.num_eval: must be at most data.batch_size ({batch}) or a multiple of it (held-out windows "
-            f"are scored in batches of batch_size); got {num_eval}: use {low} or {high}"
-        )
     if config.data.protocol == "fixed" and config.data.num_train < config.data.batch_size:
         raise cfg.ConfigError(
             f"config.data.num_train: must be >= data.batch_size ({config.data.batch_size}) under the fixed protocol, "

@@ -41,8 +41,7 @@ def eval_key(root: int, seed: int, task: str, bound) -> np.ndarray:
 
 
 def held_out(experiment, member) -> Batch:
-    """The held-out sequences the loop's evaluation averages over (numpy): all data.num_eval of
-    them (a multiple of the evaluation's batches: sequence_config)."""
+    """The held-out sequences the loop's evaluation averages over (numpy): all data.num_eval of them."""
     m, d, consts = experiment.config.model, experiment.config.data, experiment.member_constants(member)
     batch = experiment.tasks[int(consts.task_id)].draw_eval(consts.eval_key, d.num_eval, m.seq_len, m.vocab_size)
     return Batch(*(np.asarray(a) for a in batch))
