@@ -13,6 +13,7 @@ from mhjax.models import mfu
 from mhjax.plotting.paired import paired_tables
 from mhjax.plotting.report import _baseline_lines
 from mhjax.plotting.style import pyplot
+from mhjax.train.console import throughput_text
 from mhjax.train.loop import Sweep
 from tests.conftest import tiny_sequence_config
 
@@ -114,3 +115,11 @@ def test_num_eval_is_taken_as_given_not_cut_to_a_multiple_of_the_batch():
     assert sums.shape == (2, 10) and (sums[1] == 8).all()
     assert loop_eval["eval_loss"] == pytest.approx(sums[0].sum() / 80, rel=1e-5)
     assert extra["eval_loss_se"] == pytest.approx((sums[0] / 8).std(ddof=1) / math.sqrt(10), rel=1e-5)
+
+
+def test_the_closing_line_gives_tokens_per_second_and_mfu():
+    assert throughput_text({"member_steps_per_s": 2.0, "tokens_per_s": 16384.0, "mfu": 0.1234}) == (
+        ", 16,384 tokens/s, MFU 12.3%"
+    )
+    assert throughput_text({"tokens_per_s": 10.0, "mfu": None}) == ", 10 tokens/s, MFU n/a (no peak for this device)"
+    assert throughput_text({}) == ""  # an experiment without rates: the line as before

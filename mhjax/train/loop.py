@@ -19,7 +19,7 @@ from mhjax.plotting import draw as draw_figures
 from mhjax.plotting.paired import results_tables
 from mhjax.train import ahead, end_images, engine, snapshots
 from mhjax.train import status as member_status
-from mhjax.train.console import Console
+from mhjax.train.console import Console, throughput_text
 from mhjax.train.interrupt import StopOnSignal
 from mhjax.train.payload import results_payload
 from mhjax.train.placement import Placement
@@ -316,7 +316,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             throughput = {"member_steps_per_s": speed, **rates} if rates else {}
             log(
                 f"trained {trained} steps x {len(members)} members in {wall:.1f} s: "
-                f"{speed:,.0f} member-steps/s{_throughput_text(throughput)} (with logging and evaluation)"
+                f"{speed:,.0f} member-steps/s{throughput_text(throughput)} (with logging and evaluation)"
             )
         if evaluation is None:  # else the loop's last evaluation is of this very state
             evaluation = sweep.evaluate(states)
@@ -354,16 +354,6 @@ def _compile_ahead(sweep, console, plan, init: bool) -> None:
 
 def _crossed(previous: int, step: int, every: int) -> bool:
     return every > 0 and previous // every != step // every
-
-
-def _throughput_text(throughput: dict) -> str:
-    """ ", 1,234 tokens/s, MFU 12.3%" of what the experiment derives from member-steps/s."""
-    text = f", {throughput['tokens_per_s']:,.0f} tokens/s" if throughput.get("tokens_per_s") is not None else ""
-    if "mfu" in throughput:
-        text += ", MFU " + (
-            "n/a (no peak for this device)" if throughput["mfu"] is None else f"{throughput['mfu']:.1%}"
-        )
-    return text
 
 
 def _log_chunk(writers, members, idx, metrics, status, step, reported, log, factor, every_step=False, rates=None):
