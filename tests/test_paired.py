@@ -1,6 +1,6 @@
 """Standard errors of held-out losses and the paired table of head counts (analysis/paired.py,
 plotting/paired.py), on made-up per-window losses, against the rule written out here; MFU's
-device peaks (models/mfu.py); the baselines drawn on the held-out curves; num_eval as given."""
+device peaks (models/mfu.py); the baselines drawn on the held-out curves; the closing line's throughput."""
 
 import math
 
@@ -8,14 +8,11 @@ import numpy as np
 import pytest
 
 from mhjax.analysis import paired
-from mhjax.experiments import make_experiment, sequence_results
 from mhjax.models import mfu
 from mhjax.plotting.paired import paired_tables
 from mhjax.plotting.report import _baseline_lines
 from mhjax.plotting.style import pyplot
 from mhjax.train.console import throughput_text
-from mhjax.train.loop import Sweep
-from tests.conftest import tiny_sequence_config
 
 
 def test_a_members_standard_error_is_the_ratio_estimators():
@@ -100,21 +97,6 @@ def test_baselines_are_drawn_in_the_panels_unit():
     _baseline_lines(ax, "eval/accuracy", baseline)
     assert not ax.lines
     plt.close(fig)
-
-
-def test_num_eval_is_taken_as_given_not_cut_to_a_multiple_of_the_batch():
-    config = tiny_sequence_config(heads=(2,))  # batch_size 4
-    config.data.num_eval = 10
-    experiment = make_experiment(config)
-    sweep = Sweep(experiment)
-    states = sweep.init_states()
-    loop_eval = sweep.evaluate(states)[0]
-    params = sweep.member_states(states)["copy-h2-s0"].params
-    extra = sequence_results.position_metrics(experiment, experiment.members[0], params)
-    sums = extra["eval_window_sums"]  # every window, scored by the plain model apart from the loop's
-    assert sums.shape == (2, 10) and (sums[1] == 8).all()
-    assert loop_eval["eval_loss"] == pytest.approx(sums[0].sum() / 80, rel=1e-5)
-    assert extra["eval_loss_se"] == pytest.approx((sums[0] / 8).std(ddof=1) / math.sqrt(10), rel=1e-5)
 
 
 def test_the_closing_line_gives_tokens_per_second_and_mfu():

@@ -230,7 +230,7 @@ def docs_run(tmp_path_factory):
     config = tiny_train(text_config(path, seq_len=32, heads=(1, 2), seed=(0, 1)), 150, 75, 75, 150)
     with config.unlocked():
         config.model.update(width=32, num_layers=2, mlp_dim=64, dropout=0.0)
-        config.data.update(batch_size=16, num_eval=32)
+        config.data.update(batch_size=16, num_eval=40)  # not a multiple of the batch: taken as given
         config.sweep.learning_rate = (3e-3,)
         config.strategy = "auto"
     console = io.StringIO()
@@ -301,17 +301,17 @@ def test_every_seed_is_scored_on_the_recorded_windows_with_its_standard_error(do
     results = json.load(open(os.path.join(run.workdir, "results.json")))
     held = text.load(path).heldout
     starts = np.load(os.path.join(run.workdir, "eval_windows", "text.starts.npy"))
-    assert starts.size == 32 and results["baselines"]["text"]["windows"] == 32
+    assert starts.size == 40 and results["baselines"]["text"]["windows"] == 40  # num_eval, not cut to 32
     windows = text.read_windows(held, starts, 32)
     assert {m["eval_set"] for m in results["members"]} == {results["members"][0]["eval_set"]}  # one set for all
     for member in results["members"]:
         # per-window losses here, through run.forward on the recorded windows, against the stored ones
         out = run.forward(member["name"], windows[:, :-1], windows[:, 1:])
-        per_window = np.asarray(out.loss, np.float64).reshape(32, 32).mean(axis=1)
+        per_window = np.asarray(out.loss, np.float64).reshape(40, 32).mean(axis=1)
         sums = window_sums(run, member["name"])
         np.testing.assert_allclose(sums[0] / sums[1], per_window, rtol=2e-5)
-        assert member["eval_loss"] == pytest.approx(per_window.mean(), rel=1e-5)
-        assert member["eval_loss_se"] == pytest.approx(per_window.std(ddof=1) / math.sqrt(32), rel=1e-4)
+        assert member["eval_loss"] == pytest.approx(per_window.mean(), rel=1e-5)  # the loop's: all 40 windows
+        assert member["eval_loss_se"] == pytest.approx(per_window.std(ddof=1) / math.sqrt(40), rel=1e-4)
         assert member["eval_bits_per_byte_se"] == pytest.approx(member["eval_loss_se"] / math.log(2))
 
 
@@ -326,14 +326,14 @@ def test_the_report_pairs_head_counts_over_windows_and_seeds(docs_run):
     # their sd / sqrt(N), and the per-seed differences' sd / sqrt(S), added in quadrature; in bits
     delta = np.stack([loss[2, s] - loss[1, s] for s in (0, 1)])
     diff = delta.mean() / math.log(2)
-    se_windows = delta.mean(axis=0).std(ddof=1) / math.sqrt(32)
+    se_windows = delta.mean(axis=0).std(ddof=1) / math.sqrt(40)
     se_seeds = delta.mean(axis=1).std(ddof=1) / math.sqrt(2)
     se = math.hypot(se_windows, se_seeds) / math.log(2)
     verdict = "within noise" if abs(diff) < 2 * se else ("lower" if diff < 0 else "higher")
     row = f"| 2 | 2 | {np.mean([loss[2, 0], loss[2, 1]]) / math.log(2):.4f} ± "
     line = next(line for line in report.splitlines() if line.startswith(row))
     assert f"| {diff:+.4f} ± {se:.4f} | {verdict} |" in line, line
-    assert "Baselines on the same 32 windows (bits/byte; interpolated Witten-Bell" in report
+    assert "Baselines on the same 40 windows (bits/byte; interpolated Witten-Bell" in report
     assert line in open(os.path.join(run.workdir, "results.md")).read()  # results.md: the same table
 
 
