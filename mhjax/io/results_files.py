@@ -10,7 +10,7 @@ from mhjax.io.results import WriteFailed, json_ready, markdown_table, write_json
 
 
 def write(workdir, payload: dict, tables=None) -> dict:
-    """results.json, results.md (``tables(payload, workdir)``'s Markdown first, when given) and
+    """results.json, results.md (``tables(payload, workdir)``'s Markdown after the members, when given) and
     W/eval_windows (taken out of ``payload``); returns what they hold: a part's payload merged with
     the other parts' entries (io/parts.merge), else ``payload``."""
     if workdir.order is not None:
@@ -22,7 +22,7 @@ def write(workdir, payload: dict, tables=None) -> dict:
         write_json(workdir.results_path, {**payload, "members": members})
         table = markdown_table(members, payload.get("title", "Results"))
         more = tables({**payload, "members": members}, workdir) if tables else ""
-        write_text(workdir.file(workdir.RESULTS_TABLE), table.replace("\n\n", f"\n\n{more}\n", 1) if more else table)
+        write_text(workdir.file(workdir.RESULTS_TABLE), f"{table}\n{more}" if more else table)
     except WriteFailed as exc:
         exc.hint = "; training is done and checkpointed: free some space and run the same command to write it"
         raise
