@@ -62,7 +62,7 @@ def test_the_table_pairs_within_seeds_leaves_out_diverged_members_and_says_unpai
     sums = {m["name"]: np.stack([losses[m["name"].split("-")[1], m["seed"]], np.ones(30)]) for m in members}
     table = paired_tables(members, sums.get, ["task", "heads", "seed"])
     rows = {line.split(" | ")[0][2:]: line for line in table.splitlines() if line.startswith("| ")}
-    assert "8" not in rows and "(held-out loss (nats))" in table
+    assert "8" not in rows and "(held-out loss in nats)" in table
     assert "| 1 | 2 | " in rows["1"] and "| reference |" in rows["1"]
     assert rows["2"].endswith("| within noise |") and rows["4"].endswith("| lower |")
     assert "| unpaired |" in rows["16"]

@@ -26,7 +26,7 @@ def _unit(group: list[dict]) -> tuple[str, float]:
         return "bits/byte", 1 / math.log(2)
     if formats == {"uint16"}:
         return "bits/token", 1 / math.log(2)
-    return "loss (nats)", 1.0
+    return "nats", 1.0
 
 
 def _cell(mean: float, se: float, scale: float, sign: bool = False) -> str:
@@ -104,9 +104,9 @@ def paired_tables(members: list[dict], read, sweep_fields=None, baselines=None) 
         label = ", ".join(f"{k} {v}" if k != "task" else str(v) for k, v in zip(keys, values)) or "all members"
         smallest = rows[0][0]
         out += [
-            f"**{label}** (held-out {unit})",
+            f"**{label}** (held-out loss in {unit})",
             "",
-            f"| heads | seeds | held-out {unit} ± SE | minus {smallest} head(s), paired ± SE | verdict |",
+            f"| heads | seeds | held-out loss ({unit}) ± SE | minus {smallest} head(s), paired ± SE | verdict |",
             "|---:|---:|---:|---:|---|",
             *("| " + " | ".join(r) + " |" for r in rows),
             "",
