@@ -51,16 +51,19 @@ def _token_fn(
     return run
 
 
-LOGIT_ELEMENTS = 2**26  # logits per forward pass (256 MiB of float32): held-out sets are scored in slices
+SLICE_ELEMENTS = 2**26  # logits or attention scores per forward pass (256 MiB of float32)
 
 
 def member_token_losses(params, heads: int, tokens, targets, sizes: dict) -> tuple[np.ndarray, np.ndarray]:
     """(cross-entropy, correct) per token, (N, T) numpy, of the plain eval-mode H-head model on
-    ``tokens`` (N, T), in slices of at most LOGIT_ELEMENTS logits, one jitted forward per shape."""
+    ``tokens`` (N, T), in slices of windows holding at most SLICE_ELEMENTS logits (N x T x V) and
+    attention scores (N x H x T x T): thousands of held-out windows fit any device. One jitted
+    forward per slice shape (two: the slices and the last)."""
     run = _token_fn(*(sizes[k] for k in SIZE_KEYS), int(heads), sizes.get(ATTENTION_WIDTH))
     tokens, targets = np.asarray(tokens, np.int32), np.asarray(targets, np.int32)
     params = jax.tree_util.tree_map(jnp.asarray, params)
-    rows = max(1, LOGIT_ELEMENTS // (tokens.shape[1] * int(sizes["vocab_size"])))
+    length = tokens.shape[1]
+    rows = max(1, SLICE_ELEMENTS // (length * max(int(sizes["vocab_size"]), int(heads) * length)))
     out = [
         jax.device_get(run(params, tokens[i : i + rows], targets[i : i + rows])) for i in range(0, len(tokens), rows)
     ]

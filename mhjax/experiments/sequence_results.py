@@ -65,7 +65,7 @@ def position_metrics(experiment, member, params) -> dict:
     out.update(eval_loss_se=mean_se(sums)[1], eval_set=eval_set(experiment, member), eval_window_sums=sums)
     facts = experiment.tasks[int(experiment.member_constants(member).task_id)].facts
     if "heldout_unigram_entropy_bits" in facts:  # text: every position weighted, so the plain mean
-        bits = float(np.mean([v for v in out["eval_loss_by_position"]])) / math.log(2)
+        bits = float(np.mean(out["eval_loss_by_position"])) / math.log(2)
         per = "byte" if facts.get("text_format") == "bytes" else "token"
         out.update({f"eval_bits_per_{per}": bits, f"eval_bits_per_{per}_se": out["eval_loss_se"] / math.log(2)})
         out.update(facts)
