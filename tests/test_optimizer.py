@@ -104,9 +104,10 @@ def test_a_sweep_with_the_lm_optimizer_logs_its_schedule_and_refuses_to_train_lo
     }
     run = __import__("mhjax").load(workdir)
     steps, rates = run.curves("copy-h1-s0")["train/learning_rate"]
-    # at a chunk's end s: the rate of its last step (the step from theta_{s-1} to theta_s)
-    want = optax.warmup_cosine_decay_schedule(0.0, 3e-3, 2, 6, end_value=1e-4)(np.asarray(steps) - 1)
-    np.testing.assert_allclose(rates, want, rtol=1e-5)
+    # every step k, computed on the host: the rate of the step from theta_k to theta_{k+1}
+    assert list(steps) == list(range(6))
+    want = optax.warmup_cosine_decay_schedule(0.0, 3e-3, 2, 6, end_value=1e-4)(np.arange(6))
+    np.testing.assert_allclose(rates, want, rtol=1e-6)
     assert all(m["status"] == "ok" for m in payload["members"])
     config.train.steps = 9
     with pytest.raises(ConfigError, match="holds a run of 6 steps: train.schedule 'warmup_cosine' decays"):

@@ -3,6 +3,8 @@ windows from the member's data key (paired members draw the same), bad files as 
 the file recorded and a changed one refused, and a tiny model on Python's own documentation
 beating the unigram entropy of its held-out bytes, then analysed and run forward."""
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -102,7 +104,12 @@ def test_members_differing_in_heads_and_learning_rate_draw_the_same_windows(tmp_
         assert len(same) == 4 and all(
             np.array_equal(s[0], same[0][0]) and np.array_equal(s[1], same[0][1]) for s in same
         )
-    assert not np.array_equal(draws[0][0][0], draws[1][0][0])  # another seed: other windows
+    assert not np.array_equal(draws[0][0][0], draws[1][0][0])  # another seed: other training windows
+    np.testing.assert_array_equal(draws[0][0][1], draws[1][0][1])  # but the same held-out windows
+    # ... which start where the held-out starts recorded per sweep say
+    c = experiment.member_constants(experiment.members[0])
+    starts = np.asarray(text.window_starts(c.eval_key, 8, text.load(path).heldout.size, 8))
+    np.testing.assert_array_equal(draws[0][0][1], text.read_windows(text.load(path).heldout, starts, 8)[:, :-1])
 
 
 @pytest.mark.parametrize(
@@ -234,14 +241,18 @@ def test_a_bin_file_trains_from_the_cli_recorded_in_bits_per_token(tmp_path, cap
 def docs_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("text")
     path = write(base / "docs.txt", python_docs(96))
-    config = tiny_train(text_config(path, seq_len=32, heads=(1, 2)), 150, 75, 75, 150)
+    config = tiny_train(text_config(path, seq_len=32, heads=(1, 2), seed=(0, 1)), 150, 75, 75, 150)
     with config.unlocked():
         config.train.snapshot_steps = (75,)  # a kept step besides the checkpoint (sampling at a step)
         config.model.update(width=32, num_layers=2, mlp_dim=64, dropout=0.0)
-        config.data.update(batch_size=16, num_eval=32)
+        config.data.update(batch_size=16, num_eval=40)  # not a multiple of the batch: taken as given
         config.sweep.learning_rate = (3e-3,)
         config.strategy = "auto"
-    return mhjax.sweep(config, base / "w", progress=False), path
+    console = io.StringIO()
+    with contextlib.redirect_stderr(console):
+        run = mhjax.sweep(config, base / "w", progress=False)
+    run.console = console.getvalue()
+    return run, path
 
 
 def test_a_tiny_model_beats_the_unigram_entropy_of_the_held_out_bytes(docs_run):
@@ -262,7 +273,7 @@ def test_a_tiny_model_beats_the_unigram_entropy_of_the_held_out_bytes(docs_run):
 
 def test_analysis_and_forward_use_held_out_windows(docs_run):
     run, _ = docs_run
-    run.analyze(num_sequences=6, plot=False, tensorboard=False)
+    run.analyze(num_sequences=6, plot=False, tensorboard=False, members="*-s0")
     task = text.bind(run.config)
     batch, source = task_sequences(task, None, 6, 0, 32, 256)  # the analysis's own sequences (seed 0)
     held = np.asarray(text.load(run.config.data.path).heldout).tobytes()
@@ -396,3 +407,71 @@ def test_prompts_encode_and_samples_decode_as_the_member_reads_tokens():
     assert decode([1, 0, 5], False, vocab, "|") == "b c|a|<5>" and decode([1], False, None) is None
     with pytest.raises(ConfigError, match=r"^--prompt: 'b' is neither an id nor a line of --vocab$"):
         encode("a b", False, vocab)
+
+
+# ------------------- issue 48: paired windows, baselines, LM curves -------------------
+def window_sums(run, name):
+    """A member's per-window sums as the workdir keeps them (io/window_files.py)."""
+    return np.load(os.path.join(run.workdir, "eval_windows", f"{name}.npy"))
+
+
+def test_every_seed_is_scored_on_the_recorded_windows_with_its_standard_error(docs_run):
+    run, path = docs_run
+    results = json.load(open(os.path.join(run.workdir, "results.json")))
+    held = text.load(path).heldout
+    starts = np.load(os.path.join(run.workdir, "eval_windows", "text.starts.npy"))
+    assert starts.size == 40 and results["baselines"]["text"]["windows"] == 40  # num_eval, not cut to 32
+    windows = text.read_windows(held, starts, 32)
+    assert {m["eval_set"] for m in results["members"]} == {results["members"][0]["eval_set"]}  # one set for all
+    for member in results["members"]:
+        # per-window losses here, through run.forward on the recorded windows, against the stored ones
+        out = run.forward(member["name"], windows[:, :-1], windows[:, 1:])
+        per_window = np.asarray(out.loss, np.float64).reshape(40, 32).mean(axis=1)
+        sums = window_sums(run, member["name"])
+        np.testing.assert_allclose(sums[0] / sums[1], per_window, rtol=2e-5)
+        assert member["eval_loss"] == pytest.approx(per_window.mean(), rel=1e-5)  # the loop's: all 40 windows
+        assert member["eval_loss_se"] == pytest.approx(per_window.std(ddof=1) / math.sqrt(40), rel=1e-4)
+        assert member["eval_bits_per_byte_se"] == pytest.approx(member["eval_loss_se"] / math.log(2))
+
+
+def test_the_report_pairs_head_counts_over_windows_and_seeds(docs_run):
+    run, _ = docs_run
+    report = open(run.report()["md"]).read()
+    assert "## Head counts against the smallest, paired on the same held-out windows" in report
+    results = json.load(open(os.path.join(run.workdir, "results.json")))
+    sums = {(m["heads"], m["seed"]): window_sums(run, m["name"]) for m in results["members"]}
+    loss = {k: s[0] / s[1] for k, s in sums.items()}
+    # the rule written out here: per-window differences averaged over the seeds (shared windows),
+    # their sd / sqrt(N), and the per-seed differences' sd / sqrt(S), added in quadrature; in bits
+    delta = np.stack([loss[2, s] - loss[1, s] for s in (0, 1)])
+    diff = delta.mean() / math.log(2)
+    se_windows = delta.mean(axis=0).std(ddof=1) / math.sqrt(40)
+    se_seeds = delta.mean(axis=1).std(ddof=1) / math.sqrt(2)
+    se = math.hypot(se_windows, se_seeds) / math.log(2)
+    verdict = "within noise" if abs(diff) < 2 * se else ("lower" if diff < 0 else "higher")
+    row = f"| 2 | 2 | {np.mean([loss[2, 0], loss[2, 1]]) / math.log(2):.4f} ± "
+    line = next(line for line in report.splitlines() if line.startswith(row))
+    assert f"| {diff:+.4f} ± {se:.4f} | {verdict} |" in line, line
+    assert "Baselines on the same 40 windows (bits/byte; interpolated Witten-Bell" in report
+    assert line in open(os.path.join(run.workdir, "results.md")).read()  # results.md: the same table
+
+
+def test_baselines_curves_and_throughput_of_a_text_run(docs_run):
+    run, _ = docs_run
+    results = json.load(open(os.path.join(run.workdir, "results.json")))
+    base = results["baselines"]["text"]
+    assert base["unit"] == "bits/byte" and base["trigram_bits"] < base["bigram_bits"] < base["unigram_bits"]
+    assert base["heldout_unigram_entropy_bits"] == results["members"][0]["heldout_unigram_entropy_bits"]
+    for member in results["members"]:  # the console says which members are not below the bigram
+        said = f"{member['name']}: held-out {member['eval_bits_per_byte']:.4f} bits/byte, not below the bigram"
+        assert (said in run.console) == (member["eval_bits_per_byte"] >= base["bigram_bits"])
+    # eval/bits_per_byte at every evaluation, the first at step 0 (theta_0: about 8 bits a byte)
+    curves = run.curves("text-h2-s1")
+    steps, bits = curves["eval/bits_per_byte"]
+    assert list(steps) == [0, 75, 150] and 7 < bits[0] < 9
+    np.testing.assert_allclose(bits, np.asarray(curves["eval/loss"][1]) / math.log(2), rtol=1e-6)
+    # tokens/s = member-steps/s x batch x T; no peak for a CPU: MFU null; the console's last line says both
+    assert results["tokens_per_s"] == pytest.approx(results["member_steps_per_s"] * 16 * 32)
+    assert results["mfu"] is None and "perf/tokens_per_s" in curves
+    line = next(line for line in run.console.splitlines() if line.startswith("trained 150 steps"))
+    assert f"{results['tokens_per_s']:,.0f} tokens/s, MFU n/a" in line

@@ -51,11 +51,27 @@ def _token_fn(
     return run
 
 
+SLICE_ELEMENTS = 2**26  # logits or attention scores per forward pass (256 MiB of float32)
+
+
+def member_token_losses(params, heads: int, tokens, targets, sizes: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(cross-entropy, correct) per token, (N, T) numpy, of the plain eval-mode H-head model on
+    ``tokens`` (N, T), in slices of windows holding at most SLICE_ELEMENTS logits (N x T x V) and
+    attention scores (N x H x T x T): thousands of held-out windows fit any device. One jitted
+    forward per slice shape (two: the slices and the last)."""
+    run = _token_fn(*(sizes[k] for k in SIZE_KEYS), int(heads), sizes.get(ATTENTION_WIDTH))
+    tokens, targets = np.asarray(tokens, np.int32), np.asarray(targets, np.int32)
+    params = jax.tree_util.tree_map(jnp.asarray, params)
+    length = tokens.shape[1]
+    rows = max(1, SLICE_ELEMENTS // (length * max(int(sizes["vocab_size"]), int(heads) * length)))
+    out = [
+        jax.device_get(run(params, tokens[i : i + rows], targets[i : i + rows])) for i in range(0, len(tokens), rows)
+    ]
+    return np.concatenate([o[0] for o in out]), np.concatenate([o[1] for o in out])
+
+
 def member_by_position(params, heads: int, batch, sizes: dict) -> dict[str, list]:
     """:func:`by_position` of the plain eval-mode H-head model on ``batch`` (tokens, targets,
-    weights (N, T)), one jitted forward per model shape."""
-    run = _token_fn(*(sizes[k] for k in SIZE_KEYS), int(heads), sizes.get(ATTENTION_WIDTH))
+    weights (N, T))."""
     tokens, targets, weights = (np.asarray(a) for a in batch)
-    params = jax.tree_util.tree_map(jnp.asarray, params)
-    loss, correct = jax.device_get(run(params, jnp.asarray(tokens, jnp.int32), jnp.asarray(targets, jnp.int32)))
-    return by_position(loss, correct, weights)
+    return by_position(*member_token_losses(params, heads, tokens, targets, sizes), weights)

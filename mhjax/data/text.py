@@ -153,12 +153,18 @@ def windows(ids, key, num: int, length: int):
     """``num`` windows of ``length + 1`` tokens of ``ids`` at offsets drawn uniformly from
     ``key``: (inputs, targets, weights), each (num, length). ``ids``: a device array, gathered
     in the step; or a numpy memmap, gathered on the host (a callback) at the same offsets."""
-    starts = jax.random.randint(key, (num,), 0, ids.shape[0] - length)  # every window inside ids
+    starts = window_starts(key, num, ids.shape[0], length)
     if isinstance(ids, np.ndarray):
         w = host_windows(ids, starts, length)
     else:
         w = jax.vmap(lambda s: jax.lax.dynamic_slice_in_dim(ids, s, length + 1))(starts).astype(jnp.int32)
     return w[:, :-1], w[:, 1:], jnp.ones((num, length), jnp.float32)
+
+
+def window_starts(key, num: int, size: int, length: int):
+    """The offsets of ``num`` windows of ``length + 1`` tokens in ``size`` ids, uniform from ``key``
+    (every window inside): what ``windows`` reads, and what the host records of the held-out set."""
+    return jax.random.randint(key, (num,), 0, size - length)
 
 
 def host_windows(ids: np.ndarray, starts, length: int):

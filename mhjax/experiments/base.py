@@ -192,6 +192,27 @@ class Experiment:
         """Extra top-level results.json fields (e.g. how the run computed what it did)."""
         return {}
 
+    def evaluation_fields(self, index: int, metrics: dict) -> dict:
+        """Member ``index``'s evaluation (host floats) with fields derived from it, logged at every
+        evaluation and kept in results.json (e.g. a loss in bits)."""
+        return metrics
+
+    def learning_rates(self, indices: list[int], first_step: int, length: int):
+        """(length, members) learning rates of the members ``indices`` at the steps from
+        ``first_step`` on, from the schedule on the host (train/learning_rate at every step), or
+        None: the optimizer's own rate at each chunk's end."""
+        return None
+
+    def throughput(self, member_steps_per_s: float) -> dict:
+        """Rates derived from member-steps/s (e.g. {"tokens_per_s", "mfu"}; None where unknown),
+        in the console's last line, results.json and TensorBoard (perf/...)."""
+        return {}
+
+    def result_notes(self, payload: dict) -> list[str]:
+        """Console lines once the results are written (``payload``: what results.json holds), e.g.
+        members no better than a baseline."""
+        return []
+
     def estimated_bytes_per_member_step(self, backend: str, devices: int) -> float | None:
         """A cost model's memory traffic per member-step on ``backend`` (None: no model), shown
         beside what the compiled program moves (``train --dry-run --target``)."""

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 class SequenceConstants(NamedTuple):
     key: Any  # init and dropout: (seed, member name less the fields compared on shared draws)
     data_key: Any  # training data: (seed, task) only, so the head counts of a seed see the same data
-    eval_key: Any  # the held-out set, (seed, task) too
+    eval_key: Any  # the held-out set: (seed, task); (task) alone for a held-out split (text: sequence.eval_key)
     task_id: Any  # index of the member's (task, parameters) sampler in the recipe's tasks
     heads: Any  # the member's head count (traced where a program mixes head counts)
     learning_rate: Any

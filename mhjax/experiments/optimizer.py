@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from mhjax import config as cfg
@@ -122,6 +123,21 @@ def schedule(settings: Settings, learning_rate):
         end_value=settings.min_learning_rate / learning_rate,
     )
     return lambda count: learning_rate * unit(count)
+
+
+def host_rates(settings: Settings, learning_rate: float, steps) -> np.ndarray:
+    """``schedule``'s rates at ``steps`` in numpy (float64), for logging on the host without a
+    compile: optax's warmup_cosine_decay_schedule written out (linear from 0 to the rate over
+    warmup_steps, then a cosine to min_learning_rate at train.steps, flat after)."""
+    steps = np.asarray(steps, np.float64)
+    if settings.schedule == "constant":
+        return np.full(steps.shape, float(learning_rate))
+    warmup, decay = settings.warmup_steps, max(settings.steps - settings.warmup_steps, 1)
+    rising = learning_rate * np.minimum(steps, warmup) / max(warmup, 1)
+    alpha = settings.min_learning_rate / learning_rate
+    done = np.clip(steps - warmup, 0, decay) / decay
+    falling = learning_rate * ((1 - alpha) * 0.5 * (1 + np.cos(np.pi * done)) + alpha)
+    return np.where(steps < warmup, rising, falling)
 
 
 def decay_mask(params):

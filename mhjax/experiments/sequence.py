@@ -17,8 +17,10 @@ from mhjax.experiments import (
     architecture,
     optimizer,
     path_memory,
+    sequence_baselines,
     sequence_programs,
     sequence_results,
+    sequence_signals,
     target_range,
     task_params,
 )
@@ -63,12 +65,12 @@ class SequenceExperiment(Experiment):
         return divergence_factor(self.config)
 
     def member_constants(self, member: Member) -> SequenceConstants:
-        root, task = self.config.seed, member["task"]
+        root, task, index = self.config.seed, member["task"], task_params.task_index(self.tasks, member)
         return SequenceConstants(
             key=derive_key(root, member["seed"], self._key_names[member.name]),
             data_key=derive_key(root, member["seed"], "data", task),
-            eval_key=derive_key(root, member["seed"], "eval", task),
-            task_id=np.int32(task_params.task_index(self.tasks, member)),
+            eval_key=sequence_results.eval_key(root, member["seed"], task, self.tasks[index]),
+            task_id=np.int32(index),
             heads=np.int32(member["heads"]),
             learning_rate=np.float32(member["learning_rate"]),
         )
@@ -120,7 +122,23 @@ class SequenceExperiment(Experiment):
             **({"attention_fallback": fallback} if fallback else {}),
             "optimizer": self.optimizer.recorded(),
             **({"dtype": dtype} if dtype != "float32" else {}),
+            **sequence_baselines.baselines(self),  # text: n-gram baselines on the held-out windows
         }
+
+    def eval_steps(self) -> list[int]:
+        return [0]  # theta_0's held-out loss starts every curve
+
+    def evaluation_fields(self, index: int, metrics: dict) -> dict:
+        return sequence_signals.bits_fields(self, index, metrics)  # text: eval_bits_per_byte
+
+    def learning_rates(self, indices: list[int], first_step: int, length: int):
+        return sequence_signals.learning_rates(self, indices, first_step, length)
+
+    def throughput(self, member_steps_per_s: float) -> dict:
+        return sequence_signals.throughput(self, member_steps_per_s, self._devices())
+
+    def result_notes(self, payload: dict) -> list[str]:
+        return sequence_baselines.bigram_notes(payload)  # text members not below the bigram
 
     def _kernel_priced(self, backend: str) -> bool:
         """Whether the cost model prices static head counts at the Pallas kernel's cost: on a

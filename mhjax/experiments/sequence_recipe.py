@@ -109,20 +109,32 @@ class SequenceRecipe(Recipe):
         return loss, target_range.target_range(targets, weights, self.vocab)  # checked by check_chunk
 
     def evaluate(self, params, consts, step):
-        """Held-out loss and token accuracy of theta_step in eval mode (no dropout), in batches."""
+        """Held-out loss and token accuracy of theta_step in eval mode (no dropout), in batches of
+        eval_batch windows, over all num_eval of them: where num_eval is a multiple of the batch, the
+        mean of the batches' weighted means (exact when weights are uniform); else the last batch is
+        padded with windows of weight 0 and the result is the weighted mean over every token."""
         batch = sequences.eval_batch(
             consts.eval_key, consts.task_id, self.num_eval, self.length, self.vocab, self.tasks
         )
-        usable = (self.num_eval // self.eval_batch) * self.eval_batch
+        pad = -self.num_eval % self.eval_batch
+        if pad:
+            batch = [jnp.concatenate([a, jnp.zeros((pad, *a.shape[1:]), a.dtype)]) for a in batch]
         shape = (-1, self.eval_batch, self.length)
-        batch = jax.tree_util.tree_map(lambda a: a[:usable].reshape(shape), tuple(batch))
+        batch = jax.tree_util.tree_map(lambda a: a.reshape(shape), tuple(batch))
 
         def one(batch):
             x, y, w = batch
             logits = self.model.apply({"params": params}, x, self._heads(consts))
-            loss = weighted_mean(optax.softmax_cross_entropy_with_integer_labels(logits, y), w)
-            return loss, weighted_mean((jnp.argmax(logits, -1) == y).astype(jnp.float32), w)
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+            correct = (jnp.argmax(logits, -1) == y).astype(jnp.float32)
+            if pad:
+                return jnp.sum(loss * w), jnp.sum(correct * w), jnp.sum(w)
+            return weighted_mean(loss, w), weighted_mean(correct, w)
 
+        if pad:
+            losses, correct, weights = jax.lax.map(one, batch)
+            total = jnp.maximum(weights.sum(), jnp.finfo(jnp.float32).tiny)
+            return {"eval_loss": losses.sum() / total, "eval_accuracy": correct.sum() / total}
         # Equal-sized batches: the mean of their weighted means (exact when weights are uniform).
         losses, accs = jax.lax.map(one, batch)
         return {"eval_loss": losses.mean(), "eval_accuracy": accs.mean()}

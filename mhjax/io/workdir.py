@@ -10,6 +10,7 @@
     W/tb/<member>/            each member's TensorBoard run (io/tensorboard.py)
     W/trace/<member>.bin      per-step scalars a recipe traces, and format.json (io/trace.py)
     W/results.json, .md       written when training ends (io/results.py)
+    W/eval_windows/           per-window held-out losses of each member (io/window_files.py)
     W/analysis/analysis.*     `mhjax analyze --workdir W`
     W/report.md, W/report/    `mhjax report --workdir W`
     W/<figure>.png, <name>.md an experiment's own figures and summaries (Experiment.figures, drawn by plotting)
@@ -27,9 +28,9 @@ import json
 import os
 
 from mhjax.config import ConfigError
-from mhjax.io import parts
+from mhjax.io import parts, results_files, window_files
 from mhjax.io.metadata import check_or_write
-from mhjax.io.results import WriteFailed, json_ready, kept_results, markdown_table, write_json, write_text
+from mhjax.io.results import write_json
 
 ANALYSIS_FILES = {"json": "analysis.json", "md": "analysis.md", "png": "analysis.png"}
 
@@ -366,22 +367,12 @@ class Workdir:
     # ------------------------------------------------------------------ #
     # Writers
     # ------------------------------------------------------------------ #
-    def write_results(self, payload: dict) -> dict:
-        """results.json (atomically) and results.md, its Markdown table, unless both say it already
-        (io/results.kept_results); returns what they hold: a part's payload with the others' (io/parts.merge)."""
-        if self.order is not None:
-            stored = self.results() if os.path.isfile(self.results_path) else None
-            payload = parts.merge(stored, payload, self.folder, self.order)
-        members = [{k: json_ready(v) for k, v in m.items()} for m in payload["members"]]
-        if kept := kept_results(self.results_path, self.file(self.RESULTS_TABLE), {**payload, "members": members}):
-            return kept
-        try:
-            write_json(self.results_path, {**payload, "members": members})
-            write_text(self.file(self.RESULTS_TABLE), markdown_table(members, payload.get("title", "Results")))
-        except WriteFailed as exc:
-            exc.hint = "; training is done and checkpointed: free some space and run the same command to write it"
-            raise
-        return payload
+    def window_sums(self, member: str):  # its per-window held-out sums (io/window_files.py), or None
+        return window_files.read(self.file(window_files.FOLDER), member)
+
+    def write_results(self, payload: dict, tables=None) -> dict:
+        """results.json, results.md and W/eval_windows (io/results_files.py); returns what they hold."""
+        return results_files.write(self, payload, tables)
 
     def check_or_write_metadata(self, config_dict: dict, kind: str, *options) -> bool:
         """True if the workdir already belongs to this config (resume, or train longer), after

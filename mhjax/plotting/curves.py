@@ -18,7 +18,13 @@ import numpy as np
 from mhjax.plotting.report import arch_fields, task_label
 from mhjax.plotting.style import heads_colours, heads_label, pyplot
 
-CURVE_TAGS = (("train/loss", "training loss"), ("eval/loss", "held-out loss"), ("eval/accuracy", "held-out accuracy"))
+CURVE_TAGS = (
+    ("train/loss", "training loss"),
+    ("eval/loss", "held-out loss"),
+    ("eval/bits_per_byte", "held-out bits/byte"),  # text (data/text.py)
+    ("eval/bits_per_token", "held-out bits/token"),
+    ("eval/accuracy", "held-out accuracy"),
+)
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
 _NAMED_STYLES = ("-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 3, 2, 3)))
 
@@ -117,11 +123,19 @@ def _points(curves: dict, member: dict, tag: str, loglog: bool):
 
 
 def plot_curves(
-    members: list[dict], curves: dict, path: str, styled: str = "seed", log_tags=(), coloured: str = "heads"
+    members: list[dict],
+    curves: dict,
+    path: str,
+    styled: str = "seed",
+    log_tags=(),
+    coloured: str = "heads",
+    baselines=None,
 ) -> bool:
     """A panel per (task, tag), a line per member (the module docstring says how it looks); a tag
     containing one of ``log_tags`` (e.g. "loss", "hessian") on log-log axes, where a rate is a slope
-    (steps and values that are not positive left out). An accuracy's axis ends a little above 100%."""
+    (steps and values that are not positive left out). An accuracy's axis ends a little above 100%.
+    ``baselines``: results.json's {task: n-gram bits} (text), drawn as horizontal lines on the
+    held-out bits panel and, in nats, on the held-out loss panel."""
     from matplotlib.ticker import MaxNLocator
 
     tags = _curve_tags(curves)
@@ -150,6 +164,7 @@ def plot_curves(
         if loglog:
             ax.set_xscale("log")
             ax.set_yscale("log")
+        _baseline_lines(ax, tag, (baselines or {}).get(next(iter({m.get("task") for m in drawn}), None)))
         limits = (ax.get_xlim(), ax.get_ylim()) if healthy else None  # the healthy members' ranges
         for m in (m for m in drawn if m.get("status") == "diverged"):
             any_diverged = True
@@ -187,3 +202,16 @@ def plot_curves(
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return True
+
+
+def _baseline_lines(ax, tag: str, baseline: dict | None) -> None:
+    """The n-gram baselines of the panel's task as horizontal lines, in the panel's unit."""
+    scale = 1.0 if tag.startswith("eval/bits_per_") else math.log(2) if tag == "eval/loss" else None
+    if not baseline or scale is None:
+        return
+    for n, name in enumerate(("unigram", "bigram", "trigram")):
+        if baseline.get(f"{name}_bits") is not None:
+            value = baseline[f"{name}_bits"] * scale
+            ax.axhline(value, color="0.45", ls=(0, (1 + 2 * n, 2)), lw=1)
+            where = (0.01, value)  # left: the curves start high above the baselines
+            ax.annotate(name, where, xycoords=("axes fraction", "data"), fontsize="x-small", color="0.35", va="bottom")

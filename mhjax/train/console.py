@@ -90,6 +90,17 @@ class Console:
             self._bar = None
 
 
+def throughput_text(throughput: dict) -> str:
+    """The closing line's ", 1,234 tokens/s, MFU 12.3%": what the experiment derives from
+    member-steps/s (Experiment.throughput); "" when it derives nothing."""
+    text = f", {throughput['tokens_per_s']:,.0f} tokens/s" if throughput.get("tokens_per_s") is not None else ""
+    if "mfu" in throughput:
+        text += ", MFU " + (
+            "n/a (no peak for this device)" if throughput["mfu"] is None else f"{throughput['mfu']:.1%}"
+        )
+    return text
+
+
 def _mean(values: list[float]) -> float:
     finite = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     return sum(finite) / len(finite) if finite else float("nan")

@@ -17,9 +17,10 @@ from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.trace import NoTrace, TraceWriter
 from mhjax.io.workdir import Workdir
 from mhjax.plotting import draw as draw_figures
+from mhjax.plotting.paired import results_tables
 from mhjax.train import ahead, end_images, engine, snapshot_resume, snapshots
 from mhjax.train import status as member_status
-from mhjax.train.console import Console
+from mhjax.train.console import Console, throughput_text
 from mhjax.train.interrupt import Interrupted, StopOnSignal  # noqa: F401 (Interrupted: its home before)
 from mhjax.train.payload import results_payload
 from mhjax.train.placement import Placement
@@ -201,7 +202,7 @@ class Sweep:
         for p in self.programs:
             metrics = self.host(self._evaluate[p.name](states[p.name], self.consts[p.name]))
             for j, i in enumerate(p.members):
-                out[i] = {k: float(v[j]) for k, v in metrics.items()}
+                out[i] = self.experiment.evaluation_fields(i, {k: float(v[j]) for k, v in metrics.items()})
         return out
 
 
@@ -297,13 +298,17 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                     seconds[members[i].name] += elapsed
                 chunk_time += elapsed
                 traces.append([members[i].name for i in idx], metrics.pop("trace", None), step)
-                _log_chunk(writers, members, idx, metrics, status, step + n, reported_divergence, log, factor, every)
+                rates = experiment.learning_rates(idx, step, n)  # per step, from the schedule (or None)
+                _log_chunk(
+                    writers, members, idx, metrics, status, step + n, reported_divergence, log, factor, every, rates
+                )
                 sweep.record(program, metrics["loss"], step)
             rate = n * len(members) / max(chunk_time, 1e-9)
             halt = shared.now(flags)  # every process the same answer (train/preempt.py)
             times.chunk(chunk_time, n, log)
+            perf = {f"perf/{k}": v for k, v in experiment.throughput(rate).items() if v is not None}
             for m in members:
-                writers.scalars(m.name, {"perf/member_steps_per_s": rate}, step + n)
+                writers.scalars(m.name, {"perf/member_steps_per_s": rate, **perf}, step + n)
             step += n
             trained += n
             console.advance(n, step, rate, time.perf_counter() - started)
@@ -327,18 +332,24 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                 raise interrupted(stop, step, workdir.path, saved=True)
         stop.close()
         console.close()  # the final lines start on a line of their own
+        throughput = {}  # this run's rates (experiment.throughput), when it trained
         if latest is not None and latest >= total:
             log(f"training already complete at step {latest}; not retraining")
         elif primary and trained:
             wall = time.perf_counter() - started
+            speed = trained * len(members) / max(wall, 1e-9)
+            rates = experiment.throughput(speed)  # results.json keeps them where the experiment has any
+            throughput = {"member_steps_per_s": speed, **rates} if rates else {}
             log(
                 f"trained {trained} steps x {len(members)} members in {wall:.1f} s: "
-                f"{trained * len(members) / max(wall, 1e-9):,.0f} member-steps/s (with logging and evaluation)"
+                f"{speed:,.0f} member-steps/s{throughput_text(throughput)} (with logging and evaluation)"
             )
         if evaluation is None:  # else the loop's last evaluation is of this very state
             evaluation = sweep.evaluate(states)
         payload = results_payload(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
-        written = workdir.write_results(payload) if primary else payload  # with any other part's members
+        payload.update(throughput)  # with logging and evaluation
+        # with any other part's members; results.md with head counts paired on held-out windows
+        written = workdir.write_results(payload, tables=results_tables) if primary else payload
         description = f"{payload['title']}: {len(members)} members, {step} steps"
         writers.finish(payload["members"], hparams, experiment.metric_tags(), step, description)
         # Host copies are gathered by EVERY process (a collective); then only process 0 draws.
@@ -347,7 +358,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             end_images.write(experiment, writers, member_states, step, log, payload["members"])
             for request in experiment.figures(written):  # experiment-specific figures and summaries
                 draw_figures(workdir, request, log)
-            for line in member_status.diverged_lines(written["members"]):
+            for line in member_status.diverged_lines(written["members"]) + experiment.result_notes(written):
                 log(line)
         return written
     finally:
@@ -371,14 +382,15 @@ def _crossed(previous: int, step: int, every: int) -> bool:
     return every > 0 and previous // every != step // every
 
 
-def _log_chunk(writers, members, idx, metrics, status, step, reported, log, factor, every_step=False):
+def _log_chunk(writers, members, idx, metrics, status, step, reported, log, factor, every_step=False, rates=None):
     """TensorBoard scalars of a chunk that ended at ``step``: ``train/...`` from the scan's per-step
     rows (io/curves.train_points: every step for chunks of up to io.curves.TRAIN_POINTS_PER_CHUNK
     steps, else means over windows of ``train_window(n)`` steps; ``every_step``, the experiment's
     log_every_step: every step io/trace.kept keeps). Row t of a chunk of n steps is the step that
     takes theta_{step-n+t} to the next: its loss is the loss of theta_{step-n+t}, logged at that
     step (a window's mean at its last row's step), so train/loss at s is the loss of theta_s.
-    ``train/learning_rate`` at the chunk's end. Members that newly diverged are said on ``log``."""
+    ``train/learning_rate`` at every step from ``rates`` (steps, members) where the experiment
+    computes them, else at the chunk's end. Members that newly diverged are said on ``log``."""
     lr = status.get("learning_rate")
     n = metrics["loss"].shape[0]
     steps, points = train_points(metrics, step - n, every_step)
@@ -386,7 +398,10 @@ def _log_chunk(writers, members, idx, metrics, status, step, reported, log, fact
     for j, i in enumerate(idx):
         for w, at in enumerate(steps):
             writers.scalars(members[i].name, {tag: float(m[w, j]) for tag, m in points.items()}, at)
-        if lr is not None:
+        if rates is not None:
+            for t in range(n):
+                writers.scalars(members[i].name, {"train/learning_rate": float(rates[t, j])}, step - n + t)
+        elif lr is not None:
             writers.scalars(members[i].name, {"train/learning_rate": float(lr[j])}, step)
     for name, line in member_status.chunk_messages([m.name for m in members], idx, status, reported, factor):
         log(line)

@@ -33,6 +33,7 @@ from mhjax.io.workdir import Workdir
 from mhjax.plotting.architecture import architecture_figures
 from mhjax.plotting.curves import plot_curves
 from mhjax.plotting.heads import head_tables
+from mhjax.plotting.paired import paired_tables
 from mhjax.plotting.positions import plot_accuracy_by_position
 from mhjax.plotting.report import (
     analysis_tables,
@@ -107,9 +108,17 @@ def write_report(workdir, log=None, reference: str | None = None, importance_mem
     if summary:
         lines += ["## Results", "", "Final metrics; mean ± std over seeds.", "", summary]
     lines += diverged_lines(members)
+    paired = paired_tables(members, workdir.window_sums, workdir.sweep_fields(), results.get("baselines"))
+    lines += [paired] if paired else []
     curves = training_curves(workdir, [m["name"] for m in members])
     kind = opened.kind  # the Experiment class: how its curves read (no plug-in code runs)
-    draw = partial(plot_curves, styled=kind.curve_style, log_tags=kind.log_curves, coloured=kind.curve_colour)
+    draw = partial(
+        plot_curves,
+        styled=kind.curve_style,
+        log_tags=kind.log_curves,
+        coloured=kind.curve_colour,
+        baselines=results.get("baselines"),
+    )
     link = figure("curves.png", draw, members, curves)
     if link:
         lines += ["## Training curves", "", link, ""]

@@ -1,0 +1,34 @@
+"""Writing a sweep's results: W/results.json (atomically), its Markdown table W/results.md and the
+members' per-window held-out losses W/eval_windows (io/window_files.py), for a Workdir."""
+
+from __future__ import annotations
+
+import os
+
+from mhjax.io import parts, window_files
+from mhjax.io.results import WriteFailed, json_ready, kept_results, markdown_table, write_json, write_text
+
+
+def write(workdir, payload: dict, tables=None) -> dict:
+    """results.json, results.md (``tables(payload, workdir)``'s Markdown after the members, when given) and
+    W/eval_windows (taken out of ``payload``); returns what they hold: a part's payload merged with
+    the other parts' entries (io/parts.merge), else ``payload``."""
+    if workdir.order is not None:
+        stored = workdir.results() if os.path.isfile(workdir.results_path) else None
+        payload = parts.merge(stored, payload, workdir.folder, workdir.order)
+    try:
+        window_files.save(workdir.file(window_files.FOLDER), payload)
+        members = [{k: json_ready(v) for k, v in m.items()} for m in payload["members"]]
+        # unless results.json and results.md both say it already (io/results.kept_results)
+        if kept := kept_results(
+            workdir.results_path, workdir.file(workdir.RESULTS_TABLE), {**payload, "members": members}
+        ):
+            return kept
+        write_json(workdir.results_path, {**payload, "members": members})
+        table = markdown_table(members, payload.get("title", "Results"))
+        more = tables({**payload, "members": members}, workdir) if tables else ""
+        write_text(workdir.file(workdir.RESULTS_TABLE), f"{table}\n{more}" if more else table)
+    except WriteFailed as exc:
+        exc.hint = "; training is done and checkpointed: free some space and run the same command to write it"
+        raise
+    return payload
