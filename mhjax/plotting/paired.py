@@ -15,7 +15,7 @@ import numpy as np
 
 from mhjax.analysis.paired import NOISE_SE, combine, verdict
 from mhjax.io.results import number_text
-from mhjax.plotting.report import _group_keys, field_value
+from mhjax.plotting.report import field_value, group_keys
 
 TITLE = "Head counts against the smallest, paired on the same held-out windows"
 
@@ -91,7 +91,7 @@ def baseline_line(baseline: dict | None) -> list[str]:
 def paired_tables(members: list[dict], read, sweep_fields=None, baselines=None) -> str:
     """The Markdown section (empty when no member has per-window sums). ``read(name)``: a member's
     (2, N) per-window sums or None (Workdir.window_sums); ``baselines``: results.json's, by task."""
-    keys = [k for k in _group_keys(members, sweep_fields) if k != "heads"]
+    keys = [k for k in group_keys(members, sweep_fields) if k != "heads"]
     groups: dict = defaultdict(list)
     for m in members:
         groups[tuple(field_value(m, k) for k in keys)].append(m)
