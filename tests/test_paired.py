@@ -9,8 +9,8 @@ import pytest
 
 from mhjax.analysis import paired
 from mhjax.models import mfu
+from mhjax.plotting.curves import _baseline_lines
 from mhjax.plotting.paired import paired_tables
-from mhjax.plotting.report import _baseline_lines
 from mhjax.plotting.style import pyplot
 from mhjax.train.console import throughput_text
 

@@ -42,6 +42,9 @@ def json_ready(value):
     return value
 
 
+RUN_FIELDS = ("resumed_from_step", "member_steps_per_s", "tokens_per_s", "mfu")  # of the run that trained
+
+
 def kept_results(path: str, table: str, payload: dict) -> dict | None:
     """results.json's content at ``path`` where it and its ``table`` (results.md) exist and it
     already says what ``payload`` would, else None: a run that trained nothing more (resumed where
@@ -53,11 +56,11 @@ def kept_results(path: str, table: str, payload: dict) -> dict | None:
     except (OSError, ValueError):  # missing or unreadable: written
         return None
     now = json.loads(json.dumps(json_ready(payload)))
-    return (
-        stored
-        if isinstance(stored, dict) and {**now, "resumed_from_step": stored.get("resumed_from_step")} == stored
-        else None
-    )
+    if not isinstance(stored, dict):
+        return None
+    # what describes the run that trained (where it resumed, its rates) is kept by one that did not
+    ran = {k: stored[k] for k in RUN_FIELDS if k in stored and (k == "resumed_from_step" or k not in now)}
+    return stored if {**now, **ran} == stored else None
 
 
 def write_json(path: str, payload, sort_keys: bool = False) -> None:

@@ -11,7 +11,6 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from mhjax.io.checkpoint import member_key
-from mhjax.io.curves import train_points
 from mhjax.io.progress import Progress
 from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.trace import NoTrace, TraceWriter
@@ -27,6 +26,8 @@ from mhjax.train.placement import Placement
 from mhjax.train.preempt import SharedStop, StopTimes, grace_seconds, interrupted, jax_preemption_service
 from mhjax.train.records import HostRecords
 from mhjax.train.resume_curves import prior_step_seconds, rewrite_resumed_step
+from mhjax.train.scalars import log_chunk as _log_chunk
+from mhjax.train.scalars import log_eval as _log_eval
 
 
 def stack_constants(experiment, indices):
@@ -380,34 +381,3 @@ def _compile_ahead(sweep, console, plan, init: bool) -> None:
 
 def _crossed(previous: int, step: int, every: int) -> bool:
     return every > 0 and previous // every != step // every
-
-
-def _log_chunk(writers, members, idx, metrics, status, step, reported, log, factor, every_step=False, rates=None):
-    """TensorBoard scalars of a chunk that ended at ``step``: ``train/...`` from the scan's per-step
-    rows (io/curves.train_points: every step for chunks of up to io.curves.TRAIN_POINTS_PER_CHUNK
-    steps, else means over windows of ``train_window(n)`` steps; ``every_step``, the experiment's
-    log_every_step: every step io/trace.kept keeps). Row t of a chunk of n steps is the step that
-    takes theta_{step-n+t} to the next: its loss is the loss of theta_{step-n+t}, logged at that
-    step (a window's mean at its last row's step), so train/loss at s is the loss of theta_s.
-    ``train/learning_rate`` at every step from ``rates`` (steps, members) where the experiment
-    computes them, else at the chunk's end. Members that newly diverged are said on ``log``."""
-    lr = status.get("learning_rate")
-    n = metrics["loss"].shape[0]
-    steps, points = train_points(metrics, step - n, every_step)
-    points = {"train/loss": points.pop("train/loss"), **points}
-    for j, i in enumerate(idx):
-        for w, at in enumerate(steps):
-            writers.scalars(members[i].name, {tag: float(m[w, j]) for tag, m in points.items()}, at)
-        if rates is not None:
-            for t in range(n):
-                writers.scalars(members[i].name, {"train/learning_rate": float(rates[t, j])}, step - n + t)
-        elif lr is not None:
-            writers.scalars(members[i].name, {"train/learning_rate": float(lr[j])}, step)
-    for name, line in member_status.chunk_messages([m.name for m in members], idx, status, reported, factor):
-        log(line)
-        writers.text(name, "status", line, step)
-
-
-def _log_eval(writers, members, evaluation, step):
-    for i, m in enumerate(members):
-        writers.scalars(m.name, {f"eval/{k.removeprefix('eval_')}": v for k, v in evaluation[i].items()}, step)

@@ -52,6 +52,8 @@ def rewrite_resumed_step(workdir, experiment, sweep, states, writers, step: int,
     evaluation, step)``: how the host loop logs an evaluation."""
     members = experiment.members
     for program in sweep.programs:
+        if experiment.learning_rates(program.members, step, 1) is not None:
+            continue  # logged at every step from the schedule: the next chunk writes ``step`` itself
         status = sweep.host(engine.member_status(states[program.name]))
         if "learning_rate" in status:
             for j, i in enumerate(program.members):
