@@ -9,6 +9,7 @@ import jax
 from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
 from mhjax.io import compile_cache
+from mhjax.io.parts import MISSING
 from mhjax.io.results import WriteFailed
 from mhjax.io.workdir import Workdir
 from mhjax.train.console import next_commands, summary_lines
@@ -16,12 +17,16 @@ from mhjax.train.interrupt import EXIT_STATUS
 from mhjax.train.loop import Interrupted
 from mhjax.train.placement import maybe_initialize_distributed
 from mhjax.train.status import DivergedError, check_fail
+from mhjax.workflows import shards
 from mhjax.workflows.configs import load_config
 from mhjax.workflows.target import compile_for, report_lines
 from mhjax.workflows.train import default_workdir, describe, train
 
 
 def command(args, overrides) -> int:
+    shard = shards.parse(args.shard) if getattr(args, "shard", None) is not None else None
+    if shard and (args.distributed or args.coordinator or args.num_processes is not None):
+        raise ConfigError("--shard: one independent process per shard; not with --distributed or --coordinator")
     config = load_config(args.config, overrides, validate=False)
     if args.target:
         if not args.dry_run:
@@ -48,13 +53,13 @@ def command(args, overrides) -> int:
         return 0
     workdir = Workdir(args.workdir or default_workdir(args.config))
     try:
-        payload = train(
-            experiment,
-            workdir,
-            progress=not args.no_progress,
-            log=lambda m: print(m, file=sys.stderr),
-            primary=jax.process_index() == 0,
-        )
+        log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+        if shard:
+            payload = shards.train_shard(experiment, workdir, *shard, progress=not args.no_progress, log=log)
+        else:
+            payload = train(
+                experiment, workdir, progress=not args.no_progress, log=log, primary=jax.process_index() == 0
+            )
     except Interrupted as exc:
         print(f"mhjax: {exc}", file=sys.stderr)
         return EXIT_STATUS
@@ -62,6 +67,9 @@ def command(args, overrides) -> int:
         print(f"mhjax: error: {exc}", file=sys.stderr)
         return 1
     print(f"results: {workdir.results_path} ({len(payload['members'])} members)")
+    missing = payload.get(MISSING, [])
+    if missing:
+        print(f"still missing (their shards have not finished): {', '.join(missing)}")
     table = summary_lines(experiment.summary_table(), payload["members"])
     if table:
         print(f"\nfinal results, mean over seeds (step {payload['steps']}):")

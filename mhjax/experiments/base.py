@@ -183,6 +183,11 @@ class Experiment:
         """Extra top-level results.json fields (e.g. how the run computed what it did)."""
         return {}
 
+    def step_seconds(self, program: Program, backend: str) -> float:
+        """A program's predicted time per step on ``backend``, by which ``--shard`` shares a sweep
+        (workflows/shards.py); default: its member count (every member alike)."""
+        return float(len(program.members))
+
     def estimated_bytes_per_member_step(self, backend: str, devices: int) -> float | None:
         """A cost model's memory traffic per member-step on ``backend`` (None: no model), shown
         beside what the compiled program moves (``train --dry-run --target``)."""

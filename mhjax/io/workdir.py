@@ -3,10 +3,12 @@
     W/mhjax.json              metadata: mhjax version, experiment kind, resolved config, where plug-in
                               tasks came from (written first)
     W/.mhjax.lock             one command at a time (io/lock.py)
+    W/.mhjax.write.lock       a short lock around the writes shards share (io/shared_write.py)
     W/mhjax.log               library logs of `mhjax train`
     W/checkpoints/<step>/     orbax step directories: member states and host records (io/checkpoint.py)
     W/snapshots/<step>/       every member's parameters at config.train.snapshot_steps, kept for good
     W/grown/<n>/checkpoints/, W/grown/<n>/snapshots/   the same of members a sweep grew by (io/parts.py)
+    W/shards/<i>/checkpoints/, W/shards/<i>/snapshots/, W/shards/<i>/.mhjax.lock   shard i's (--shard i/N)
     W/tb/<member>/            each member's TensorBoard run (io/tensorboard.py)
     W/trace/<member>.bin      per-step scalars a recipe traces, and format.json (io/trace.py)
     W/results.json, .md       written when training ends (io/results.py)
@@ -30,6 +32,7 @@ from mhjax.config import ConfigError
 from mhjax.io import parts
 from mhjax.io.metadata import check_or_write
 from mhjax.io.results import WriteFailed, json_ready, markdown_table, write_json, write_text
+from mhjax.io.shared_write import WRITE_LOCK, SharedWrite
 
 ANALYSIS_FILES = {"json": "analysis.json", "md": "analysis.md", "png": "analysis.png"}
 
@@ -105,6 +108,18 @@ class Workdir:
     @property
     def lock_path(self) -> str:
         return self.file(self.LOCK)
+
+    @property
+    def write_lock_path(self) -> str:
+        return self.file(WRITE_LOCK)
+
+    def shard_lock_path(self, index: int) -> str:
+        """The lock a shard holds while it trains (io/lock.py), in its own folder."""
+        return self.file(os.path.join(parts.shard_folder(index), self.LOCK))
+
+    def shard_count(self) -> int | None:
+        """N of a sweep trained as N shards (``mhjax train --shard I/N``), else None."""
+        return parts.shard_count(self.metadata()) if os.path.isfile(self.metadata_path) else None
 
     @property
     def log_path(self) -> str:
@@ -235,6 +250,13 @@ class Workdir:
     def member_names(self) -> list[str]:
         return [m["name"] for m in self.results()["members"]]
 
+    def missing_members(self) -> list[str]:
+        """The sweep's members results.json does not hold yet (shards still to finish), in order."""
+        if not os.path.isfile(self.results_path):
+            return []
+        missing = self.results().get(parts.MISSING, [])
+        return [str(n) for n in missing] if isinstance(missing, list) else []
+
     def recorded_names(self) -> list[str]:
         """The member names the workdir's run gave: results.json's, else the checkpoint keys of
         its latest checkpoint (a run stopped before its first results); [] for a new workdir."""
@@ -299,13 +321,17 @@ class Workdir:
     def checkpoint_steps(self) -> list[int]:
         """The steps of the complete checkpoints kept, ascending (orbax names a step's folder by
         its number; a save in progress has another name); of a sweep that grew, those of every part."""
-        grown = self._grown()
-        return parts.common([p.checkpoint_steps() for p in grown]) if grown else parts.steps_in(self.checkpoints_dir)
+        grown, sharded = self._grown(), self.shard_count() is not None
+        if grown:
+            return parts.common([p.checkpoint_steps() for p in grown], started_only=sharded)
+        return parts.steps_in(self.checkpoints_dir)
 
     def snapshot_steps(self) -> list[int]:
         """The steps of the complete snapshots (train/snapshots.py), ascending (every part's)."""
-        grown = self._grown()
-        return parts.common([p.snapshot_steps() for p in grown]) if grown else parts.steps_in(self.snapshots_dir)
+        grown, sharded = self._grown(), self.shard_count() is not None
+        if grown:
+            return parts.common([p.snapshot_steps() for p in grown], started_only=sharded)
+        return parts.steps_in(self.snapshots_dir)
 
     def latest_step(self) -> int | None:
         """The step of the latest complete checkpoint, or None."""
@@ -333,8 +359,9 @@ class Workdir:
         if step is None:
             raise ConfigError(f"--workdir: {self.path} has no checkpoint yet; train it first")
         grown = self._grown()
-        if grown:  # every part's members, each read from its own folder
-            return {name: state for view in grown for name, state in view.member_states(step).items()}
+        if grown:  # every part's members, each read from its own folder (a shard not started: none)
+            views = [v for v in grown if v.checkpoint_steps() or v.snapshot_steps()]
+            return {name: state for view in views for name, state in view.member_states(step).items()}
         snapshot = step not in self.checkpoint_steps() and step in self.snapshot_steps()
         folder = self.snapshots_dir if snapshot else self.checkpoints_dir
 
@@ -369,6 +396,10 @@ class Workdir:
     def write_results(self, payload: dict) -> dict:
         """results.json (atomically) and its Markdown table results.md; returns what they hold: a
         part's payload merged with the other parts' entries (io/parts.merge), else ``payload``."""
+        with SharedWrite(self.path):  # parts that are shards write at once: each merges the other's
+            return self._write_results(payload)
+
+    def _write_results(self, payload: dict) -> dict:
         if self.order is not None:
             stored = self.results() if os.path.isfile(self.results_path) else None
             payload = parts.merge(stored, payload, self.folder, self.order)

@@ -80,6 +80,11 @@ def train(experiment, workdir, *, progress: bool = True, log=print, primary: boo
     lock = WorkdirLock(workdir, "train", create=True) if primary else contextlib.nullcontext()
     logs = library_logs(workdir.log_path) if primary else contextlib.nullcontext()
     with lock, logs:
+        shards = workdir.shard_count()
+        if shards is not None:  # its shards train apart, each under its own lock (workflows/shards.py)
+            raise ConfigError(
+                f"--shard: {workdir.path} was started as {shards} shards; train each with --shard I/{shards}"
+            )
         experiment.keep_names(workdir.recorded_names())  # resumed or trained longer: the names it has
         for line in experiment.notes() if primary else ():
             log(line)
