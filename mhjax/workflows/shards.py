@@ -93,21 +93,13 @@ def prepare(experiment, workdir: Workdir, index: int, count: int, backend: str) 
     recorded in mhjax.json by the first shard, read by the others. Under the short write lock;
     a shard of another N, another config, or a workdir trained as one job is refused in one
     line before anything is written."""
+    # checked before the lock too, whose file a refusal would leave behind
+    shares = plan(experiment, count, backend) if _check_count(workdir, index, count) is None else None
     with SharedWrite(workdir.path):
-        count_then = workdir.shard_count()
-        if count_then is None and os.path.isfile(workdir.metadata_path):
-            raise ConfigError(
-                f"--shard: {workdir.path} holds a sweep trained as one job, not in shards; train it without --shard "
-                "or shard a new workdir"
-            )
-        if count_then is not None and count_then != count:
-            raise ConfigError(
-                f"--shard: {workdir.path} was started as {count_then} shards: use I/{count_then} with I in "
-                f"[0, {count_then}) (got {index}/{count})"
-            )
+        count_then = _check_count(workdir, index, count)  # again: another shard may have just planned
         recorded = (experiment.config.to_dict(), experiment.kind, experiment.metadata(), experiment.cannot_extend)
         if count_then is None:
-            shares = plan(experiment, count, backend)
+            shares = shares or plan(experiment, count, backend)
             workdir.check_or_write_metadata(*recorded)
             sweep = json.loads(json.dumps(experiment.config.to_dict()))["sweep"]
             fields = {m.name: json_ready(m.hparams) for m in experiment.members}
@@ -133,6 +125,22 @@ def prepare(experiment, workdir: Workdir, index: int, count: int, backend: str) 
     return Part(workdir.part(entry["folder"], order), experiment.subset(names)), entry
 
 
+def _check_count(workdir: Workdir, index: int, count: int) -> int | None:
+    """The workdir's shard count (None: a new workdir); another N or a one-job sweep: ConfigError."""
+    count_then = workdir.shard_count()
+    if count_then is None and os.path.isfile(workdir.metadata_path):
+        raise ConfigError(
+            f"--shard: {workdir.path} holds a sweep trained as one job, not in shards; train it without --shard "
+            "or shard a new workdir"
+        )
+    if count_then is not None and count_then != count:
+        raise ConfigError(
+            f"--shard: {workdir.path} was started as {count_then} shards: use I/{count_then} with I in "
+            f"[0, {count_then}) (got {index}/{count})"
+        )
+    return count_then
+
+
 def train_shard(experiment, workdir, index: int, count: int, *, progress: bool = True, log=print) -> dict:
     """Train (or resume) shard ``index`` of ``count`` of ``experiment``'s sweep in ``workdir``;
     returns results.json's payload (every shard's members written so far)."""
@@ -154,3 +162,12 @@ def train_shard(experiment, workdir, index: int, count: int, *, progress: bool =
                     "members here are computed in a smaller batch and match the one-job run to ~1e-5, not bit for bit"
                 )
             return run(part.experiment, part.workdir, progress=progress, log=log)
+
+
+def missing_line(workdir: Workdir) -> str | None:
+    """A line naming the members results.json lacks while shards are still to finish, or None."""
+    missing = workdir.missing_members()
+    if not missing:
+        return None
+    shown = ", ".join(missing[:8]) + (", ..." if len(missing) > 8 else "")
+    return f"{len(missing)} member{'s' * (len(missing) != 1)} of the sweep not trained yet (shards to finish): {shown}"

@@ -77,6 +77,9 @@ def train(experiment, workdir, *, progress: bool = True, log=print, primary: boo
     payload. ``primary``: this process holds the workdir's lock and its log (several processes of
     one distributed run share the workdir: process 0 does)."""
     workdir = Workdir.of(workdir)
+    shards = workdir.shard_count()
+    if shards is not None:  # its shards train apart, each under its own lock (workflows/shards.py)
+        raise ConfigError(f"--shard: {workdir.path} was started as {shards} shards; train each with --shard I/{shards}")
     lock = WorkdirLock(workdir, "train", create=True) if primary else contextlib.nullcontext()
     logs = library_logs(workdir.log_path) if primary else contextlib.nullcontext()
     with lock, logs:
