@@ -170,7 +170,8 @@ workdir, me, count, order = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys
 view = Workdir(workdir).part(f"shards/{me}", order)
 for n in range(count):  # one merge per member: as many chances to lose another shard's entries
     name = f"m{me}-{n}"
-    view.write_results({"title": "t", "steps": 1, "programs": {f"p{me}": [name]}, "members": [{"name": name, "program": f"p{me}"}]})
+    member = {"name": name, "program": f"p{me}"}
+    view.write_results({"title": "t", "steps": 1, "programs": {f"p{me}": [name]}, "members": [member]})
 """
 
 
@@ -198,7 +199,7 @@ def one_and_shards(tmp_path_factory):
     meanwhile) and shard 1/2."""
     config = tiny_sequence_config(heads=(1, 4))
     root = tmp_path_factory.mktemp("shards")
-    one = train(make_experiment(config), str(root / "one"), progress=False, log=_quiet)
+    train(make_experiment(config), str(root / "one"), progress=False, log=_quiet)
     sharded = str(root / "sharded")
     first = shards.train_shard(make_experiment(config), sharded, 0, 2, progress=False, log=_quiet)
     partial = {
