@@ -246,7 +246,7 @@ def test_a_finished_shard_reruns_alone_and_trains_nothing(one_and_shards):
     assert _comparable({**rerun, "resumed_from_step": None}) == _comparable(last["file"])
 
 
-@pytest.mark.slow  # ~40-60 s loaded: a one-job run and three shard processes, each compiling its programs
+@pytest.mark.slow  # ~3 min on a loaded 2-core machine: a one-job CLI run and three concurrent shard processes
 def test_three_concurrent_shard_processes_give_the_one_job_run(tmp_path, config_file):
     env = dict(os.environ, PYTHONPATH=ROOT)
     base = [sys.executable, "-m", "mhjax", "train", "--config", config_file, "--no-progress"]

@@ -30,9 +30,10 @@ import os
 
 from mhjax.config import ConfigError
 from mhjax.io import parts
+from mhjax.io.cached_reads import CachedReads
 from mhjax.io.metadata import check_or_write
 from mhjax.io.results import WriteFailed, json_ready, markdown_table, write_json, write_text
-from mhjax.io.shared_write import WRITE_LOCK, SharedWrite
+from mhjax.io.shared_write import SharedWrite
 
 ANALYSIS_FILES = {"json": "analysis.json", "md": "analysis.md", "png": "analysis.png"}
 
@@ -42,7 +43,7 @@ def analysis_paths(folder) -> dict[str, str]:
     return {kind: os.path.join(str(folder), name) for kind, name in ANALYSIS_FILES.items()}
 
 
-class Workdir:
+class Workdir(CachedReads):
     METADATA = "mhjax.json"
     LOCK = ".mhjax.lock"
     LOG = "mhjax.log"
@@ -109,10 +110,6 @@ class Workdir:
     def lock_path(self) -> str:
         return self.file(self.LOCK)
 
-    @property
-    def write_lock_path(self) -> str:
-        return self.file(WRITE_LOCK)
-
     def shard_lock_path(self, index: int) -> str:
         """The lock a shard holds while it trains (io/lock.py), in its own folder."""
         return self.file(os.path.join(parts.shard_folder(index), self.LOCK))
@@ -172,29 +169,6 @@ class Workdir:
         if not os.path.isdir(self.path):
             raise ConfigError(f"--workdir: no such directory: {self.path}")
 
-    @staticmethod
-    def _signature(path: str):
-        """What tells that a file or folder changed: its (inode, mtime, size), or those of each
-        entry of the folder; None when it is missing."""
-        try:
-            if os.path.isdir(path):
-                return tuple(
-                    sorted((e.name, e.inode(), e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(path))
-                )
-            stat = os.stat(path)
-            return stat.st_ino, stat.st_mtime_ns, stat.st_size
-        except OSError:
-            return None
-
-    def _cached(self, key, path: str, load):
-        """``load()``'s value for ``key``: read once while ``path`` stays the same, and again once it
-        changed, so that a Run held in a notebook follows a sweep that is still training."""
-        signature = self._signature(path)
-        hit = self._read.get(key)
-        if hit is None or hit[0] != signature:
-            hit = self._read[key] = (signature, load())
-        return hit[1]
-
     def _json(self, path: str, missing_hint: str) -> dict:
         def load() -> dict:
             self.require()
@@ -252,9 +226,7 @@ class Workdir:
 
     def missing_members(self) -> list[str]:
         """The sweep's members results.json does not hold yet (shards still to finish), in order."""
-        if not os.path.isfile(self.results_path):
-            return []
-        missing = self.results().get(parts.MISSING, [])
+        missing = self.results().get(parts.MISSING, []) if os.path.isfile(self.results_path) else []
         return [str(n) for n in missing] if isinstance(missing, list) else []
 
     def recorded_names(self) -> list[str]:
@@ -321,17 +293,15 @@ class Workdir:
     def checkpoint_steps(self) -> list[int]:
         """The steps of the complete checkpoints kept, ascending (orbax names a step's folder by
         its number; a save in progress has another name); of a sweep that grew, those of every part."""
-        grown, sharded = self._grown(), self.shard_count() is not None
-        if grown:
-            return parts.common([p.checkpoint_steps() for p in grown], started_only=sharded)
-        return parts.steps_in(self.checkpoints_dir)
+        grown = self._grown()  # of shards, those started (a shard not started yet holds no step)
+        steps = [p.checkpoint_steps() for p in grown]
+        return parts.common(steps, self.shard_count() is not None) if grown else parts.steps_in(self.checkpoints_dir)
 
     def snapshot_steps(self) -> list[int]:
         """The steps of the complete snapshots (train/snapshots.py), ascending (every part's)."""
-        grown, sharded = self._grown(), self.shard_count() is not None
-        if grown:
-            return parts.common([p.snapshot_steps() for p in grown], started_only=sharded)
-        return parts.steps_in(self.snapshots_dir)
+        grown = self._grown()
+        steps = [p.snapshot_steps() for p in grown]
+        return parts.common(steps, self.shard_count() is not None) if grown else parts.steps_in(self.snapshots_dir)
 
     def latest_step(self) -> int | None:
         """The step of the latest complete checkpoint, or None."""
