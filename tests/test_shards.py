@@ -18,6 +18,7 @@ from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
 from mhjax.io.workdir import Workdir
 from mhjax.workflows import shards
+from mhjax.workflows.analyze import analyze_workdir
 from mhjax.workflows.train import train
 from tests.conftest import ROOT, config_source, tiny_sequence_config
 
@@ -207,6 +208,7 @@ def one_and_shards(tmp_path_factory):
         "missing": mhjax.load(sharded).missing_members,
         "steps": Workdir(sharded).checkpoint_steps(),
         "params": {m["name"]: mhjax.load(sharded).params(m["name"]) for m in first["members"]},
+        "analysed": analyze_workdir(sharded, num_sequences=4, tensorboard=False, plot=False),
     }
     last = shards.train_shard(make_experiment(config), sharded, 1, 2, progress=False, log=_quiet)
     return str(root / "one"), sharded, _read(root / "one"), partial, {"payload": last, "file": _read(sharded)}
@@ -224,6 +226,7 @@ def test_readers_see_the_finished_shards_and_name_the_missing_members(one_and_sh
     assert len(done) == 1 and partial["missing"] == [n for n in ("copy-h1-s0", "copy-h4-s0") if n not in done]
     assert partial["results"]["missing_members"] == partial["missing"]
     assert partial["steps"] == [3, 6]
+    assert sorted(partial["analysed"]["members"]) == done  # analyze reads the finished shard's members
     for name, params in partial["params"].items():  # the one-job run's parameters, bit for bit
         for a, b in zip(_leaves(params), _leaves(mhjax.load(one).params(name)), strict=True):
             assert (a == b).all()

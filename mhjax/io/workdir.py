@@ -287,8 +287,8 @@ class Workdir(CachedReads):
 
         return SweepCheckpointer(self.snapshots_dir, keep=None)
 
-    def has_checkpoints(self) -> bool:
-        return os.path.isdir(self.checkpoints_dir)
+    def has_checkpoints(self) -> bool:  # of a sweep in parts: any part's (a shard's)
+        return any(os.path.isdir(view.checkpoints_dir) for view in self._grown() or [self])
 
     def checkpoint_steps(self) -> list[int]:
         """The steps of the complete checkpoints kept, ascending (orbax names a step's folder by
