@@ -133,7 +133,7 @@ def four_shards(tmp_path):
     """A workdir started as 4 shards (planned and recorded, nothing trained)."""
     workdir = Workdir(tmp_path / "w4")
     experiment = make_experiment(tiny_sequence_config(heads=(1, 2, 4), seed=(0, 1)))
-    part, _ = shards.prepare(experiment, workdir, 0, 4, "cpu")
+    assert [j for j, _, _ in shards.prepare(experiment, workdir, 0, 4, "cpu")] == [0]
     assert workdir.shard_count() == 4 and len(workdir.metadata()["sweep_history"]) == 4
     return workdir
 
@@ -141,7 +141,7 @@ def four_shards(tmp_path):
 @pytest.mark.parametrize(
     "more, match",
     [
-        (["--shard", "2/3"], "was started as 4 shards: use I/4"),
+        (["--shard", "2/3"], "was started as 4 shards: use I/M with M one of 4, 2, 1"),
         (["--shard", "1/4", "--config.model.width=32"], "holds a run of another config (config.model.width"),
         ([], "was started as 4 shards; train each with --shard I/4"),
     ],
@@ -150,6 +150,18 @@ def test_a_shard_that_does_not_fit_the_workdir_is_refused(four_shards, capsys, c
     before = _digests(four_shards.path)
     _refused(capsys, ["train", "--config", config_file, "--workdir", four_shards.path, *more], match)
     assert _digests(four_shards.path) == before
+
+
+def test_fewer_shards_train_whole_recorded_shards_one_after_the_other(four_shards):
+    assert shards.recorded_shards(0, 2, 4) == [0, 2] and shards.recorded_shards(1, 2, 4) == [1, 3]
+    assert shards.recorded_shards(0, 1, 4) == [0, 1, 2, 3] and shards.recorded_shards(3, 4, 4) == [3]
+    experiment = make_experiment(tiny_sequence_config(heads=(1, 2, 4), seed=(0, 1)))
+    resumed = shards.prepare(experiment, four_shards, 1, 2, "cpu")
+    history = four_shards.metadata()["sweep_history"]
+    assert [j for j, _, _ in resumed] == [1, 3]
+    for j, part, entry in resumed:  # each recorded shard in its own folder, with its own members
+        assert entry == history[j] and part.workdir.folder == f"shards/{j}"
+        assert [m.name for m in part.experiment.members] == list(history[j]["members"])
 
 
 def test_a_workdir_trained_as_one_job_is_not_sharded(tmp_path, capsys, config_file):
@@ -267,3 +279,23 @@ def test_three_concurrent_shard_processes_give_the_one_job_run(tmp_path, config_
     assert _comparable(_read(sharded)) == _comparable(_read(tmp_path / "one"))
     history = Workdir(sharded).metadata()["sweep_history"]
     assert [len(e["members"]) for e in history] == [2, 2, 2] and all(e["split_programs"] == [] for e in history)
+
+
+@pytest.mark.slow  # ~1 min loaded: a one-job run of 4 programs, then 4 shards' worth of training
+def test_four_shards_resumed_as_two_give_the_one_job_run(tmp_path):
+    """Shards 0/4 and 1/4 trained (2/4 and 3/4 never started: the shards stopped at different
+    steps), then the sweep resumed as 2 shards: 0/2 trains recorded shards 0 (done) and 2, 1/2
+    shards 1 (done) and 3, each from its own checkpoints."""
+    config = tiny_sequence_config(heads=(1, 4), head_dim=(4, 8))  # 4 programs
+    one = train(make_experiment(config), str(tmp_path / "one"), progress=False, log=_quiet)
+    sharded = str(tmp_path / "sharded")
+    for i in (0, 1):
+        shards.train_shard(make_experiment(config), sharded, i, 4, progress=False, log=_quiet)
+    assert len(Workdir(sharded).missing_members()) == 2
+    messages = []
+    for i in (0, 1):
+        shards.train_shard(make_experiment(config), sharded, i, 2, progress=False, log=messages.append)
+    assert sum("training already complete at step 6" in m for m in messages) == 2  # shards 0/4, 1/4
+    assert any("shard 0/2 (recorded shard 2/4)" in m for m in messages)
+    results = _read(sharded)
+    assert _comparable({**results, "resumed_from_step": None}) == _comparable(one)

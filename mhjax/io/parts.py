@@ -70,24 +70,35 @@ def common(step_lists: list[list[int]], started_only: bool = False) -> list[int]
     return sorted(steps)
 
 
-def merge(stored: dict | None, payload: dict, part: str, order: list[str]) -> dict:
+def merge(stored: dict | None, payload: dict, part: str, order: list[str], program_names: dict | None = None) -> dict:
     """results.json's payload after part ``part`` trained: its members' entries replace or join
     the ``stored`` ones (whose entries stay as read), in the sweep's ``order``. A grown part's
     programs are named ``<part>:<program>`` beside the others' (two parts may both have an "h4"
-    program); a shard's keep their names, and a program split over shards lists all its members.
-    ``missing_members``: the members of ``order`` no part has written yet (absent when none)."""
+    program); a shard's take the one-job run's names, ``program_names`` {member: program} (a subset's
+    programs may be named otherwise: "h4" alone, "a16-h4" beside other head sizes), and a program
+    split over shards lists all its members. ``missing_members``: the members of ``order`` no part
+    has written yet (absent when none)."""
     stored = stored or {}
     records = {m["name"]: m for m in stored.get("members", [])}
     programs = dict(stored.get("programs", {}))
     grown = part.startswith(GROWN)
-    name = (lambda p: f"{part}:{p}") if grown else (lambda p: p)  # noqa: E731
     position = {n: i for i, n in enumerate(order)}
     at = lambda n: position.get(n, len(order))  # noqa: E731
+
+    def name(program: str, member: str) -> str:
+        return f"{part}:{program}" if grown else (program_names or {}).get(member, program)
+
     for record in payload["members"]:
-        records[record["name"]] = {**record, "program": name(record["program"])} if "program" in record else record
+        if "program" in record:
+            record = {**record, "program": name(record["program"], record["name"])}
+        records[record["name"]] = record
+    incoming: dict[str, list] = {}
     for program, members in payload.get("programs", {}).items():
-        kept = [] if grown else [m for m in programs.get(name(program), []) if m not in members]
-        programs[name(program)] = sorted(kept + list(members), key=at)
+        for member in members:
+            incoming.setdefault(name(program, member), []).append(member)
+    for program, members in incoming.items():
+        kept = [] if grown else [m for m in programs.get(program, []) if m not in members]
+        programs[program] = sorted(kept + members, key=at)
     programs = dict(sorted(programs.items(), key=lambda item: min(map(at, item[1]), default=len(order))))
     names = [n for n in order if n in records] + [n for n in records if n not in order]
     merged = {**stored, **payload, "programs": programs, "members": [records[n] for n in names]}

@@ -61,8 +61,9 @@ class Workdir(CachedReads):
         self.path = os.fspath(path)
         self._read: dict = {}  # what the readers have read: {key: (signature of its file, value)}
         # A part of a sweep that grew (io/parts.py): its checkpoints and snapshots in W/<folder>/,
-        # and the sweep's member names in order; None: the whole sweep, every part together.
-        self.folder, self.order = "", None
+        # and the sweep's member names in order; None: the whole sweep, every part together. A
+        # shard's program_names: {member: its program's name in the one-job run} (io/parts.merge).
+        self.folder, self.order, self.program_names = "", None, None
 
     def part(self, folder: str, order: list[str]) -> Workdir:
         """The view of one part (``folder``: "" for the first run's): its own checkpoints and
@@ -110,8 +111,7 @@ class Workdir(CachedReads):
     def lock_path(self) -> str:
         return self.file(self.LOCK)
 
-    def shard_lock_path(self, index: int) -> str:
-        """The lock a shard holds while it trains (io/lock.py), in its own folder."""
+    def shard_lock_path(self, index: int) -> str:  # held while shard ``index`` trains (io/lock.py)
         return self.file(os.path.join(parts.shard_folder(index), self.LOCK))
 
     def shard_count(self) -> int | None:
@@ -372,7 +372,7 @@ class Workdir(CachedReads):
     def _write_results(self, payload: dict) -> dict:
         if self.order is not None:
             stored = self.results() if os.path.isfile(self.results_path) else None
-            payload = parts.merge(stored, payload, self.folder, self.order)
+            payload = parts.merge(stored, payload, self.folder, self.order, self.program_names)
         members = [{k: json_ready(v) for k, v in m.items()} for m in payload["members"]]
         try:
             write_json(self.results_path, {**payload, "members": members})

@@ -19,6 +19,7 @@ members still missing until every shard has written."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -56,7 +57,8 @@ def plan(experiment, count: int, backend: str) -> list[dict]:
     """The sweep's ``count`` shares: per shard {"members": names in sweep order, "split": the
     programs it shares with another shard}. Whole programs, longest first onto the least loaded
     shard; with fewer programs than shards, the costliest program of more than one member is
-    halved until there are enough pieces. More shards than members: a ConfigError."""
+    halved until there are enough pieces. "programs": {member: its program in the one-job run}.
+    More shards than members: a ConfigError."""
     members = experiment.members
     if count > len(members):
         raise ConfigError(
@@ -83,16 +85,19 @@ def plan(experiment, count: int, backend: str) -> list[dict]:
         {
             "members": [members[i].name for i in sorted(i for _, idx, _ in share for i in idx)],
             "split": sorted({p for p, *_ in share} & split),
+            "programs": {members[i].name: p for p, idx, _ in share for i in idx},
         }
         for share in shares
     ]
 
 
-def prepare(experiment, workdir: Workdir, index: int, count: int, backend: str) -> tuple[Part, dict]:
-    """Shard ``index``'s part of the sweep in ``workdir`` and its history entry: planned and
-    recorded in mhjax.json by the first shard, read by the others. Under the short write lock;
-    a shard of another N, another config, or a workdir trained as one job is refused in one
-    line before anything is written."""
+def prepare(experiment, workdir: Workdir, index: int, count: int, backend: str) -> list[tuple[int, Part, dict]]:
+    """The recorded shards shard ``index`` of ``count`` trains in ``workdir`` (its own; of a
+    workdir started as a multiple of ``count`` shards, several: ``recorded_shards``), each as
+    (its index, its part of the sweep, its history entry): planned and recorded in mhjax.json by
+    the first shard, read by the others. Under the short write lock; a shard of an N that does not
+    divide the workdir's, another config, or a workdir trained as one job is refused in one line
+    before anything is written."""
     # checked before the lock too, whose file a refusal would leave behind
     shares = plan(experiment, count, backend) if _check_count(workdir, index, count) is None else None
     with SharedWrite(workdir.path):
@@ -110,19 +115,33 @@ def prepare(experiment, workdir: Workdir, index: int, count: int, backend: str) 
                     "sweep": sweep,
                     "members": {n: fields[n] for n in share["members"]},
                     "split_programs": share["split"],
+                    "programs": share["programs"],  # the one-job run's program of each member
                 }
                 for i, share in enumerate(shares)
             ]
             workdir.write_metadata({**workdir.metadata(), HISTORY: history})
         else:
             workdir.check_or_write_metadata(*recorded)  # another config: refused; a larger train.steps: longer
-        entry = workdir.metadata()[HISTORY][index]
-    order = [m.name for m in experiment.members]
-    names = list(entry["members"])
-    unknown = [n for n in names if n not in order]
-    if unknown:  # a history edited by hand: never train around it
-        raise ConfigError(f"--shard: {workdir.metadata_path} records members the config lacks: {', '.join(unknown)}")
-    return Part(workdir.part(entry["folder"], order), experiment.subset(names)), entry
+        history = workdir.metadata()[HISTORY]
+    order, out = [m.name for m in experiment.members], []
+    for j in recorded_shards(index, count, count_then or count):
+        names = list(history[j]["members"])
+        unknown = [n for n in names if n not in order]
+        if unknown:  # a history edited by hand: never train around it
+            raise ConfigError(
+                f"--shard: {workdir.metadata_path} records members the config lacks: {', '.join(unknown)}"
+            )
+        view = workdir.part(history[j]["folder"], order)
+        view.program_names = history[j].get("programs")
+        out.append((j, Part(view, experiment.subset(names)), history[j]))
+    return out
+
+
+def recorded_shards(index: int, count: int, recorded: int) -> list[int]:
+    """The recorded shards that shard ``index`` of ``count`` trains in a workdir started as
+    ``recorded`` shards (``count`` divides it): index, index + count, ... one after the other, each
+    from its own checkpoints, so 4 shards resumed as 2 train 0, 2 and 1, 3 whatever step each stopped at."""
+    return list(range(index, recorded, count))
 
 
 def _check_count(workdir: Workdir, index: int, count: int) -> int | None:
@@ -133,10 +152,11 @@ def _check_count(workdir: Workdir, index: int, count: int) -> int | None:
             f"--shard: {workdir.path} holds a sweep trained as one job, not in shards; train it without --shard "
             "or shard a new workdir"
         )
-    if count_then is not None and count_then != count:
+    if count_then is not None and count_then % count:
+        divisors = ", ".join(str(m) for m in range(count_then, 0, -1) if count_then % m == 0)
         raise ConfigError(
-            f"--shard: {workdir.path} was started as {count_then} shards: use I/{count_then} with I in "
-            f"[0, {count_then}) (got {index}/{count})"
+            f"--shard: {workdir.path} was started as {count_then} shards: use I/M with M one of {divisors} (M "
+            f"below {count_then} trains whole shards, one after the other) and I in [0, M) (got {index}/{count})"
         )
     return count_then
 
@@ -151,17 +171,29 @@ def train_shard(experiment, workdir, index: int, count: int, *, progress: bool =
         raise ConfigError(f"--workdir: {workdir.path} exists and is not a folder")
     if os.path.isfile(workdir.results_path):
         experiment.keep_names(workdir.recorded_names())
-    part, entry = prepare(experiment, workdir, index, count, jax.default_backend())
-    with WorkdirLock(workdir, f"train --shard {index}/{count}", create=True, path=workdir.shard_lock_path(index)):
-        with library_logs(workdir.log_path):
-            names = [m.name for m in part.experiment.members]
-            log(f"shard {index}/{count}: {len(names)} members ({', '.join(names)}) in {part.workdir.checkpoints_dir}")
-            for program in entry.get("split_programs", []):
-                log(
-                    f"shard {index}/{count}: program {program} is split over shards (more shards than programs): its "
-                    "members here are computed in a smaller batch and match the one-job run to ~1e-5, not bit for bit"
-                )
-            return run(part.experiment, part.workdir, progress=progress, log=log)
+    shares = prepare(experiment, workdir, index, count, jax.default_backend())
+    with contextlib.ExitStack() as held:  # every recorded shard's lock first: none trains elsewhere meanwhile
+        for j, _, _ in shares:
+            held.enter_context(
+                WorkdirLock(workdir, f"train --shard {index}/{count}", create=True, path=workdir.shard_lock_path(j))
+            )
+        held.enter_context(library_logs(workdir.log_path))
+        payload = None
+        for _, part, entry in shares:
+            label = f"shard {index}/{count}" + (f" (recorded shard {entry['shard']})" if len(shares) > 1 else "")
+            payload = _train_recorded(part, entry, label, progress, log)
+        return payload
+
+
+def _train_recorded(part: Part, entry: dict, label: str, progress: bool, log) -> dict:
+    names = [m.name for m in part.experiment.members]
+    log(f"{label}: {len(names)} members ({', '.join(names)}) in {part.workdir.checkpoints_dir}")
+    for program in entry.get("split_programs", []):
+        log(
+            f"{label}: program {program} is split over shards (more shards than programs): its members here are "
+            "computed in a smaller batch and match the one-job run to ~1e-5, not bit for bit"
+        )
+    return run(part.experiment, part.workdir, progress=progress, log=log)
 
 
 def missing_line(workdir: Workdir) -> str | None:
