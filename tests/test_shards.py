@@ -203,6 +203,19 @@ def test_shards_writing_results_at_once_lose_nothing(tmp_path):
     assert results["programs"] == {f"p{s}": order[s * count : (s + 1) * count] for s in range(shards_)}
 
 
+def test_a_filesystem_without_posix_locks_is_named(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    def refuse(*_):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "lockf", refuse)
+    with pytest.raises(ConfigError, match="filesystem without POSIX locks .* NFS with locking"):
+        Workdir(tmp_path).part("shards/0", ["a"]).write_results({"members": [{"name": "a"}]})
+    assert not os.path.exists(Workdir(tmp_path).results_path)
+
+
 # ---------------------------------------------------------------------------------------------- #
 # Shards merge into the one-job run
 # ---------------------------------------------------------------------------------------------- #
