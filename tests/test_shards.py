@@ -312,3 +312,24 @@ def test_four_shards_resumed_as_two_give_the_one_job_run(tmp_path):
     assert any("shard 0/2 (recorded shard 2/4)" in m for m in messages)
     results = _read(sharded)
     assert _comparable({**results, "resumed_from_step": None}) == _comparable(one)
+
+
+@pytest.mark.slow  # ~8 s with a warm compile cache, ~30 s cold and loaded: a one-job run, three shards
+def test_a_program_split_over_shards_matches_the_one_job_run_to_1e_5(tmp_path):
+    """heads 1, 2 x seeds 0, 1 (two programs of two members) over 3 shards: program h2 is halved;
+    its members match the one-job run to the fake-device tests' 1e-5, the others bit for bit."""
+    config = tiny_sequence_config(heads=(1, 2), seed=(0, 1))
+    train(make_experiment(config), str(tmp_path / "one"), progress=False, log=_quiet)
+    sharded, messages = str(tmp_path / "sharded"), []
+    for i in range(3):
+        shards.train_shard(make_experiment(config), sharded, i, 3, progress=False, log=messages.append)
+    assert sum("program h2 is split over shards" in m for m in messages) == 2
+    one, split = _comparable(_read(tmp_path / "one")), _comparable(_read(sharded))
+    assert split["programs"] == one["programs"]
+    for a, b in zip(one["members"], split["members"], strict=True):
+        assert a.keys() == b.keys() and a["program"] == b["program"]
+        for key, value in a.items():
+            if a["program"] == "h2" and isinstance(value, (float, list)):  # loss_curve: a list of floats
+                assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-5), (a["name"], key)
+            else:
+                assert b[key] == value, (a["name"], key)
