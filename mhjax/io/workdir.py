@@ -114,8 +114,7 @@ class Workdir(CachedReads):
     def shard_lock_path(self, index: int) -> str:  # held while shard ``index`` trains (io/lock.py)
         return self.file(os.path.join(parts.shard_folder(index), self.LOCK))
 
-    def shard_count(self) -> int | None:
-        """N of a sweep trained as N shards (``mhjax train --shard I/N``), else None."""
+    def shard_count(self) -> int | None:  # N of a sweep trained as N shards (--shard I/N), else None
         return parts.shard_count(self.metadata()) if os.path.isfile(self.metadata_path) else None
 
     @property
@@ -224,8 +223,7 @@ class Workdir(CachedReads):
     def member_names(self) -> list[str]:
         return [m["name"] for m in self.results()["members"]]
 
-    def missing_members(self) -> list[str]:
-        """The sweep's members results.json does not hold yet (shards still to finish), in order."""
+    def missing_members(self) -> list[str]:  # results.json's members still to come (shards to finish)
         missing = self.results().get(parts.MISSING, []) if os.path.isfile(self.results_path) else []
         return [str(n) for n in missing] if isinstance(missing, list) else []
 
@@ -366,6 +364,8 @@ class Workdir(CachedReads):
     def write_results(self, payload: dict) -> dict:
         """results.json (atomically) and its Markdown table results.md; returns what they hold: a
         part's payload merged with the other parts' entries (io/parts.merge), else ``payload``."""
+        if self.order is None:  # the whole sweep: its one command holds the workdir
+            return self._write_results(payload)
         with SharedWrite(self.path):  # parts that are shards write at once: each merges the other's
             return self._write_results(payload)
 
