@@ -183,6 +183,13 @@ class Run:
         return sweep_status(self._files)
 
     @property
+    @python_errors
+    def missing_members(self) -> list[str]:
+        """The sweep's members not in results.json yet: those of shards still training
+        (``mhjax train --shard I/N``, docs/shards.md); [] once every member is in."""
+        return self._files.missing_members()
+
+    @property
     def checkpoint_steps(self) -> list[int]:
         """The steps of the kept checkpoints (the two latest), ascending."""
         return self._files.checkpoint_steps()

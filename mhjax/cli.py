@@ -87,6 +87,13 @@ def _parser() -> argparse.ArgumentParser:
         help="with a workdir trained before: train on even if a plug-in's source file (a task, a mixture generator, "
         "phi, loss or step rule) changed since; mhjax.json records from which step",
     )
+    train.add_argument(
+        "--shard",
+        metavar="I/N",
+        default=None,
+        help="train the I-th of N shares of the sweep (I in [0, N), e.g. $SLURM_ARRAY_TASK_ID) as an independent "
+        "job in the shared workdir; results.json gathers every shard's members (docs/shards.md)",
+    )
     dist = train.add_argument_group("several hosts (jax.distributed; one process per host)")
     dist.add_argument(
         "--distributed",

@@ -14,6 +14,7 @@ from mhjax.io.lock import WorkdirLock
 from mhjax.io.workdir import Workdir
 from mhjax.plotting.style import heads_label
 from mhjax.workflows.analyze import analyze_torch_checkpoint, analyze_workdir, held_out_note, sequences_text
+from mhjax.workflows.shards import missing_line
 
 
 def _run(args) -> int:
@@ -85,6 +86,9 @@ def _run(args) -> int:
         if len(result["by_step"]) > 1:
             print(f"steps analysed: {', '.join(result['by_step'])} (by_step); above: step {result['step']}")
         print(held_out_note(workdir))
+        missing = missing_line(workdir)
+        if missing:
+            print(missing, file=sys.stderr)
     print("wrote " + ", ".join(result["files"].values()))
     return 0
 

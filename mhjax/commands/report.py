@@ -7,6 +7,7 @@ import sys
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.workdir import Workdir
 from mhjax.workflows.report import stale_line, write_report
+from mhjax.workflows.shards import missing_line
 
 
 def command(args, overrides) -> int:
@@ -15,6 +16,9 @@ def command(args, overrides) -> int:
         result = write_report(workdir, reference=args.reference, importance_member=args.importance_member)
     count = len(result["figures"])
     print(f"wrote {result['md']} ({count} figure{'' if count == 1 else 's'})")
+    missing = missing_line(workdir)
+    if missing:
+        print(missing, file=sys.stderr)
     stale = result["stale_analysis"]
     if stale:
         print(stale_line(stale["analysis"], stale["results"], args.workdir), file=sys.stderr)

@@ -9,6 +9,7 @@ import jax
 from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
 from mhjax.io import compile_cache
+from mhjax.io.parts import MISSING
 from mhjax.io.results import WriteFailed
 from mhjax.io.workdir import Workdir
 from mhjax.train.console import next_commands, summary_lines
@@ -17,12 +18,16 @@ from mhjax.train.loop import Interrupted
 from mhjax.train.placement import maybe_initialize_distributed
 from mhjax.train.preempt import owned_signals
 from mhjax.train.status import DivergedError, check_fail
+from mhjax.workflows import shards
 from mhjax.workflows.configs import load_config
 from mhjax.workflows.target import compile_for, report_lines
 from mhjax.workflows.train import default_workdir, describe, train
 
 
 def command(args, overrides) -> int:
+    shard = shards.parse(args.shard) if getattr(args, "shard", None) is not None else None
+    if shard and (args.distributed or args.coordinator or args.num_processes is not None):
+        raise ConfigError("--shard: one independent process per shard; not with --distributed or --coordinator")
     config = load_config(args.config, overrides, validate=False)
     if args.target:
         if not args.dry_run:
@@ -45,10 +50,10 @@ def command(args, overrides) -> int:
         maybe_initialize_distributed(args.coordinator, args.num_processes, args.process_id, args.distributed)
     # A scheduler's signal before training's own handling starts, or after it ends: exit 75 at once
     with exits_at_once(() if args.dry_run else owned_signals()):
-        return _sweep(args, config)
+        return _sweep(args, config, shard)
 
 
-def _sweep(args, config) -> int:
+def _sweep(args, config, shard) -> int:
     """Describe (--dry-run) or train the sweep of ``config``."""
     experiment = make_experiment(config)  # validates before anything compiles
     if args.dry_run:
@@ -56,15 +61,13 @@ def _sweep(args, config) -> int:
         return 0
     workdir = Workdir(args.workdir or default_workdir(args.config))
     try:
-        payload = train(
-            experiment,
-            workdir,
-            progress=not args.no_progress,
-            log=lambda m: print(m, file=sys.stderr),
-            primary=jax.process_index() == 0,
-            allow_changed_task=args.allow_changed_task,
-            interface="cli",
-        )
+        log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+        changed = dict(allow_changed_task=args.allow_changed_task, interface="cli")
+        if shard:
+            payload = shards.train_shard(experiment, workdir, *shard, progress=not args.no_progress, log=log, **changed)
+        else:
+            primary = jax.process_index() == 0
+            payload = train(experiment, workdir, progress=not args.no_progress, log=log, primary=primary, **changed)
     except Interrupted as exc:
         print(f"mhjax: {exc}", file=sys.stderr)
         return exc.exit_status
@@ -72,6 +75,9 @@ def _sweep(args, config) -> int:
         print(f"mhjax: error: {exc}", file=sys.stderr)
         return 1
     print(f"results: {workdir.results_path} ({len(payload['members'])} members)")
+    missing = payload.get(MISSING, [])
+    if missing:
+        print(f"still missing (their shards have not finished): {', '.join(missing)}")
     table = summary_lines(experiment.summary_table(), payload["members"])
     if table:
         print(f"\nfinal results, mean over seeds (step {payload['steps']}):")

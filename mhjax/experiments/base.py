@@ -213,6 +213,11 @@ class Experiment:
         members no better than a baseline."""
         return []
 
+    def step_seconds(self, program: Program, backend: str) -> float:
+        """A program's predicted time per step on ``backend``, by which ``--shard`` shares a sweep
+        (workflows/shards.py); default: its member count (every member alike)."""
+        return float(len(program.members))
+
     def estimated_bytes_per_member_step(self, backend: str, devices: int) -> float | None:
         """A cost model's memory traffic per member-step on ``backend`` (None: no model), shown
         beside what the compiled program moves (``train --dry-run --target``)."""

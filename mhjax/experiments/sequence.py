@@ -213,6 +213,10 @@ class SequenceExperiment(Experiment):
             shapes.append(cost.Shape(self.config.data.batch_size, self.config.model.seq_len, *sizes))
         return {"device": device, **cost.sweep_cost(shapes, groups, device, devices, kernel, scanned, dtype)}
 
+    def step_seconds(self, program: Program, backend: str) -> float:
+        """models/cost.py's seconds per step of ``program`` alone on one ``backend`` device."""
+        return len(program.members) / self.price([program], backend, devices=1)["member_steps_per_s"]
+
     def estimated_bytes_per_member_step(self, backend: str, devices: int) -> float:  # the compiled program's
         p = self.predict(self.resolved_strategy(backend, devices), backend, devices)
         return p["compiled_bytes_per_member_step"]

@@ -6,6 +6,12 @@ holder's pid. The lock is a POSIX record lock (fcntl): the kernel drops it when 
 dies, so a workdir left by a killed run (kill -9 included) is taken over by the next command,
 and the kernel reports the holder's pid, so the lock file stays empty and a refused command
 changes nothing in the workdir.
+
+Shards of one sweep (workflows/shards.py) train in one workdir at once: each holds its own
+shard's lock for its whole run (``WorkdirLock(..., path=...)``) and takes ``SharedWrite`` (io/shared_write.py), a
+short blocking lock on W/.mhjax.write.lock, around every write the shards share (results.json,
+mhjax.json, trace/format.json). Both are POSIX locks: they hold on a local disk and on NFS with
+its lock manager; a filesystem that refuses them (ENOLCK) is named in a one-line error.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import os
 import struct
 
 from mhjax.config import ConfigError
+from mhjax.io.shared_write import no_locks
 from mhjax.io.workdir import Workdir
 
 
@@ -22,9 +29,11 @@ class WorkdirLock:
     """``create``: make the workdir if missing (train); else a missing workdir is left to the
     command's own error message (analyze, report) and nothing is locked."""
 
-    def __init__(self, workdir, command: str, create: bool = False):
+    def __init__(self, workdir, command: str, create: bool = False, path: str | None = None):
+        """``path``: another lock file than the workdir's (a shard's, in its own folder)."""
         self.wd = Workdir.of(workdir)
         self.workdir, self.command, self.create, self.file = self.wd.path, command, create, None
+        self.path = path or self.wd.lock_path
 
     def __enter__(self):
         if os.path.exists(self.workdir) and not os.path.isdir(self.workdir):
@@ -32,15 +41,16 @@ class WorkdirLock:
         if not self.create and not os.path.isdir(self.workdir):
             return self
         try:
-            os.makedirs(self.workdir, exist_ok=True)
-            self.file = open(self.wd.lock_path, "a")
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            self.file = open(self.path, "a")
         except OSError as exc:
             raise ConfigError(
                 f"--workdir: cannot use {self.workdir} ({type(exc).__name__}: {exc.strerror or exc})"
             ) from None
         try:
             fcntl.lockf(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as exc:
+            no_locks(exc, self.file, self.workdir)
             holder = _holder(self.file)
             self.file.close()
             raise ConfigError(

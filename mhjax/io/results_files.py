@@ -15,7 +15,7 @@ def write(workdir, payload: dict, tables=None) -> dict:
     the other parts' entries (io/parts.merge), else ``payload``."""
     if workdir.order is not None:
         stored = workdir.results() if os.path.isfile(workdir.results_path) else None
-        payload = parts.merge(stored, payload, workdir.folder, workdir.order)
+        payload = parts.merge(stored, payload, workdir.folder, workdir.order, workdir.program_names)
     try:
         window_files.save(workdir.file(window_files.FOLDER), payload)
         members = [{k: json_ready(v) for k, v in m.items()} for m in payload["members"]]

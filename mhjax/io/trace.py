@@ -25,6 +25,7 @@ import numpy as np
 
 from mhjax.config import ConfigError
 from mhjax.io.results import write_json
+from mhjax.io.shared_write import SharedWrite
 
 DENSE_STEPS = 10_000
 PER_DECADE = 1_000
@@ -83,17 +84,22 @@ class TraceWriter:
         if self._dtype is None:
             os.makedirs(self.folder, exist_ok=True)
             self._dtype = record_dtype(fields)
-            stored = _stored_dtype(self.folder)
-            if stored is not None and stored != self._dtype:  # another mhjax's fields: begin again
-                for entry in os.listdir(self.folder):
-                    if entry.endswith(".bin"):
-                        os.remove(os.path.join(self.folder, entry))
-            if stored != self._dtype:
-                layout = {"dtype": [[n, self._dtype[n].str] for n in self._dtype.names]}
-                write_json(
-                    os.path.join(self.folder, FORMAT), {**layout, "dense_steps": DENSE_STEPS, "per_decade": PER_DECADE}
-                )
+            with SharedWrite(os.path.dirname(os.path.abspath(self.folder))):  # shards start at once
+                self._check_format()
         return self._dtype
+
+    def _check_format(self) -> None:
+        """format.json written, or checked against this run's fields (under the shared lock)."""
+        stored = _stored_dtype(self.folder)
+        if stored is not None and stored != self._dtype:  # another mhjax's fields: begin again
+            for entry in os.listdir(self.folder):
+                if entry.endswith(".bin"):
+                    os.remove(os.path.join(self.folder, entry))
+        if stored != self._dtype:
+            layout = {"dtype": [[n, self._dtype[n].str] for n in self._dtype.names]}
+            write_json(
+                os.path.join(self.folder, FORMAT), {**layout, "dense_steps": DENSE_STEPS, "per_decade": PER_DECADE}
+            )
 
 
 class NoTrace:

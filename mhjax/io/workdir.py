@@ -3,10 +3,12 @@
     W/mhjax.json              metadata: mhjax version, experiment kind, resolved config, where plug-in
                               tasks came from (written first)
     W/.mhjax.lock             one command at a time (io/lock.py)
+    W/.mhjax.write.lock       a short lock around the writes shards share (io/shared_write.py)
     W/mhjax.log               library logs of `mhjax train`
     W/checkpoints/<step>/     orbax step directories: member states and host records (io/checkpoint.py)
     W/snapshots/<step>/       every member's parameters at config.train.snapshot_steps, kept for good
     W/grown/<n>/checkpoints/, W/grown/<n>/snapshots/   the same of members a sweep grew by (io/parts.py)
+    W/shards/<i>/checkpoints/, W/shards/<i>/snapshots/, W/shards/<i>/.mhjax.lock   shard i's (--shard i/N)
     W/tb/<member>/            each member's TensorBoard run (io/tensorboard.py)
     W/trace/<member>.bin      per-step scalars a recipe traces, and format.json (io/trace.py)
     W/results.json, .md       written when training ends (io/results.py)
@@ -29,8 +31,10 @@ import os
 
 from mhjax.config import ConfigError
 from mhjax.io import parts, results_files, window_files
+from mhjax.io.cached_reads import CachedReads
 from mhjax.io.metadata import check_or_write
 from mhjax.io.results import write_json
+from mhjax.io.shared_write import SharedWrite
 
 ANALYSIS_FILES = {"json": "analysis.json", "md": "analysis.md", "png": "analysis.png"}
 
@@ -40,7 +44,7 @@ def analysis_paths(folder) -> dict[str, str]:
     return {kind: os.path.join(str(folder), name) for kind, name in ANALYSIS_FILES.items()}
 
 
-class Workdir:
+class Workdir(CachedReads):
     METADATA = "mhjax.json"
     LOCK = ".mhjax.lock"
     LOG = "mhjax.log"
@@ -58,8 +62,9 @@ class Workdir:
         self.path = os.fspath(path)
         self._read: dict = {}  # what the readers have read: {key: (signature of its file, value)}
         # A part of a sweep that grew (io/parts.py): its checkpoints and snapshots in W/<folder>/,
-        # and the sweep's member names in order; None: the whole sweep, every part together.
-        self.folder, self.order = "", None
+        # and the sweep's member names in order; None: the whole sweep, every part together. A
+        # shard's program_names: {member: its program's name in the one-job run} (io/parts.merge).
+        self.folder, self.order, self.program_names = "", None, None
 
     def part(self, folder: str, order: list[str]) -> Workdir:
         """The view of one part (``folder``: "" for the first run's): its own checkpoints and
@@ -106,6 +111,12 @@ class Workdir:
     @property
     def lock_path(self) -> str:
         return self.file(self.LOCK)
+
+    def shard_lock_path(self, index: int) -> str:  # held while shard ``index`` trains (io/lock.py)
+        return self.file(os.path.join(parts.shard_folder(index), self.LOCK))
+
+    def shard_count(self) -> int | None:  # N of a sweep trained as N shards (--shard I/N), else None
+        return parts.shard_count(self.metadata()) if os.path.isfile(self.metadata_path) else None
 
     @property
     def log_path(self) -> str:
@@ -157,29 +168,6 @@ class Workdir:
     def require(self) -> None:
         if not os.path.isdir(self.path):
             raise ConfigError(f"--workdir: no such directory: {self.path}")
-
-    @staticmethod
-    def _signature(path: str):
-        """What tells that a file or folder changed: its (inode, mtime, size), or those of each
-        entry of the folder; None when it is missing."""
-        try:
-            if os.path.isdir(path):
-                return tuple(
-                    sorted((e.name, e.inode(), e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(path))
-                )
-            stat = os.stat(path)
-            return stat.st_ino, stat.st_mtime_ns, stat.st_size
-        except OSError:
-            return None
-
-    def _cached(self, key, path: str, load):
-        """``load()``'s value for ``key``: read once while ``path`` stays the same, and again once it
-        changed, so that a Run held in a notebook follows a sweep that is still training."""
-        signature = self._signature(path)
-        hit = self._read.get(key)
-        if hit is None or hit[0] != signature:
-            hit = self._read[key] = (signature, load())
-        return hit[1]
 
     def _json(self, path: str, missing_hint: str) -> dict:
         def load() -> dict:
@@ -235,6 +223,10 @@ class Workdir:
 
     def member_names(self) -> list[str]:
         return [m["name"] for m in self.results()["members"]]
+
+    def missing_members(self) -> list[str]:  # results.json's members still to come (shards to finish)
+        missing = self.results().get(parts.MISSING, []) if os.path.isfile(self.results_path) else []
+        return [str(n) for n in missing] if isinstance(missing, list) else []
 
     def recorded_names(self) -> list[str]:
         """The member names the workdir's run gave: results.json's, else the checkpoint keys of
@@ -294,19 +286,21 @@ class Workdir:
 
         return SweepCheckpointer(self.snapshots_dir, keep=None)
 
-    def has_checkpoints(self) -> bool:
-        return os.path.isdir(self.checkpoints_dir)
+    def has_checkpoints(self) -> bool:  # of a sweep in parts: any part's (a shard's)
+        return any(os.path.isdir(view.checkpoints_dir) for view in self._grown() or [self])
 
     def checkpoint_steps(self) -> list[int]:
         """The steps of the complete checkpoints kept, ascending (orbax names a step's folder by
         its number; a save in progress has another name); of a sweep that grew, those of every part."""
-        grown = self._grown()
-        return parts.common([p.checkpoint_steps() for p in grown]) if grown else parts.steps_in(self.checkpoints_dir)
+        grown = self._grown()  # of shards, those started (a shard not started yet holds no step)
+        steps = [p.checkpoint_steps() for p in grown]
+        return parts.common(steps, self.shard_count() is not None) if grown else parts.steps_in(self.checkpoints_dir)
 
     def snapshot_steps(self) -> list[int]:
         """The steps of the complete snapshots (train/snapshots.py), ascending (every part's)."""
         grown = self._grown()
-        return parts.common([p.snapshot_steps() for p in grown]) if grown else parts.steps_in(self.snapshots_dir)
+        steps = [p.snapshot_steps() for p in grown]
+        return parts.common(steps, self.shard_count() is not None) if grown else parts.steps_in(self.snapshots_dir)
 
     def latest_step(self) -> int | None:
         """The step of the latest complete checkpoint, or None."""
@@ -334,8 +328,9 @@ class Workdir:
         if step is None:
             raise ConfigError(f"--workdir: {self.path} has no checkpoint yet; train it first")
         grown = self._grown()
-        if grown:  # every part's members, each read from its own folder
-            return {name: state for view in grown for name, state in view.member_states(step).items()}
+        if grown:  # every part's members, each read from its own folder (a shard not started: none)
+            views = [v for v in grown if v.checkpoint_steps() or v.snapshot_steps()]
+            return {name: state for view in views for name, state in view.member_states(step).items()}
         snapshot = step not in self.checkpoint_steps() and step in self.snapshot_steps()
         folder = self.snapshots_dir if snapshot else self.checkpoints_dir
 
@@ -372,7 +367,10 @@ class Workdir:
 
     def write_results(self, payload: dict, tables=None) -> dict:
         """results.json, results.md and W/eval_windows (io/results_files.py); returns what they hold."""
-        return results_files.write(self, payload, tables)
+        if self.order is None:  # the whole sweep: its one command holds the workdir
+            return results_files.write(self, payload, tables)
+        with SharedWrite(self.path):  # parts that are shards write at once: each merges the other's
+            return results_files.write(self, payload, tables)
 
     def check_or_write_metadata(self, config_dict: dict, kind: str, *options) -> bool:
         """True if the workdir already belongs to this config (resume, or train longer), after

@@ -357,7 +357,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         member_states = sweep.member_states(states)
         if primary:
             end_images.write(experiment, writers, member_states, step, log, payload["members"])
-            for request in experiment.figures(written):  # experiment-specific figures and summaries
+            # experiment-specific figures and summaries, once every shard's members are in (io/parts.py)
+            for request in experiment.figures(written) if not written.get("missing_members") else ():
                 draw_figures(workdir, request, log)
             for line in member_status.diverged_lines(written["members"]) + experiment.result_notes(written):
                 log(line)

@@ -114,6 +114,7 @@ def analyze_workdir(
     hashes = {name: tasks.source_hashes(recorded.get(name)) for name in sorted({m["task"] for m in experiment.members})}
     options = _options(sequences, num_sequences, seed, allow_changed_task, hashes, kwargs)
     selected = select_members(experiment.members, members)
+    selected = [m for m in selected if m.name not in workdir.missing_members()]  # shards still to finish
     out = workdir.analysis_dir if out is None else str(out)
     earlier = _earlier(out, options, workdir, partial=members is not None)
     by_step, source = {k: dict(v) for k, v in earlier.get("by_step", {}).items()}, earlier.get("source")

@@ -113,9 +113,17 @@ def train(
     the workdir's run is refused unless ``allow_changed_task`` (``check_sources``; ``interface``:
     "cli" or "python", whose words the refusal uses)."""
     workdir = Workdir.of(workdir)
+    shards = workdir.shard_count()
+    if shards is not None:  # its shards train apart, each under its own lock (workflows/shards.py)
+        raise ConfigError(f"--shard: {workdir.path} was started as {shards} shards; train each with --shard I/{shards}")
     lock = WorkdirLock(workdir, "train", create=True) if primary else contextlib.nullcontext()
     logs = library_logs(workdir.log_path) if primary else contextlib.nullcontext()
     with lock, logs:
+        shards = workdir.shard_count()
+        if shards is not None:  # its shards train apart, each under its own lock (workflows/shards.py)
+            raise ConfigError(
+                f"--shard: {workdir.path} was started as {shards} shards; train each with --shard I/{shards}"
+            )
         if primary:  # before anything is written: growth.plan records a grown sweep
             check_sources(experiment, workdir, allow_changed_task, interface, log)
         experiment.keep_names(workdir.recorded_names())  # resumed or trained longer: the names it has
