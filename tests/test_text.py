@@ -258,6 +258,7 @@ def test_a_tiny_model_beats_the_unigram_entropy_of_the_held_out_bytes(docs_run):
     recorded = json.load(open(os.path.join(run.workdir, "mhjax.json")))
     sha = __import__("hashlib").sha256(data.tobytes()).hexdigest()
     assert recorded["tasks"]["text"]["data"] == {"path": path, "size": data.size, "sha256": sha, "format": "bytes"}
+    assert all(m["corpus_sha256"] == sha and "corpus_python" not in m for m in results["members"])  # a file: no Python
 
 
 def test_analysis_and_forward_use_held_out_windows(docs_run):
