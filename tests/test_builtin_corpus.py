@@ -126,7 +126,7 @@ def test_the_text_heads_config_dry_runs_on_a_machine_with_an_empty_cache(fresh_c
     argv = ["train", "--config", config, "--workdir", str(tmp_path / "w"), "--dry-run"]  # as a user types it
     assert cli.main(argv) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
-    assert "experiment: sequence, 12 members, 2000 steps each" in out
+    assert "experiment: sequence, 12 members, 1500 steps each" in out
     for name in ("text-h1-s0", "text-h2-s1", "text-h4-s2", "text-h8-s2"):
         assert name in out
     assert [p.name.split("-")[0] for p in (fresh_cache / "corpora").iterdir()] == ["stdlib"]
