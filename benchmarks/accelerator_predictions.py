@@ -68,7 +68,8 @@ def main(argv=None) -> int:
     if not corpus:
         corpus = os.path.join(tempfile.mkdtemp(prefix="mhjax-predictions-"), "python_docs.txt")
         script = str(ROOT / "examples" / "python_docs.py")
-        subprocess.run([sys.executable, script, corpus, "--kib", "1024"], check=True, capture_output=True)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        subprocess.run([sys.executable, script, corpus, "--kib", "1024"], check=True, capture_output=True, env=env)
     payload = {}
     for name, (path, overrides, devices) in stages(corpus).items():
         for attention in ("jax", "pallas"):

@@ -269,6 +269,7 @@ def test_a_tiny_model_beats_the_unigram_entropy_of_the_held_out_bytes(docs_run):
     recorded = json.load(open(os.path.join(run.workdir, "mhjax.json")))
     sha = __import__("hashlib").sha256(data.tobytes()).hexdigest()
     assert recorded["tasks"]["text"]["data"] == {"path": path, "size": data.size, "sha256": sha, "format": "bytes"}
+    assert all(m["corpus_sha256"] == sha and "corpus_python" not in m for m in results["members"])  # a file: no Python
 
 
 def test_analysis_and_forward_use_held_out_windows(docs_run):
@@ -283,6 +284,33 @@ def test_analysis_and_forward_use_held_out_windows(docs_run):
         assert len(entry["layers"]) == 2 and "ablation" in entry["layers"][1]
         out = run.forward(name, batch.inputs, batch.targets, batch.weights)
         assert float(out.loss.mean()) == pytest.approx(entry["loss"], rel=1e-5)
+
+
+def test_analyze_by_step_scores_each_kept_step_on_the_same_held_out_windows(docs_run, tmp_path, capsys):
+    """`mhjax analyze --steps` on a text run: the snapshot (75) and the checkpoint (150), each
+    step's entry from that step's parameters on one set of held-out windows, logged to
+    TensorBoard at its step (curves over steps)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run, _ = docs_run
+    out = str(tmp_path / "a")  # its own folder: the other tests' analysis.json stays as it is
+    argv = ["analyze", "--workdir", run.workdir, "--out", out, "--num-sequences", "5", "--no-plot"]
+    assert cli.main([*argv, "--steps", "all"]) == 0, capsys.readouterr().err
+    assert "steps analysed: 75, 150 (by_step); above: step 150" in capsys.readouterr().out
+    data = json.load(open(os.path.join(out, "analysis.json")))
+    assert list(data["by_step"]) == ["75", "150"] and data["members"] == data["by_step"]["150"]
+    batch, _ = task_sequences(text.bind(run.config), None, 5, 0, 32, 256)  # --seed 0: held-out windows
+    held = np.asarray(text.load(run.config.data.path).heldout).tobytes()
+    assert all(bytes(np.asarray(x, np.uint8)) in held for x in batch.inputs)
+    for name in ("text-h1-s0", "text-h2-s0"):
+        losses = [data["by_step"][step][name]["loss"] for step in ("75", "150")]
+        for step, loss in zip((75, 150), losses):  # the step's own parameters, computed apart
+            out_at = run.forward(name, batch.inputs, batch.targets, batch.weights, step=step)
+            assert float(out_at.loss.mean()) == pytest.approx(loss, rel=1e-5), (name, step)
+        assert losses[0] != losses[1]
+        events = EventAccumulator(os.path.join(run.workdir, "tb", name), size_guidance={"scalars": 0})
+        events.Reload()
+        assert [e.step for e in events.Scalars("analysis/layer0/mixing_time")] == [75, 150]
 
 
 def test_a_changed_file_is_refused_on_resume_and_analysis(docs_run, tmp_path, capsys):

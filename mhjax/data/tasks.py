@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from mhjax.config import ConfigError
+from mhjax.data import python_corpora
 from mhjax.data.plugins import file_sha256, import_module, pinned, run_config_file, source_of
 
 
@@ -238,7 +239,13 @@ def _recorded_files(source) -> list[tuple[str, str, str]]:
         out.append(("source", path, source["sha256"]))
     data = source.get("data")
     if isinstance(data, dict) and data.get("sha256") and data.get("path"):
-        out.append(("data file", data["path"], data["sha256"]))
+        if data.get("builtin"):  # builtin:NAME: what this Python builds now (python_corpora.py)
+            path = python_corpora.resolve(python_corpora.PREFIX + str(data["builtin"]))[0]
+            out.append(
+                (f"data file builtin:{data['builtin']} (Python {data.get('python')} at training)", path, data["sha256"])
+            )
+        else:
+            out.append(("data file", data["path"], data["sha256"]))
     return out
 
 

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mhjax.config import ConfigError
+from mhjax.data import python_corpora
 from mhjax.data.tasks import Task, register_task
 
 ON_DEVICE_LIMIT = 16 * 2**20  # bytes of token ids kept on the device (see the module docstring)
@@ -57,11 +58,19 @@ class Corpus:
     train: np.ndarray  # uint8 or uint16 token ids
     heldout: np.ndarray
     max_id: int
+    builtin: dict | None = None  # builtin:NAME: what python_corpora records of it (name, Python, ...)
 
     @property
     def record(self) -> dict:
         """What mhjax.json records of the file (a changed sha256 refuses resume and analysis)."""
-        return {"path": self.path, "size": self.size, "sha256": self.sha256, "format": self.encoding}
+        out = {"path": self.path, "size": self.size, "sha256": self.sha256, "format": self.encoding}
+        return {**out, **self.builtin} if self.builtin else out
+
+    @property
+    def facts(self) -> dict:
+        """What results.json records of the corpus per member: its sha256, and a built-in's Python."""
+        python = {"corpus_python": self.builtin["python"]} if self.builtin else {}
+        return {"corpus_sha256": self.sha256, **python}
 
     def unigram_entropy_bits(self) -> float:
         """Entropy (bits per token) of the held-out tokens' own frequencies: what a model that
@@ -77,13 +86,17 @@ _LOADED: dict[tuple, Corpus] = {}  # by (path, size, mtime, holdout): configs ar
 
 
 def load(path, holdout=HOLDOUT) -> Corpus:
-    """The corpus at ``path`` split at ``holdout``; a missing, empty or odd-sized (.bin) file is
-    a one-line ConfigError naming config.data.path."""
+    """The corpus at ``path`` (a file, or ``builtin:NAME``: data/python_corpora.py) split at
+    ``holdout``; a missing, empty or odd-sized (.bin) file, or an unknown NAME, is a one-line
+    ConfigError naming config.data.path."""
     if not isinstance(path, str) or not path:
         raise ConfigError(
             "config.data.path: the text task reads a corpus file; set it (--config.data.path=FILE: "
-            "bytes, or a .bin of uint16 token ids)"
+            "bytes, or a .bin of uint16 token ids; or builtin:stdlib)"
         )
+    builtin = None
+    if python_corpora.is_builtin(path):
+        path, builtin = python_corpora.resolve(path)
     if isinstance(holdout, bool) or not isinstance(holdout, (int, float)) or not 0 < holdout < 1:
         raise ConfigError(f"config.data.holdout: must be a number in (0, 1), the held-out fraction; got {holdout!r}")
     if os.path.isdir(path):
@@ -113,6 +126,7 @@ def load(path, holdout=HOLDOUT) -> Corpus:
         ids[: ids.size - held],
         ids[ids.size - held :],
         int(ids.max()),
+        builtin,
     )
     _LOADED[memo] = corpus
     return corpus
@@ -225,7 +239,11 @@ def _task(corpus: Corpus) -> Task:
         heldout=held_out,
         bind=None,
         source={**registered.source, "data": corpus.record},
-        facts={"text_format": corpus.encoding, "heldout_unigram_entropy_bits": corpus.unigram_entropy_bits()},
+        facts={
+            "text_format": corpus.encoding,
+            "heldout_unigram_entropy_bits": corpus.unigram_entropy_bits(),
+            **corpus.facts,
+        },
         host_reads=isinstance(train, np.memmap),
     )
 
