@@ -124,12 +124,12 @@ def test_snapshots_at_steps_inside_later_chunks_are_exact_and_change_no_number(r
 
     w = runs["later"]
     assert w.snapshot_steps() == [4, 7]
-    # evaluations and checkpoints where a run without snapshots has them: at chunk ends 3, 6, 9
-    # (crossing 2, 4, 6 and 8), not at the cuts 4 and 7
+    # evaluations and checkpoints where a run without snapshots has them: at step 0 and the chunk
+    # ends 3, 6, 9 (crossing 2, 4, 6 and 8), not at the cuts 4 and 7
     assert w.checkpoint_steps() == [6, 9]
     events = EventAccumulator(w.run_dir(w.member_names()[0]), size_guidance={"scalars": 0})
     events.Reload()
-    assert [e.step for e in events.Scalars("eval/loss")] == [3, 6, 9]
+    assert [e.step for e in events.Scalars("eval/loss")] == [0, 3, 6, 9]  # 0: every sequence run's first
     for name, state in w.member_states(9).items():
         assert_equal_trees(comparable(state), comparable(uncut[9][name]))
         assert_equal_trees(w.params(name, 4), uncut[4][name].params)

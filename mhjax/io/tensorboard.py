@@ -42,6 +42,8 @@ _NOT_METRICS = {
 
 
 class MemberWriters:
+    purged = False  # whether a resume dropped the points of earlier runs (set per instance)
+
     def __init__(self, root: str, names: list[str], log=None, purge_step: int | None = None):
         """``root``: the folder of the runs (``Workdir.tensorboard_dir``). A run that cannot be
         written (a full disk) loses its events from then on, says so once through ``log`` and

@@ -133,16 +133,12 @@ def _cut(path: str, dtype: np.dtype, start: int) -> None:
 
 class Trace(dict):
     """A member's trace: {"step": ..., field: ...} numpy arrays, each key an attribute too
-    (``trace.loss`` is ``trace["loss"]``)."""
+    (``trace.loss`` is ``trace["loss"]``): set once from the fields, so a misspelt name is an
+    AttributeError (no ``__getattr__`` that would answer any name)."""
 
-    def __getattr__(self, name: str):
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(f"trace has no field {name!r} (fields: {', '.join(self)})") from None
-
-    def __dir__(self):
-        return [*super().__dir__(), *self]
+    def __init__(self, fields):
+        super().__init__(fields)
+        self.__dict__.update(self)
 
 
 def has_trace(folder: str) -> bool:
