@@ -105,7 +105,9 @@ def _layout_value_and_grad(inputs, length, implementation, layout):
     stacked = jax.tree_util.tree_map(lambda p: p * (1.0 + 0.1 * jnp.arange(members)).reshape(-1, *[1] * p.ndim), params)
 
     def total(p):
-        losses = jax.vmap(lambda p, h: jnp.sum(jnp.sin(layer.apply({"params": p}, x[:, :length], h, True)[0])))(p, heads)
+        losses = jax.vmap(lambda p, h: jnp.sum(jnp.sin(layer.apply({"params": p}, x[:, :length], h, True)[0])))(
+            p, heads
+        )
         return jnp.sum(losses), losses
 
     (_, losses), grads = jax.jit(jax.value_and_grad(total, has_aux=True))(stacked)
