@@ -17,10 +17,12 @@ def test_auto_takes_each_backends_kernel_and_says_why_not_when_it_cannot(monkeyp
     for length in (257, 1024, 8192):  # the tiled kernel has no length limit
         assert resolve_attention("auto", "gpu", length) == gpu
         assert resolve_attention("pallas", "gpu", length).implementation == "pallas"
-    tpu = resolve_attention("auto", "tpu", 100)
+    tpu = resolve_attention("auto", "tpu", 1024)
     assert (tpu.implementation, tpu.interpret, tpu.fallback) == ("pallas_tpu", False, None)
-    assert resolve_attention("pallas", "tpu", 300).implementation == "pallas_tpu"
-    dropped = resolve_attention("auto", "tpu", 100, dropout=0.1)  # the shipped TPU kernel has no dropout
+    assert resolve_attention("pallas", "tpu", 100).implementation == "pallas_tpu"  # asked for: at any T
+    short = resolve_attention("auto", "tpu", 100)  # the kernel's 128-lane heads cost more than T = 100's maps
+    assert short.implementation == "jax" and "128-lane head layout" in short.fallback
+    dropped = resolve_attention("auto", "tpu", 1024, dropout=0.1)  # the shipped TPU kernel has no dropout
     assert dropped.implementation == "jax" and "no dropout" in dropped.fallback
     monkeypatch.setattr(cpu_attention, "available", lambda: False)
     cpu = resolve_attention("auto", "cpu", 100)

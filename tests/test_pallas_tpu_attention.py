@@ -4,6 +4,7 @@ gradients at static heads (the grouped and unrolled strategies' layer, also vmap
 members) and inside one_program's layout (each group at its own head count), T = 100 and 300
 (padded to 128 and 384 on chip), 1 to 16 heads, float32 and bfloat16; dropout is what it
 cannot take: the layer refuses it, and the resolver keeps the JAX path on a TPU with dropout.
+(Where auto takes it, by T: tests/test_attention_choice.py.)
 
 The default run keeps T = 100 and few heads (interpret mode simulates the TPU's memories and
 costs seconds per case); T = 300, 16 heads and bfloat16 are slow. Tolerances as
@@ -129,8 +130,8 @@ def test_the_tpu_kernel_takes_no_dropout_and_a_tpu_with_dropout_runs_jax(inputs)
     x, params = inputs
     with pytest.raises(ValueError, match="no dropout on the probabilities"):
         _layer(4, "pallas_tpu").apply({"params": params}, x[:, :16], None, False, rngs={"dropout": jax.random.key(0)})
-    assert resolve_attention("auto", "tpu", 100).implementation == "pallas_tpu"
-    dropped = resolve_attention("auto", "tpu", 100, dropout=0.1)
+    assert resolve_attention("auto", "tpu", 1024).implementation == "pallas_tpu"
+    dropped = resolve_attention("auto", "tpu", 1024, dropout=0.1)
     assert dropped.implementation == "jax" and dropped.fallback.startswith(TPU_NO_DROPOUT)
     assert "model.dropout = 0.1" in dropped.reason
 

@@ -14,7 +14,7 @@ they run:
 "auto" (the default, experiments/sequence_config.py DEFAULTS): the C++ kernel on a CPU (faster
 than XLA's batched matmuls at every head dim, benchmarks/RESULTS.md) when it builds, the Pallas
 kernel on a GPU (any sequence length), the Pallas TPU kernel on a TPU where model.dropout is 0
-(JAX where it is not, with that reason), JAX else. Under model.dtype=bfloat16 too: the Pallas
+and T >= TPU_KERNEL_MIN_LENGTH (JAX where not, with the reason), JAX else. Under model.dtype=bfloat16 too: the Pallas
 kernels read bfloat16 (float32 accumulation inside); the C++ kernel is float32, cast at its
 boundary (models/precision.py), and on a CPU so cast still beats the JAX path in bfloat16 (1.1x
 to 1.5x, docs/bfloat16.md).
@@ -34,6 +34,12 @@ IMPLEMENTATIONS = (AUTO, "jax", "cpu_kernel", "pallas")
 KERNELS = ("pallas", "pallas_tpu")  # the Pallas implementations: static head counts only
 _PLATFORMS = {"cuda": "gpu", "rocm": "gpu"}  # jax platform names -> backend names
 TPU_NO_DROPOUT = "the Pallas TPU kernel (jax's flash_attention) has no dropout on the probabilities"
+# auto on a TPU takes the kernel from this T on. The shipped kernel lays every head out as
+# (T, head size) with the head size on the 128 lanes, so at mhjax's head sizes (4 to 64) its
+# q, k, v, output, gradients and row statistics fill 128 lanes in HBM: below this length it
+# holds and moves more than the JAX path's (T, T) maps (the paper sweep for a v5e-8 at model.dropout=0,
+# docs/performance.md "On a TPU").
+TPU_KERNEL_MIN_LENGTH = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +86,6 @@ def resolve_attention(requested: str, backend: str, seq_len: int, dropout: float
     from mhjax.models import cpu_attention  # the C++ kernel builds on first use
 
     backend = backend_name(backend)
-    del seq_len  # no implementation limits it today: the Pallas kernel tiles the sequence
 
     def choice(implementation: str, reason: str, fallback: str | None = None) -> AttentionChoice:
         interpret = implementation == "pallas" and backend == "cpu"
@@ -96,6 +101,12 @@ def resolve_attention(requested: str, backend: str, seq_len: int, dropout: float
         if backend == "tpu":
             if dropout > 0.0:
                 why = f"{TPU_NO_DROPOUT} (model.dropout = {dropout:g})"
+                return choice("jax", f"auto on tpu: JAX ({why})", why)
+            if seq_len < TPU_KERNEL_MIN_LENGTH:
+                why = (
+                    f"at T = {seq_len} < {TPU_KERNEL_MIN_LENGTH} the Pallas TPU kernel's 128-lane head layout "
+                    "moves more than the JAX path's maps"
+                )
                 return choice("jax", f"auto on tpu: JAX ({why})", why)
             return choice("pallas_tpu", "auto on tpu: the Pallas TPU kernel")
         return choice("jax", f"auto on {backend}: JAX (no kernel for {backend})")
