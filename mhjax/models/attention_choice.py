@@ -36,10 +36,12 @@ _PLATFORMS = {"cuda": "gpu", "rocm": "gpu"}  # jax platform names -> backend nam
 TPU_NO_DROPOUT = "the Pallas TPU kernel (jax's flash_attention) has no dropout on the probabilities"
 # auto on a TPU takes the kernel from this T on. The shipped kernel lays every head out as
 # (T, head size) with the head size on the 128 lanes, so at mhjax's head sizes (4 to 64) its
-# q, k, v, output, gradients and row statistics fill 128 lanes in HBM: below this length it
-# holds and moves more than the JAX path's (T, T) maps (the paper sweep for a v5e-8 at model.dropout=0,
-# docs/performance.md "On a TPU").
-TPU_KERNEL_MIN_LENGTH = 512
+# q, k, v, output, gradients and row statistics fill 128 lanes in HBM. The paper sweep for a
+# v5e-8 (model.dropout = 0, per member-step, train/hlo_flops.py's count): at T = 100 the kernel
+# moves 5.4 GB against the JAX path's 3.7 (temp 5.3 against 1.7 GiB per chip); at T = 256 9.1
+# against 18.6 GB (temp 10.7 against 6.8 GiB); at T = 1,024 it needs 33 GB of temporaries per
+# chip against 83 (docs/performance.md "On a TPU").
+TPU_KERNEL_MIN_LENGTH = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +107,7 @@ def resolve_attention(requested: str, backend: str, seq_len: int, dropout: float
             if seq_len < TPU_KERNEL_MIN_LENGTH:
                 why = (
                     f"at T = {seq_len} < {TPU_KERNEL_MIN_LENGTH} the Pallas TPU kernel's 128-lane head layout "
-                    "moves more than the JAX path's maps"
+                    "moves more than the JAX path's maps (docs/performance.md)"
                 )
                 return choice("jax", f"auto on tpu: JAX ({why})", why)
             return choice("pallas_tpu", "auto on tpu: the Pallas TPU kernel")
