@@ -67,3 +67,12 @@ def test_resolving_for_a_gpu_target_on_this_cpu_lowers_the_triton_kernel():
     interpreted = resolve_attention("pallas", "cpu", 16)
     layer = attention.CausalSelfAttention(32, 2, 0.0, None, interpreted.implementation, interpreted.interpret)
     assert "triton" not in jax.jit(layer.apply).trace(params, x).lower().as_text().lower()
+
+
+def test_the_dry_run_says_why_auto_on_a_tpu_runs_jax():
+    from mhjax.experiments import make_experiment
+    from tests.conftest import tiny_sequence_config
+
+    lines = make_experiment(tiny_sequence_config(heads=(1, 2))).describe("tpu")  # model.dropout 0.1
+    line = next(x for x in lines if x.startswith("attention: "))
+    assert line.startswith("attention: jax (config.attention=auto on tpu); the Pallas TPU kernel") and "0.1" in line

@@ -346,7 +346,8 @@ class SequenceExperiment(Experiment):
             + ", ".join(f"{p.name} ({len(p.members)} members)" for p in programs),
             *sequence_programs.group_lines(self, programs, backend),
             *self.estimate_lines(backend),
-            f"attention: {self.attention_used(backend)} (config.attention={requested_attention(config)} on {backend})",
+            f"attention: {self.attention_used(backend)} (config.attention={requested_attention(config)} on {backend})"
+            + (f"; {self.attention(backend).fallback}" if self.attention(backend).fallback else ""),
             *path_memory.lines(self, self.attention_used(backend)),
             *sequence_programs.member_lines(self, self.attention_used(backend)),
         ]
