@@ -17,7 +17,13 @@ def test_auto_takes_each_backends_kernel_and_says_why_not_when_it_cannot(monkeyp
     for length in (257, 1024, 8192):  # the tiled kernel has no length limit
         assert resolve_attention("auto", "gpu", length) == gpu
         assert resolve_attention("pallas", "gpu", length).implementation == "pallas"
-    assert resolve_attention("auto", "tpu", 100).implementation == "jax"
+    tpu = resolve_attention("auto", "tpu", 1024)
+    assert (tpu.implementation, tpu.interpret, tpu.fallback) == ("pallas_tpu", False, None)
+    assert resolve_attention("pallas", "tpu", 100).implementation == "pallas_tpu"  # asked for: at any T
+    short = resolve_attention("auto", "tpu", 100)  # the kernel's 128-lane heads cost more than T = 100's maps
+    assert short.implementation == "jax" and "128-lane head layout" in short.fallback
+    dropped = resolve_attention("auto", "tpu", 1024, dropout=0.1)  # the shipped TPU kernel has no dropout
+    assert dropped.implementation == "jax" and "no dropout" in dropped.fallback
     monkeypatch.setattr(cpu_attention, "available", lambda: False)
     cpu = resolve_attention("auto", "cpu", 100)
     assert cpu.implementation == "jax" and "C++ kernel is unavailable" in cpu.fallback
@@ -29,6 +35,8 @@ def test_pallas_interprets_on_a_cpu_only_and_the_fused_rule_is_the_records():
     on_cpu, on_gpu = resolve_attention("pallas", "cpu", 32), resolve_attention("pallas", "gpu", 32)
     assert on_cpu.interpret and not on_gpu.interpret and "interpret mode" in on_cpu.reason
     assert (on_gpu.core(traced_heads=False), on_gpu.core(traced_heads=True)) == ("pallas", "jax")
+    on_tpu = resolve_attention("pallas", "tpu", 32)
+    assert (on_tpu.core(traced_heads=False), on_tpu.core(traced_heads=True)) == ("pallas_tpu", "jax")
     assert resolve_attention("jax", "gpu", 32).core(traced_heads=False) == "jax" == JAX.implementation
 
 
@@ -37,12 +45,13 @@ def test_pallas_interprets_on_a_cpu_only_and_the_fused_rule_is_the_records():
     [
         ("flash", "cpu", 32, "config.attention: must be one of auto, jax, cpu_kernel, pallas; got 'flash'"),
         ("cpu_kernel", "gpu", 32, "config.attention: cpu_kernel runs on a CPU with a C++ compiler (here: backend gpu)"),
-        ("pallas", "tpu", 32, "config.attention: pallas runs on a GPU (or a CPU, interpreted)"),
+        ("pallas", "tpu", 32, "config.attention: pallas on tpu needs model.dropout = 0 (the Pallas TPU kernel"),
+        ("pallas", "metal", 32, "config.attention: pallas runs on a GPU or a TPU (or a CPU, interpreted)"),
     ],
 )
 def test_what_cannot_run_is_a_one_line_config_error(requested, backend, seq_len, message):
     with pytest.raises(ConfigError) as exc:
-        resolve_attention(requested, backend, seq_len)
+        resolve_attention(requested, backend, seq_len, dropout=0.1)
     assert str(exc.value).startswith(message) and "\n" not in str(exc.value)
 
 
@@ -58,3 +67,12 @@ def test_resolving_for_a_gpu_target_on_this_cpu_lowers_the_triton_kernel():
     interpreted = resolve_attention("pallas", "cpu", 16)
     layer = attention.CausalSelfAttention(32, 2, 0.0, None, interpreted.implementation, interpreted.interpret)
     assert "triton" not in jax.jit(layer.apply).trace(params, x).lower().as_text().lower()
+
+
+def test_the_dry_run_says_why_auto_on_a_tpu_runs_jax():
+    from mhjax.experiments import make_experiment
+    from tests.conftest import tiny_sequence_config
+
+    lines = make_experiment(tiny_sequence_config(heads=(1, 2))).describe("tpu")  # model.dropout 0.1
+    line = next(x for x in lines if x.startswith("attention: "))
+    assert line.startswith("attention: jax (config.attention=auto on tpu); the Pallas TPU kernel") and "0.1" in line

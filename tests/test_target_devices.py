@@ -127,3 +127,95 @@ def test_train_help_names_every_target_and_what_it_needs(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for name in [*targets.bundled(), *targets.TPUS, "NAMExN", "jax[cuda13]", "jax[tpu]"]:
         assert name in text, name
+
+
+# A TPU chunk as libtpu prints it: no known trip count (its condition compares the counter with
+# a constant), a matmul as a convolution inside a fusion, a Pallas TPU call with its own estimate.
+TPU_HLO = """HloModule jit_chunk
+
+%cond (c: (s32[], f32[4,8])) -> pred[] {
+  %c = (s32[], f32[4,8]{1,0:T(8,128)}) parameter(0)
+  %n = s32[]{:T(128)} constant(3)
+  %i = s32[]{:T(128)} get-tuple-element(%c), index=0
+  ROOT %lt = pred[]{:T(512)} compare(%i, %n), direction=LT
+}
+
+%fused (q: f32[4,8], w: f32[8,16]) -> f32[4,16] {
+  %q = f32[4,8]{1,0} parameter(0)
+  %w = f32[8,16]{1,0} parameter(1)
+  ROOT %conv = f32[4,16]{1,0} convolution(%q, %w), dim_labels=bf_io->bf
+}
+
+%body (p: (s32[], f32[4,8])) -> (s32[], f32[4,8]) {
+  %p = (s32[], f32[4,8]{1,0}) parameter(0)
+  %x = f32[4,8]{1,0} get-tuple-element(%p), index=1
+  %w0 = f32[8,16]{1,0} constant({...})
+  %f = f32[4,16]{1,0} fusion(%x, %w0), kind=kOutput, calls=%fused
+  %jvp_jit_flash_attention__.2 = (f32[4,8]{1,0}, f32[4,128]{1,0}) custom-call(%x), TPU_CALL(1000)
+  %flash_mha_bwd_dq_block_q_major_128_block_k_128.3 = f32[4,8]{1,0} custom-call(%x), TPU_CALL(500)
+  ROOT %t = (s32[], f32[4,8]{1,0}) tuple(%i, %x)
+}
+
+ENTRY %main (a: f32[4,8]) -> f32[4,8] {
+  %a = f32[4,8]{1,0} parameter(0)
+  %w = (s32[], f32[4,8]{1,0}) while(%t0), condition=%cond, body=%body
+  ROOT %r = f32[4,8]{1,0} get-tuple-element(%w), index=1
+}
+"""
+for flops in (1000, 500):
+    TPU_HLO = TPU_HLO.replace(
+        f"TPU_CALL({flops})",
+        'custom_call_target="tpu_custom_call", backend_config={"custom_call_config":{"body":"xyz",'
+        f'"cost_estimate":{{"flops":"{flops}","transcendentals":"1"}}}}}}',
+    )
+
+
+def test_a_tpu_programs_pallas_calls_are_named_and_its_loops_counted_per_trip():
+    """The TPU's HLO states no trip count: the condition's constant gives it (3 trips), so the
+    FLOPs are 3 x (the (4, 8) x (8, 16) matmul's 2 * 4 * 16 * 8 and the calls' 1,000 + 500), and
+    the Pallas TPU calls' bytes are the kernels' share of the step's bytes."""
+    from mhjax.train import hlo_flops
+
+    assert hlo.tpu_kernels(TPU_HLO) == {"flash_attention": 1, "flash_mha_bwd_dq": 1}
+    assert hlo_flops.matmul_flops(TPU_HLO) == 3 * (2 * 4 * 16 * 8 + 1000 + 500)
+    rest, kernels = hlo.split_bytes(TPU_HLO, weighted=True)
+    assert kernels == 3 * ((4 * 8 + 4 * 128) * 4 + 4 * 8 * 4 + 2 * 4 * 8 * 4)  # results and operands, per trip
+    # the fusion's result and operands, and the condition's compare (pred of two s32), per trip
+    assert rest == 3 * ((4 * 16 + 4 * 8 + 8 * 16) * 4 + 1 + 4 + 4)
+
+
+@pytest.mark.slow  # four small compiles for a v5e (~40 s on 2 cores); needs jax[tpu] (libtpu), not in CI
+@pytest.mark.skipif(not targets.tpu_compiler_available(), reason=f"no TPU compiler here; {targets.install_hint('tpu')}")
+def test_a_v5e_chunk_runs_the_pallas_tpu_kernel_and_its_flops_are_counted_per_member_step():
+    """attention=pallas without dropout: the chunk holds the Pallas TPU kernel's forward and
+    backward calls and no (T, T) value; the JAX path its maps. The TPU compiler's cost analysis counts
+    every loop body once (a 1- and a 2-step chunk: the same FLOPs; scanned layers: one of two),
+    while hlo_flops counts per trip: the same per member-step at 1 and 2 steps, scanned or not,
+    and near models/flops.py's matmuls (the JAX path at T = 8: nothing padded)."""
+    from mhjax.models import flops
+
+    def chunk(steps, attention="jax", dropout=0.0, scan="on"):
+        config = set_field(tiny_sequence_config(heads=(4,), seed=(0, 1, 2, 3)), "strategy", "one_program")
+        for field, value in [("model.dropout", dropout), ("model.scan_layers", scan), ("model.num_layers", 2)]:
+            set_field(config, field, value)
+        for field, value in [("attention", attention), ("train.steps", steps), ("train.chunk_steps", steps)]:
+            set_field(config, field, value)
+        report = deviceless.compile_for(
+            make_experiment(config), targets.load("v5e-4"), log=lambda m: None, only=("chunk",)
+        )
+        return config, report.executables[0]
+
+    config, one = chunk(1)
+    _, two = chunk(2)
+    _, unrolled = chunk(1, scan="off")
+    assert one.cost["flops"] == pytest.approx(two.cost["flops"], rel=1e-3)  # the step loop's body once
+    assert one.cost["flops"] < 0.8 * unrolled.cost["flops"]  # the scanned layers' body once
+    m, d = config.model, config.data
+    analytic = flops.train_step_flops(d.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, m.vocab_size)
+    for e in (one, two, unrolled):
+        assert e.flops_per_member_step == pytest.approx(one.flops_per_member_step, rel=1e-3)
+    assert analytic <= one.flops_per_member_step <= 1.5 * analytic  # its mixing of heads and the loss's extras
+    assert one.square > 0 and not one.kernels  # the JAX path's (T, T) maps
+    _, kernel = chunk(1, attention="pallas")  # on a TPU, asked for at any T (auto: from T = 256)
+    assert kernel.kernels == {"flash_attention": 1, "flash_mha_bwd_dkv": 1, "flash_mha_bwd_dq": 1}
+    assert kernel.square == 0 and kernel.flops_per_member_step > 0

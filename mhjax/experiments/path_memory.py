@@ -19,6 +19,7 @@ from mhjax.models import cost, pallas_block
 from mhjax.models.attention_choice import AUTO
 
 PATHS = {"jax": "JAX path", "cpu_kernel": "C++ CPU kernel", "pallas": "Pallas kernel"}
+TPU_PATH = {"pallas_tpu": "Pallas TPU"}  # listed where it runs: a TPU's kernel (no block kernels, no maps)
 
 
 def activations(config, member, path: str) -> tuple[float, float]:
@@ -50,7 +51,7 @@ def lines(experiment, running: str) -> list[str]:
     out = [
         f"activation memory at T = {config.model.seq_len} ({largest.name}, the largest; all {len(members)} members):"
     ]
-    for path, label in PATHS.items():
+    for path, label in {**PATHS, **(TPU_PATH if running in TPU_PATH else {})}.items():
         one, maps = activations(config, largest, path)
         every = sum(activations(config, m, path)[0] for m in members)
         square = f", of it (heads, T, T) maps {_size(maps)}" if maps else ""

@@ -29,7 +29,7 @@ from mhjax.experiments.constants import SequenceConstants
 from mhjax.experiments.sequence_config import DEFAULTS, divergence_factor, requested_attention, validate
 from mhjax.experiments.sequence_recipe import SequenceRecipe, weighted_mean  # noqa: F401 (their old home)
 from mhjax.models import cost, cost_devices, count_params
-from mhjax.models.attention_choice import AUTO, AttentionChoice, resolve_attention
+from mhjax.models.attention_choice import AUTO, KERNELS, AttentionChoice, resolve_attention
 from mhjax.models.probe import predict
 from mhjax.train.console import Column, SummaryTable
 from mhjax.train.engine import Program, recipe_groups
@@ -91,16 +91,17 @@ class SequenceExperiment(Experiment):
     def attention(self, backend: str) -> AttentionChoice:
         """What config.attention runs on ``backend`` (this process's or a target's), and why;
         after the kernel failed to compile there (kernel_fallback), auto's JAX path."""
-        choice = resolve_attention(requested_attention(self.config), backend, self.config.model.seq_len)
+        m = self.config.model
+        choice = resolve_attention(requested_attention(self.config), backend, m.seq_len, m.get("dropout", 0.0))
         failed = self._kernel_failed.get(choice.backend)
-        if failed and choice.requested == AUTO and choice.implementation == "pallas":
+        if failed and choice.requested == AUTO and choice.implementation in KERNELS:
             reason = f"auto on {choice.backend}: JAX (the Pallas kernel failed to compile)"
             return dataclasses.replace(choice, implementation="jax", interpret=False, fallback=failed, reason=reason)
         return choice
 
     def kernel_fallback(self, backend: str, reason: str) -> bool:
         choice = self.attention(backend)
-        if choice.requested != AUTO or choice.implementation != "pallas":
+        if choice.requested != AUTO or choice.implementation not in KERNELS:
             return False
         self._kernel_failed[choice.backend] = f"the Pallas kernel failed to compile: {reason}"
         return True
@@ -345,7 +346,8 @@ class SequenceExperiment(Experiment):
             + ", ".join(f"{p.name} ({len(p.members)} members)" for p in programs),
             *sequence_programs.group_lines(self, programs, backend),
             *self.estimate_lines(backend),
-            f"attention: {self.attention_used(backend)} (config.attention={requested_attention(config)} on {backend})",
+            f"attention: {self.attention_used(backend)} (config.attention={requested_attention(config)} on {backend})"
+            + (f"; {self.attention(backend).fallback}" if self.attention(backend).fallback else ""),
             *path_memory.lines(self, self.attention_used(backend)),
             *sequence_programs.member_lines(self, self.attention_used(backend)),
         ]

@@ -23,6 +23,9 @@ values and gradients):
 - "pallas", a fused Pallas kernel for GPUs (pallas_attention.py, interpreted on a CPU), at
   static head counts only: plain heads and each group of a layout; a traced head count
   (fused) keeps the JAX fine-head path;
+- "pallas_tpu", JAX's shipped Pallas TPU flash attention (pallas_tpu_attention.py, TPU
+  interpret mode on a CPU), at static head counts only as "pallas", without dropout (the
+  resolver keeps the JAX path on a TPU where the model has dropout);
 - "jax", plain JAX einsums that write the (B, F, T, T) maps.
 
 Dropout on the attention probabilities is drawn per COARSE head c from seeds
@@ -40,7 +43,7 @@ import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
 from mhjax.models import member_layout
-from mhjax.models.attention_choice import core_for
+from mhjax.models.attention_choice import KERNELS, TPU_NO_DROPOUT, core_for
 from mhjax.models.dropout_hash import NO_DROPOUT, dropout_threshold, hash_keep
 from mhjax.models.precision import compute_dtype, to_dtype, to_float32
 
@@ -122,8 +125,8 @@ class CausalSelfAttention(nn.Module):
     num_heads: int  # fine heads F in this program (static)
     dropout_rate: float = 0.0
     layout: Layout | None = None  # the program's member groups (the one_program strategy)
-    implementation: str = "jax"  # "jax", "cpu_kernel" or "pallas" (attention_choice.resolve_attention)
-    interpret: bool = False  # the Pallas kernel in interpret mode (a CPU; resolve_attention decides)
+    implementation: str = "jax"  # "jax", "cpu_kernel", "pallas" or "pallas_tpu" (attention_choice.resolve_attention)
+    interpret: bool = False  # a Pallas kernel in interpret mode (a CPU; resolve_attention decides)
     # The attention width A = heads x head size of q, k, v (and the output projection's input);
     # None: the input's width D (parameter matching: head size D / H). The output projection maps
     # A back to D, so the residual stream keeps its width whatever the head size.
@@ -173,10 +176,17 @@ class CausalSelfAttention(nn.Module):
             q, k, v = (to_float32(a) for a in (q, k, v))  # float32 only: cast at its boundary (precision.py)
             count = jnp.full((1,), fine if heads is None else heads, jnp.int32)
             out = cpu_attention.attention(q, k, v, count, seeds, threshold, inv_keep)
+        elif implementation == "pallas_tpu" and threshold < NO_DROPOUT:
+            raise ValueError(f"pallas_tpu attention: {TPU_NO_DROPOUT}; dropout rate {self.dropout_rate}")
         elif self.layout is not None:
-            kernel = self.interpret if implementation == "pallas" else None
+            kernel = self.interpret if implementation in KERNELS else None
             arrays = (q, k, v) if kernel is None else (qkv,)
-            out = layout_attention(self.layout, arrays, fine, heads, seeds, threshold, inv_keep, kernel)
+            tpu = implementation == "pallas_tpu"
+            out = layout_attention(self.layout, arrays, fine, heads, seeds, threshold, inv_keep, kernel, tpu)
+        elif implementation == "pallas_tpu":
+            from mhjax.models import pallas_tpu_attention
+
+            out = pallas_tpu_attention.attention(qkv, fine, self.interpret)
         elif implementation == "pallas":
             from mhjax.models import pallas_attention
 
@@ -190,7 +200,15 @@ class CausalSelfAttention(nn.Module):
 
 
 def layout_attention(
-    layout: Layout, arrays, fine: int, heads, seeds, threshold: int, inv_keep: float, kernel: bool | None = None
+    layout: Layout,
+    arrays,
+    fine: int,
+    heads,
+    seeds,
+    threshold: int,
+    inv_keep: float,
+    kernel: bool | None = None,
+    tpu: bool = False,
 ):
     """jax_attention's output for one member, which under vmap over a program's members runs
     group by group at static head counts: group g's members (consecutive on the member axis)
@@ -199,7 +217,8 @@ def layout_attention(
     with ``kernel`` not None, (qkv,) the fused (B, T, 3D) projection, which the Pallas kernel
     (pallas_attention.members_attention, in interpret mode if ``kernel`` is True) reads for
     every group at its head count on the member axis itself: no per-group slice,
-    concatenation or padded gradient, no q/k/v split. Reverse mode differentiates a
+    concatenation or padded gradient, no q/k/v split; with ``tpu`` too, the Pallas TPU kernel
+    (pallas_tpu_attention.members_attention: one call per group, without dropout). Reverse mode differentiates a
     custom_vmap function only from outside the vmap (neither inside it nor unbatched): such a
     model's gradient is taken of the summed member losses
     (engine.members_step); for one member alone, use the plain model at its head count."""
@@ -219,6 +238,10 @@ def layout_attention(
         _, seeds, *arrays = (x if b else jnp.broadcast_to(x, (axis_size, *x.shape)) for x, b in zip(args, in_batched))
 
         def groups(local: Layout):  # the groups of the members here (all, or this device's shard)
+            if tpu:
+                from mhjax.models import pallas_tpu_attention
+
+                return pallas_tpu_attention.members_attention(arrays[0], local, kernel)
             if kernel is not None:  # one kernel call per group, reading and writing its members in place
                 from mhjax.models import pallas_attention
 

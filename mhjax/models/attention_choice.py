@@ -7,10 +7,14 @@ they run:
 - "pallas", the fused Pallas kernel (pallas_attention.py): a GPU (Triton), or a CPU in the
   kernel's interpret mode; static head counts only, any sequence length (tiled: flash
   attention, memory linear in T);
+- "pallas_tpu", JAX's shipped Pallas TPU flash attention (pallas_tpu_attention.py): what
+  config.attention "pallas" runs on a TPU; static head counts only, any sequence length, no
+  dropout on the probabilities (the shipped kernel has none);
 - "jax", plain JAX einsums: everywhere.
 "auto" (the default, experiments/sequence_config.py DEFAULTS): the C++ kernel on a CPU (faster
 than XLA's batched matmuls at every head dim, benchmarks/RESULTS.md) when it builds, the Pallas
-kernel on a GPU (any sequence length), JAX else. Under model.dtype=bfloat16 too: the Pallas
+kernel on a GPU (any sequence length), the Pallas TPU kernel on a TPU where model.dropout is 0
+and T >= TPU_KERNEL_MIN_LENGTH (JAX where not, with the reason), JAX else. Under model.dtype=bfloat16 too: the Pallas
 kernels read bfloat16 (float32 accumulation inside); the C++ kernel is float32, cast at its
 boundary (models/precision.py), and on a CPU so cast still beats the JAX path in bfloat16 (1.1x
 to 1.5x, docs/bfloat16.md).
@@ -27,7 +31,17 @@ from mhjax.config import ConfigError
 
 AUTO = "auto"
 IMPLEMENTATIONS = (AUTO, "jax", "cpu_kernel", "pallas")
+KERNELS = ("pallas", "pallas_tpu")  # the Pallas implementations: static head counts only
 _PLATFORMS = {"cuda": "gpu", "rocm": "gpu"}  # jax platform names -> backend names
+TPU_NO_DROPOUT = "the Pallas TPU kernel (jax's flash_attention) has no dropout on the probabilities"
+# auto on a TPU takes the kernel from this T on. The shipped kernel lays every head out as
+# (T, head size) with the head size on the 128 lanes, so at mhjax's head sizes (4 to 64) its
+# q, k, v, output, gradients and row statistics fill 128 lanes in HBM. The paper sweep for a
+# v5e-8 (model.dropout = 0, per member-step, train/hlo_flops.py's count): at T = 100 the kernel
+# moves 5.4 GB against the JAX path's 3.7 (temp 5.3 against 1.7 GiB per chip); at T = 256 9.1
+# against 18.6 GB (temp 10.7 against 6.8 GiB); at T = 1,024 it needs 33 GB of temporaries per
+# chip against 83 (docs/performance.md "On a TPU").
+TPU_KERNEL_MIN_LENGTH = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +49,7 @@ class AttentionChoice:
     """What runs the attention core, and why.
 
     requested: config.attention; backend: the backend resolved for ("cpu", "gpu", "tpu");
-    implementation: "jax", "cpu_kernel" or "pallas", for static head counts (``core`` says what
+    implementation: "jax", "cpu_kernel", "pallas" or "pallas_tpu", for static head counts (``core`` says what
     a traced head count runs); interpret: run the Pallas kernel in interpret mode (its static
     argument; True on a CPU); fallback: why "auto" did not take its kernel (None if it did or
     was not asked); reason: the whole decision in words."""
@@ -56,10 +70,10 @@ JAX = AttentionChoice("jax", "any", "jax", reason="plain JAX, asked for")  # wha
 
 
 def core_for(implementation: str, traced_heads: bool) -> str:
-    """The one place of the rule: the Pallas kernel serves static head counts only, so a traced
+    """The one place of the rule: the Pallas kernels serve static head counts only, so a traced
     head count (the fused strategy over several head counts) keeps the JAX path; the C++ kernel
     takes head counts at run time and serves both."""
-    return "jax" if implementation == "pallas" and traced_heads else implementation
+    return "jax" if implementation in KERNELS and traced_heads else implementation
 
 
 def backend_name(backend: str) -> str:
@@ -67,14 +81,13 @@ def backend_name(backend: str) -> str:
     return _PLATFORMS.get(backend, backend)
 
 
-def resolve_attention(requested: str, backend: str, seq_len: int) -> AttentionChoice:
+def resolve_attention(requested: str, backend: str, seq_len: int, dropout: float = 0.0) -> AttentionChoice:
     """What ``config.attention = requested`` runs on ``backend`` (this process's or a target's)
-    for sequences of ``seq_len``. An implementation that cannot run there: ConfigError naming
-    config.attention and what can."""
+    for sequences of ``seq_len`` under attention dropout ``dropout`` (config.model.dropout).
+    An implementation that cannot run there: ConfigError naming config.attention and what can."""
     from mhjax.models import cpu_attention  # the C++ kernel builds on first use
 
     backend = backend_name(backend)
-    del seq_len  # no implementation limits it today: the Pallas kernel tiles the sequence
 
     def choice(implementation: str, reason: str, fallback: str | None = None) -> AttentionChoice:
         interpret = implementation == "pallas" and backend == "cpu"
@@ -87,6 +100,17 @@ def resolve_attention(requested: str, backend: str, seq_len: int) -> AttentionCh
             return choice("jax", "auto on cpu: JAX", "the C++ kernel is unavailable (see its warning)")
         if backend == "gpu":
             return choice("pallas", "auto on gpu: the Pallas kernel")
+        if backend == "tpu":
+            if dropout > 0.0:
+                why = f"{TPU_NO_DROPOUT} (model.dropout = {dropout:g})"
+                return choice("jax", f"auto on tpu: JAX ({why})", why)
+            if seq_len < TPU_KERNEL_MIN_LENGTH:
+                why = (
+                    f"at T = {seq_len} < {TPU_KERNEL_MIN_LENGTH} the Pallas TPU kernel's 128-lane head layout "
+                    "moves more than the JAX path's maps (docs/performance.md)"
+                )
+                return choice("jax", f"auto on tpu: JAX ({why})", why)
+            return choice("pallas_tpu", "auto on tpu: the Pallas TPU kernel")
         return choice("jax", f"auto on {backend}: JAX (no kernel for {backend})")
     if requested not in IMPLEMENTATIONS:
         raise ConfigError(f"config.attention: must be one of {', '.join(IMPLEMENTATIONS)}; got {requested!r}")
@@ -95,9 +119,17 @@ def resolve_attention(requested: str, backend: str, seq_len: int) -> AttentionCh
             f"config.attention: cpu_kernel runs on a CPU with a C++ compiler (here: backend {backend}); "
             "use auto, jax or pallas"
         )
+    if requested == "pallas" and backend == "tpu":
+        if dropout > 0.0:
+            raise ConfigError(
+                f"config.attention: pallas on tpu needs model.dropout = 0 ({TPU_NO_DROPOUT}); got "
+                f"model.dropout = {dropout:g}: use auto or jax"
+            )
+        return choice("pallas_tpu", "pallas on tpu: the Pallas TPU kernel, asked for")
     if requested == "pallas" and backend not in ("cpu", "gpu"):
         raise ConfigError(
-            f"config.attention: pallas runs on a GPU (or a CPU, interpreted); here: backend {backend}; use auto or jax"
+            f"config.attention: pallas runs on a GPU or a TPU (or a CPU, interpreted); here: backend {backend}; "
+            "use auto or jax"
         )
     interpreted = " in interpret mode" if requested == "pallas" and backend == "cpu" else ""
     return choice(requested, f"{requested} on {backend}{interpreted}, asked for")

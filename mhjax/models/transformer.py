@@ -97,7 +97,8 @@ class Block(nn.Module):
 
     def _kernels(self) -> tuple[bool, bool]:
         """(the pre-norm inside the projection kernel, the MLP half as one kernel), in float32 or
-        bfloat16 (the kernels take the block's dtype: models/precision.py)."""
+        bfloat16 (the kernels take the block's dtype: models/precision.py). Triton kernels: a GPU's (or a
+        CPU's, interpreted); "pallas_tpu" keeps the JAX block parts (a TPU block kernel: not written)."""
         if self.attention != "pallas":
             return False, False
         from mhjax.models import pallas_block
@@ -121,7 +122,7 @@ class Transformer(nn.Module):
     ``num_heads`` is static; pass ``heads`` (traced int dividing num_heads) to run a member
     with fewer, coarser heads in the same program (see attention.py); ``layout`` names the
     program's member groups when the model is vmapped over them (the one_program strategy);
-    ``attention`` how the attention core is computed ("jax", "cpu_kernel" or "pallas",
+    ``attention`` how the attention core is computed ("jax", "cpu_kernel", "pallas" or "pallas_tpu",
     models/attention.py), the same function whichever, and ``interpret`` whether the Pallas
     kernel runs in interpret mode (both from attention_choice.resolve_attention).
     ``head_mask`` (L, num_heads) scales each head's output at the input of its layer's output

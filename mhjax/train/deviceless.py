@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import jax
 
-from mhjax.train import ahead, hlo, snapshots
+from mhjax.train import ahead, hlo, hlo_flops, snapshots
 from mhjax.train import target as targets
 from mhjax.train.loop import Sweep
 from mhjax.train.placement import Placement
@@ -38,7 +38,7 @@ class Executable(NamedTuple):
     outputs: int
     temp: int
     alias: int  # outputs that reuse (donated) argument buffers
-    kernels: dict  # {Triton kernel name: calls}
+    kernels: dict  # {Pallas kernel name (Triton or Mosaic): calls}
     square: int  # lines with a (..., T, T) value of any type
     bytes_per_member_step: float | None  # training chunks only, besides the Pallas kernels
     kernel_bytes_per_member_step: float | None  # the Pallas kernels' calls, each charged its whole operands
@@ -46,6 +46,7 @@ class Executable(NamedTuple):
     kernel_members: tuple = ()  # leading dimensions of the Triton calls' results (members per call)
     replicated: bool = False  # every device computes every member (members do not divide the devices)
     cost: dict = {}  # the compiler's cost analysis where it gives one (a TPU's: flops, bytes accessed)
+    flops_per_member_step: float | None = None  # a TPU chunk's matmul FLOPs, loops per trip (hlo_flops)
 
     @property
     def total(self) -> int:
@@ -119,10 +120,12 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
 def _describe(key, executable, seconds: float, members: dict, length, target) -> Executable:
     memory = executable.memory_analysis()
     text = executable.as_text()
-    per_step = kernel_step = None
-    if key[0] == "chunk" and target.backend == "gpu":  # train/hlo.py reads a GPU program's kernels
+    per_step = kernel_step = flops = None
+    if key[0] == "chunk":  # train/hlo.py reads a GPU's or a TPU's program
         # one step's, per member: besides the Pallas calls, and the calls (loop bodies per trip)
         per_step, kernel_step = (b / key[2] / members[key[1]] for b in hlo.split_bytes(text, weighted=True))
+        if target.backend == "tpu":  # its cost analysis counts each loop body once (hlo_flops.py)
+            flops = hlo_flops.matmul_flops(text) / key[2] / members[key[1]]
     return Executable(
         key,
         seconds,
@@ -130,13 +133,14 @@ def _describe(key, executable, seconds: float, members: dict, length, target) ->
         memory.output_size_in_bytes,
         memory.temp_size_in_bytes,
         memory.alias_size_in_bytes,
-        dict(hlo.triton_kernels(text)),
+        dict(hlo.triton_kernels(text) + hlo.tpu_kernels(text)),
         hlo.square_tensors(text, length) if length else 0,
         per_step,
         kernel_step,
         dict(hlo.collectives(text)),
         tuple(hlo.kernel_members(text)),
         cost=_cost(executable),
+        flops_per_member_step=flops,
     )
 
 
@@ -184,7 +188,8 @@ def lines(report: Report) -> list[str]:
         f"{'total':>12} {'of device':>9}  {'members':<10} {'collectives':<16} attention",
     ]
     for e in report.executables:
-        kernels = ", ".join(f"{k} x{n}" for k, n in sorted(e.kernels.items())) or "no Triton kernel"
+        none = "no Pallas TPU kernel" if t.backend == "tpu" else "no Triton kernel"
+        kernels = ", ".join(f"{k} x{n}" for k, n in sorted(e.kernels.items())) or none
         if e.kernel_members:
             kernels += f" of {'/'.join(map(str, e.kernel_members))} members"
         if length and e.key[0] in ("chunk", "piece"):
@@ -217,12 +222,20 @@ def lines(report: Report) -> list[str]:
         + f" in {_gib(t.memory_bytes)} GiB"
     )
     for e in report.executables:
-        if e.key[0] == "chunk" and e.cost:  # per device and step, over the members one device computes
-            steps = max(report.members.get(e.key[1], 1), 1)  # XLA's analysis counts a loop body (one step) once
-            flops, accessed = (e.cost.get(k, 0.0) / steps / 1e9 for k in ("flops", "bytes accessed"))
+        key = " ".join(str(k) for k in e.key)
+        if e.key[0] == "chunk" and e.cost:  # one device's program; each loop body counted once (hlo_flops.py)
+            members = max(report.members.get(e.key[1], 1), 1)
+            flops, accessed = (e.cost.get(k, 0.0) / members / 1e9 for k in ("flops", "bytes accessed"))
             out.append(
-                f"{t.compiler} compiler's cost analysis ({' '.join(str(k) for k in e.key)}): "
-                f"{flops:.2f} GFLOP and {accessed:.2f} GB accessed per member-step"
+                f"{t.compiler} compiler's cost analysis ({key}): {flops:.2f} GFLOP and {accessed:.2f} GB accessed "
+                f"per member on one device, every loop body counted once (one step of {e.key[2]}, one layer of a "
+                "scanned stack): not per member-step"
+            )
+        if e.flops_per_member_step is not None:
+            members = max(report.members.get(e.key[1], 1), 1)
+            out.append(
+                f"FLOPs per member-step ({key}, one device's program over its {members} member(s), loop bodies "
+                f"per trip; matmuls and Pallas calls): {e.flops_per_member_step / 1e9:.2f} GFLOP"
             )
         if e.bytes_per_member_step is not None:
             estimate = f"; models/cost.py: {report.estimate_bytes / 1e9:.2f} GB in all" if report.estimate_bytes else ""
@@ -230,7 +243,7 @@ def lines(report: Report) -> list[str]:
             if e.kernel_bytes_per_member_step:  # a group's call reads its members' blocks only: an upper bound
                 kernels = f" besides the Pallas kernels' calls ({e.kernel_bytes_per_member_step / 1e9:.2f} GB at most)"
             out.append(
-                f"bytes per member-step ({' '.join(str(k) for k in e.key)}, the compiled program's top-level "
+                f"bytes per member-step ({key}, the compiled program's top-level "
                 f"kernels): {e.bytes_per_member_step / 1e9:.2f} GB{kernels}{estimate}"
             )
     return out

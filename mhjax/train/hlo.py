@@ -8,7 +8,8 @@
   through dynamic-slices, those slices' bytes (a scan's stacked buffers).
   Approximate (a fusion that reads a static slice of an operand is charged the whole
   operand). On a GPU target, where ``cost_analysis()`` is None, this is the only count there is.
-- ``triton_kernels``: the Pallas/Triton kernels in the program, by name; ``kernel_members``:
+- ``triton_kernels``: the Pallas/Triton kernels in the program, by name (``tpu_kernels``: the
+  Pallas TPU, Mosaic, ones); ``kernel_members``:
   the leading dimension of their results (the members one call computes: members / N per
   device where the member axis is split over N).
 - ``square_tensors``: values of any type (f32 scores and probabilities, pred dropout masks,
@@ -80,10 +81,26 @@ def top_level(comps: dict[str, list[str]], entry: str) -> set[str]:
 TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')  # a while's backend_config
 
 
+CONSTANT = re.compile(r"^(%[\w.\-]+) = s32\[\]\S* constant\((\d+)\)")
+
+
+def condition_trips(comps: dict[str, list[str]], condition: str) -> int | None:
+    """The trips of a loop whose condition compares its counter (from 0) with a constant, LT."""
+    lines = comps.get(condition, [])
+    constants = dict(m.groups() for m in (CONSTANT.match(line) for line in lines) if m)
+    root = lines[-1] if lines else ""
+    if "compare(" not in root or "direction=LT" not in root:
+        return None
+    operands = root.split("compare(", 1)[1].split(")", 1)[0].split(",")
+    values = [int(constants[name.strip()]) for name in operands if name.strip() in constants]
+    return values[0] if len(values) == 1 else None
+
+
 def runs(comps: dict[str, list[str]], entry: str, unknown_trips: int = 1) -> dict[str, int]:
     """{top-level computation: how many times one run of the program runs it}: a loop body
-    (and condition) once per trip of its loop, XLA's known trip count (``unknown_trips`` where
-    XLA does not know it), times the runs of the computation holding the loop."""
+    (and condition) once per trip of its loop, XLA's known trip count (else the constant its
+    condition compares the counter with; ``unknown_trips`` where neither is known), times the
+    runs of the computation holding the loop."""
     out, todo = {}, [(entry, 1)]
     while todo:
         name, count = todo.pop()
@@ -91,10 +108,13 @@ def runs(comps: dict[str, list[str]], entry: str, unknown_trips: int = 1) -> dic
             continue
         out[name] = out.get(name, 0) + count
         for line in comps[name]:
-            trips = TRIP_COUNT.search(line)
-            loop = " while(" in line
+            known = TRIP_COUNT.search(line)
+            loop = re.search(r" while\(.*condition=(%[\w.\-]+)", line)
+            trips = int(known.group(1)) if known else 1
+            if loop and not known:  # the TPU compiler states no trip count: its condition's constant
+                trips = condition_trips(comps, loop.group(1)) or unknown_trips
             for callee in CALLED.findall(line):
-                todo.append((callee, count * (int(trips.group(1)) if trips else unknown_trips if loop else 1)))
+                todo.append((callee, count * trips))
     return out
 
 
@@ -143,11 +163,11 @@ def kernels(text: str, weighted: bool = False):
 
 
 def split_bytes(text: str, weighted: bool = False) -> tuple[int, int]:
-    """(bytes the top-level kernels move besides the Triton calls, the Triton calls' bytes: the
-    Pallas kernels, each charged its whole operands)."""
+    """(bytes the top-level kernels move besides the Pallas calls, the Pallas calls' bytes
+    (Triton or TPU), each charged its whole operands)."""
     rest = triton = 0
     for line, _, moved in kernels(text, weighted):
-        if TRITON.search(line):
+        if TRITON.search(line) or TPU_CALL.search(line):
             triton += moved
         else:
             rest += moved
@@ -161,6 +181,23 @@ def kernel_bytes(text: str, weighted: bool = False) -> int:
 def triton_kernels(text: str) -> Counter:
     """{kernel name: calls} of the Triton custom calls (Pallas kernels) in the program."""
     return Counter(TRITON.findall(text))
+
+
+# A Mosaic (Pallas TPU) call: its name is the instruction's, from the pallas_call's name scope
+# ("jvp_jit_flash_attention__.2", "flash_mha_bwd_dq_block_q_major_128_..._128.3")
+TPU_CALL = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = .*custom_call_target="tpu_custom_call"', re.MULTILINE)
+
+
+def tpu_kernels(text: str) -> Counter:
+    """{kernel name: calls} of the Pallas TPU (Mosaic) custom calls in the program; a name is
+    its instruction's without the numbering, the jvp/jit prefix and the block-size suffix
+    ("flash_attention", "flash_mha_bwd_dkv", "flash_mha_bwd_dq")."""
+
+    def short(name: str) -> str:
+        name = re.sub(r"\.\d+$", "", name).split("_block_")[0].strip("_")
+        return re.sub(r"^(?:jvp_|transpose_)*(?:jit_)?", "", name)
+
+    return Counter(short(name) for name in TPU_CALL.findall(text))
 
 
 FIRST_SHAPE = re.compile(r" = \(?[a-z0-9]+\[(\d+)")

@@ -1,0 +1,140 @@
+"""The Pallas TPU attention (models/pallas_tpu_attention.py: JAX's shipped Mosaic flash
+attention, in TPU interpret mode on this CPU) computes the JAX path's function: values and
+gradients at static heads (the grouped and unrolled strategies' layer, also vmapped over
+members) and inside one_program's layout (each group at its own head count), T = 100 and 300
+(padded to 128 and 384 on chip), 1 to 16 heads, float32 and bfloat16; dropout is what it
+cannot take: the layer refuses it, and the resolver keeps the JAX path on a TPU with dropout.
+(Where auto takes it, by T: tests/test_attention_choice.py.)
+
+The default run keeps T = 100 and few heads (interpret mode simulates the TPU's memories and
+costs seconds per case); T = 300, 16 heads and bfloat16 are slow. Tolerances as
+tests/test_pallas_attention.py's in interpret mode (float32 throughout).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mhjax.models import attention, pallas_tpu_attention
+from mhjax.models.attention_choice import TPU_NO_DROPOUT, resolve_attention
+
+WIDTH, BATCH, RATE = 64, 2, 0.3
+VALUE_RTOL, GRAD_RTOL, GRAD_ATOL = 1e-5, 1e-4, 1e-5
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    """x (B, 300, D) and the attention layer's parameters (their shapes do not depend on H)."""
+    x = jax.random.normal(jax.random.PRNGKey(3), (BATCH, 300, WIDTH))
+    params = jax.jit(attention.CausalSelfAttention(WIDTH, 1, RATE).init)(jax.random.PRNGKey(0), x[:, :8])["params"]
+    return x, params
+
+
+def _assert_close(a, b, rtol=(VALUE_RTOL, GRAD_RTOL), atol=GRAD_ATOL):
+    (va, ga), (vb, gb) = a, b
+    np.testing.assert_allclose(va, vb, rtol=rtol[0])
+    for x, y in zip(jax.tree_util.tree_leaves(ga), jax.tree_util.tree_leaves(gb)):
+        np.testing.assert_allclose(x, y, rtol=rtol[1], atol=atol)
+
+
+def _layer(heads, implementation, layout=None, dtype="float32"):
+    return attention.CausalSelfAttention(
+        WIDTH, heads, RATE, layout, implementation, interpret=True, dtype=dtype
+    )  # dropout rate RATE: run deterministic (the kernel has none)
+
+
+def _value_and_grad(inputs, heads, length, implementation, members=0, dtype="float32"):
+    """Loss and gradients of the layer (deterministic) at ``heads``; ``members`` > 0: the layer
+    vmapped over that many members with scaled parameters (the grouped strategy's program)."""
+    x, params = inputs
+    layer = _layer(heads, implementation, dtype=dtype)
+
+    def loss(p):
+        out, _ = layer.apply({"params": p}, x[:, :length], None, True)
+        return jnp.sum(jnp.sin(out.astype(jnp.float32)))
+
+    if not members:
+        return jax.jit(jax.value_and_grad(loss))(params)
+    scales = 1.0 + 0.1 * jnp.arange(members)
+    stacked = jax.tree_util.tree_map(lambda p: p * scales.reshape(-1, *[1] * p.ndim), params)
+    return jax.jit(jax.vmap(jax.value_and_grad(loss)))(stacked)
+
+
+@pytest.fixture
+def vmapped_grids(monkeypatch):
+    """jax 0.10.2's TPU interpret mode takes a pallas_call's dimension semantics as given, not
+    extended by the grid dimensions vmap adds (the Mosaic lowering extends them: vmapped_dims in
+    jax/_src/pallas/mosaic/lowering.py): prepend parallel ones as the lowering does."""
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interpreter
+
+    given = interpreter._get_parallel_dim_semantics
+
+    def extended(params, dims):
+        semantics = given(params, dims)
+        return (True,) * (dims - len(semantics)) + semantics
+
+    monkeypatch.setattr(interpreter, "_get_parallel_dim_semantics", extended)
+
+
+FAST = [(1, 100, 0), (4, 100, 2)]  # (heads, T, members vmapped; 0: one)
+SLOW = [(16, 100, 0), (1, 300, 0), (16, 300, 0), (4, 300, 2)]
+
+
+@pytest.mark.parametrize("heads,length,members", FAST + [pytest.param(*c, marks=pytest.mark.slow) for c in SLOW])
+def test_tpu_kernel_equals_jax_at_static_heads(inputs, vmapped_grids, heads, length, members):
+    run = lambda implementation: _value_and_grad(inputs, heads, length, implementation, members)  # noqa: E731
+    _assert_close(run("jax"), run("pallas_tpu"))
+
+
+@pytest.mark.slow  # bfloat16 in interpret mode: seconds per case; the float32 cases cover the code
+@pytest.mark.parametrize("heads,length", [(4, 100), (16, 300)])
+def test_tpu_kernel_equals_jax_in_bfloat16(inputs, heads, length):
+    """bfloat16 q, k, v: the kernel's float32 accumulation against the JAX path's bfloat16
+    probabilities meeting v: values and gradients to bfloat16's ~1e-2."""
+    run = lambda implementation: _value_and_grad(inputs, heads, length, implementation, dtype="bfloat16")  # noqa: E731
+    _assert_close(run("jax"), run("pallas_tpu"), rtol=(5e-2, 5e-2), atol=5e-2)
+
+
+def _layout_value_and_grad(inputs, length, implementation, layout):
+    """The layer vmapped over ``layout``'s members, the gradient of the summed member losses (as
+    engine.members_step takes it): each group through the kernel at its own head count."""
+    x, params = inputs
+    members = sum(n for n, _ in layout)
+    layer = _layer(max(h for _, h in layout), implementation, layout)
+    heads = jnp.array([h for n, h in layout for _ in range(n)], jnp.int32)
+    stacked = jax.tree_util.tree_map(lambda p: p * (1.0 + 0.1 * jnp.arange(members)).reshape(-1, *[1] * p.ndim), params)
+
+    def total(p):
+        losses = jax.vmap(lambda p, h: jnp.sum(jnp.sin(layer.apply({"params": p}, x[:, :length], h, True)[0])))(
+            p, heads
+        )
+        return jnp.sum(losses), losses
+
+    (_, losses), grads = jax.jit(jax.value_and_grad(total, has_aux=True))(stacked)
+    return losses, grads
+
+
+@pytest.mark.parametrize(
+    "length,layout",
+    [(100, ((2, 1), (1, 4)))] + [pytest.param(300, ((1, 1), (1, 4), (1, 16)), marks=pytest.mark.slow)],
+)
+def test_tpu_kernel_equals_jax_inside_one_program_layout(inputs, length, layout):
+    run = lambda implementation: _layout_value_and_grad(inputs, length, implementation, layout)  # noqa: E731
+    _assert_close(run("jax"), run("pallas_tpu"))
+
+
+def test_the_tpu_kernel_takes_no_dropout_and_a_tpu_with_dropout_runs_jax(inputs):
+    """The shipped kernel has no dropout: the layer refuses a training call with it (never a
+    silent dropout-free run), and auto on a TPU takes the kernel only where model.dropout is 0."""
+    x, params = inputs
+    with pytest.raises(ValueError, match="no dropout on the probabilities"):
+        _layer(4, "pallas_tpu").apply({"params": params}, x[:, :16], None, False, rngs={"dropout": jax.random.key(0)})
+    assert resolve_attention("auto", "tpu", 1024).implementation == "pallas_tpu"
+    dropped = resolve_attention("auto", "tpu", 1024, dropout=0.1)
+    assert dropped.implementation == "jax" and dropped.fallback.startswith(TPU_NO_DROPOUT)
+    assert "model.dropout = 0.1" in dropped.reason
+
+
+def test_tpu_kernel_pads_the_sequence_to_its_blocks():
+    assert [pallas_tpu_attention.padded_length(t) for t in (1, 100, 128, 129, 300)] == [128, 128, 128, 256, 384]
