@@ -201,3 +201,21 @@ def test_tensorboard_server_serves_runs_scalars_images_and_hparams(sweep_dir, tm
             proc.kill()
             proc.wait()
         log.close()
+
+
+def test_a_run_resumed_within_the_same_second_keeps_the_earlier_runs_points(tmp_path):
+    """tensorboardX names event files by the second: a resume (purge at 2) opened within the
+    second of the run it resumes must not write over that run's file."""
+    from mhjax.io.tensorboard import MemberWriters
+    from tests.tb_scalars import scalar_events
+
+    first = MemberWriters(str(tmp_path), ["m"])
+    for step in range(3):
+        first.scalars("m", {"train/loss": float(step)}, step)
+    first.close()
+    second = MemberWriters(str(tmp_path), ["m"], purge_step=2)
+    for step in (2, 3):
+        second.scalars("m", {"train/loss": 10.0 + step}, step)
+    second.close()
+    assert len(os.listdir(tmp_path / "m")) == 2
+    assert scalar_events(str(tmp_path / "m"))["train/loss"] == [(0, 0.0), (1, 1.0), (2, 12.0), (3, 13.0)]

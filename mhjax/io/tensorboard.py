@@ -63,7 +63,11 @@ class MemberWriters:
         if not has_events(path):
             purge_step = None
         try:
-            writer = SummaryWriter(path, flush_secs=30, purge_step=purge_step)
+            # named to the nanosecond: a run resumed within the second of the last one (a fast
+            # kill and restart) must not write over that one's file (tensorboardX names by second)
+            writer = SummaryWriter(
+                path, flush_secs=30, purge_step=purge_step, filename_suffix=f".{time.time_ns():020d}"
+            )
         except OSError as exc:
             self._lose(name, exc)
             return SummaryWriter(path, write_to_disk=False)  # the same methods, writing nothing
