@@ -11,8 +11,8 @@ Environment:
     results not fetched yet;
   - ``save:FOLDER:STEP``: orbax has written FOLDER/STEP (``checkpoints`` or ``snapshots``) to its
     temporary folder and is about to rename it into place;
-  - ``flush:N``: inside the N-th TensorBoard flush of the training loop (MemberWriters.flush,
-    which comes before every checkpoint commit), before the events are written out.
+  - ``flush:N``: inside the N-th TensorBoard flush of the training loop (MemberWriters.flush
+    called from train/loop.py: before every checkpoint commit), before the events are written out.
 """
 
 import os
@@ -28,18 +28,6 @@ def send() -> None:
     if not sent[0]:  # once: a second signal would exit at once
         sent[0] = True
         os.kill(os.getpid(), SIGNAL)
-
-
-def nth(original, n: int):
-    calls = [0]
-
-    def wrapped(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == n:
-            send()
-        return original(*args, **kwargs)
-
-    return wrapped
 
 
 if WHAT == "chunk":
@@ -70,7 +58,17 @@ elif WHAT == "save":
 elif WHAT == "flush":
     from mhjax.io.tensorboard import MemberWriters
 
-    MemberWriters.flush = nth(MemberWriters.flush, int(WHERE[0]))
+    original_flush, flushes = MemberWriters.flush, [0]
+    LOOP = os.path.join("train", "loop.py")
+
+    def flush(self, *args, **kwargs):
+        if sys._getframe(1).f_code.co_filename.endswith(LOOP):  # the loop's, before a checkpoint (not start's)
+            flushes[0] += 1
+            if flushes[0] == int(WHERE[0]):
+                send()
+        return original_flush(self, *args, **kwargs)
+
+    MemberWriters.flush = flush
 else:
     raise SystemExit(f"MHJAX_TEST_AT: chunk:N, save:FOLDER:STEP or flush:N (got {os.environ['MHJAX_TEST_AT']})")
 
