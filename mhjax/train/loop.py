@@ -352,7 +352,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         # with any other part's members; results.md with head counts paired on held-out windows
         written = workdir.write_results(payload, tables=results_tables) if primary else payload
         description = f"{payload['title']}: {len(members)} members, {step} steps"
-        writers.finish(payload["members"], hparams, experiment.metric_tags(), step, description)
+        again = latest is not None and latest >= total  # its final/ scalars may be on disk: not twice
+        writers.finish(payload["members"], hparams, experiment.metric_tags(), step, description, again)
         # Host copies are gathered by EVERY process (a collective); then only process 0 draws.
         member_states = sweep.member_states(states)
         if primary:
