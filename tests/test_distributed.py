@@ -216,9 +216,27 @@ def assert_results_close(reference: str, workdir: str, tol=1e-5) -> None:
                 assert b[key] == value, (a["name"], key)
 
 
-def test_a_one_device_checkpoint_resumes_on_two_devices_as_the_straight_run(reference, tmp_path):
-    """The straight one-device run's checkpoint at step 2 (what a stop there leaves: checkpoints are
-    per member) resumed on 2 devices, the members now split between them: the straight run, to 1e-5."""
+def _two_processes(args, signalled=None, at="chunk:1"):
+    """``mhjax train args`` as two processes of one jax.distributed job; process 1 sent ``signalled``
+    at ``at`` (tests/signal_driver.py) when given. Their exit codes and stderr."""
+    coordinated = args + ["--coordinator", f"127.0.0.1:{_free_port()}", "--num-processes", "2"]
+    procs = [_train(coordinated + ["--process-id", "0"])]
+    more = coordinated + ["--process-id", "1"]
+    procs.append(_stopped_at(more, 1, at, signalled) if signalled else _train(more))
+    try:
+        outs = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return [p.returncode for p in procs], [err for _, err in outs]
+
+
+def test_a_one_process_checkpoint_resumes_on_two_processes_as_the_straight_run(reference, tmp_path):
+    """The straight one-process run's checkpoint at step 2 (what a stop there leaves: checkpoints are
+    per member) resumed by 2 processes, each computing half the members: the straight run, to 1e-5.
+    The resume writes step 2's TensorBoard points again (process 0's purge): an evaluation every
+    process joins (it crashed in a collective mismatch when only process 0 evaluated)."""
     import shutil
 
     root, single = reference
@@ -227,8 +245,10 @@ def test_a_one_device_checkpoint_resumes_on_two_devices_as_the_straight_run(refe
     shutil.rmtree(workdir / "checkpoints" / "4")
     for name in ("results.json", "results.md"):
         (workdir / name).unlink(missing_ok=True)
-    err = _resume(["--config", str(root / "tiny.py"), "--workdir", str(workdir)], devices=2)
-    assert "resuming from checkpoint at step 2" in err
+    codes, errs = _two_processes(["--config", str(root / "tiny.py"), "--workdir", str(workdir)])
+    assert codes == [0, 0], [e[-3000:] for e in errs]
+    assert all("resuming from checkpoint at step 2" in e for e in errs)
+    assert "steps >= 2 dropped (purge_step 2); its evaluation written again" in errs[0]
     resumed = _final_params(str(workdir))
     for name in single:
         assert_trees_close(single[name], resumed[name])
@@ -240,7 +260,7 @@ ELASTIC_CONFIG = config_source(
 )
 
 
-# ~1 min loaded: four CLI runs (a straight one, then 1, 2 and 4 devices); the fast test above resumes 1 -> 2
+# ~1 min loaded: four CLI runs (a straight one, then 1, 2 and 4 devices); the fast test above: 1 process -> 2
 @pytest.mark.slow
 def test_stopped_on_one_device_then_two_then_resumed_on_four_gives_the_straight_run(tmp_path):
     (tmp_path / "six.py").write_text(ELASTIC_CONFIG)
@@ -272,3 +292,37 @@ def test_two_processes_stopped_then_resumed_as_one_give_the_straight_run(referen
     for name in single:
         assert_trees_close(single[name], resumed[name])
     assert_results_close(str(root / "single"), workdir)
+
+
+TWO_PROCESS_CONFIG = config_source(
+    tiny_train(fused(tiny_sequence_config(task=("copy", "cycle"), heads=(1, 2))), 40, 2, 10, 10)
+)
+
+
+# ~2 min each loaded (three two-process runs): the chaos test of one process is tests/test_chaos.py
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", ["SIGUSR1", "SIGTERM"])
+def test_two_processes_signalled_in_a_chunk_resume_as_their_straight_run(tmp_path, signum):
+    """Process 1 signalled in its first chunk: both stop at the same chunk end (SIGUSR1 through the
+    chunk-end gather: step 2; SIGTERM at JAX's next preemption sync point), exit 75, with a
+    checkpoint there; run again as two processes, results.json, parameters and every TensorBoard
+    scalar are the straight two-process run's, bit for bit."""
+    from tests.tb_scalars import assert_same_scalars
+
+    (tmp_path / "forty.py").write_text(TWO_PROCESS_CONFIG)
+    config = ["--config", str(tmp_path / "forty.py")]
+    codes, errs = _two_processes(config + ["--workdir", str(tmp_path / "straight")])
+    assert codes == [0, 0], errs[1][-3000:]
+    workdir = str(tmp_path / "w")
+    codes, errs = _two_processes(config + ["--workdir", workdir], signalled=signum)
+    assert codes == [75, 75], [e[-2000:] for e in errs]
+    stops = [int(re.search(rf"{signum}: stopped at step (\d+), checkpoint written", e)[1]) for e in errs]
+    assert stops[0] == stops[1] and 0 < stops[0] < 40 and (signum != "SIGUSR1" or stops[0] == 2)
+    assert max(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()) == stops[0]
+    codes, errs = _two_processes(config + ["--workdir", workdir])
+    assert codes == [0, 0] and f"resuming from checkpoint at step {stops[0]}" in errs[0], errs[0][-3000:]
+    want, got = _final_params(str(tmp_path / "straight")), _final_params(workdir)
+    for name in want:
+        assert_trees_close(want[name], got[name], tol=0)
+    assert_results_close(str(tmp_path / "straight"), workdir, tol=0)
+    assert_same_scalars(str(tmp_path / "straight"), workdir, sorted(want))
