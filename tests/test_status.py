@@ -208,7 +208,7 @@ def test_status_names_the_process_holding_a_shards_lock_and_its_step(sharded, ca
         with open(path, "w") as f:
             f.write(saved)
     shards = {s["shard"]: s for s in status["shards"]}
-    assert status["holder_pid"] is None and "no command holds it" in out
+    assert status["holder_pid"] is None and "3 shards, each held by the process that trains it (below)" in out
     assert (shards["1/3"]["state"], shards["1/3"]["step"], shards["1/3"]["holder_pid"]) == ("training", 5, holder.pid)
     assert shards["1/3"]["eta_s"] == pytest.approx((STEPS - 5) * 1 / 2.0)
     assert [shards[f"{i}/3"]["state"] for i in (0, 2)] == ["done", "missing"]

@@ -18,11 +18,11 @@ def command(args, overrides) -> int:
 
 
 def status_lines(status: dict) -> list[str]:
-    holder = status["holder_pid"]
-    lines = [
-        f"{status['workdir']}: {status['total_steps']} steps per member; "
-        + (f"held by pid {holder}" if holder else "no command holds it")
-    ]
+    holder, shards = status["holder_pid"], status.get("shards")
+    held = f"held by pid {holder}" if holder else "no command holds it"
+    if shards and not holder:  # shards hold their own locks, never the workdir's while they train
+        held = f"{len(shards)} shards, each held by the process that trains it (below)"
+    lines = [f"{status['workdir']}: {status['total_steps']} steps per member; {held}"]
     header = ("member", "state", "step", "checkpoint", "age", "member-steps/s", "to finish")
     rows = [header]
     for row in status["members"]:

@@ -93,9 +93,10 @@ def sweep_status(workdir) -> dict:
 
 def _parts(wd: Workdir) -> list[tuple[str, list[str], str | None]]:
     """(folder, member names mhjax.json records for it, its shard "I/N" or None) of each part."""
+    folders = wd.part_folders()  # a history that is not a list of parts: its one-line ConfigError
     history = wd.metadata().get(HISTORY) if os.path.isfile(wd.metadata_path) else None
-    if not isinstance(history, list) or not history:
-        return [(folder, [], None) for folder in wd.part_folders()]
+    if not isinstance(history, list) or len(history) != len(folders):
+        return [(folder, [], None) for folder in folders]
     out = []
     for entry in history:
         members = entry.get("members")
