@@ -110,7 +110,7 @@ def test_sigterm_in_the_tensorboard_flush_before_a_checkpoint_resumes_as_the_str
 CASES = [(s, w) for s in SIGNALS for w in ("chunk", "checkpoint", "snapshot", "flush")]
 
 
-# ~15 s each loaded (a signalled subprocess, a resume): the fast test above is SIGTERM in the flush
+# ~8-20 s each loaded, 16 cases (a signalled subprocess, a resume): the fast test above is SIGTERM in the flush
 @pytest.mark.slow
 @pytest.mark.parametrize("signal_name, where", CASES, ids=[f"{s}-{w}" for s, w in CASES])
 def test_a_signal_at_a_seeded_moment_then_the_same_command_gives_the_straight_run(
@@ -123,7 +123,7 @@ def test_a_signal_at_a_seeded_moment_then_the_same_command_gives_the_straight_ru
     assert_same_run(reference, str(tmp_path / "w"))
 
 
-# ~40 s each loaded: the one-job run's two programs as two shards, shard 0 signalled and rerun
+# ~10 s each loaded: the one-job run's two programs as two shards, shard 0 signalled and rerun
 @pytest.mark.slow
 @pytest.mark.parametrize("signal_name, where", [("SIGTERM", "flush"), ("SIGKILL", "chunk"), ("SIGUSR1", "snapshot")])
 def test_a_signalled_shard_resumed_gives_the_straight_one_job_run(straight, tmp_path, signal_name, where):

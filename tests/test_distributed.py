@@ -299,7 +299,7 @@ TWO_PROCESS_CONFIG = config_source(
 )
 
 
-# ~2 min each loaded (three two-process runs): the chaos test of one process is tests/test_chaos.py
+# ~75 s each loaded (three two-process runs): the chaos test of one process is tests/test_chaos.py
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", ["SIGUSR1", "SIGTERM"])
 def test_two_processes_signalled_in_a_chunk_resume_as_their_straight_run(tmp_path, signum):
