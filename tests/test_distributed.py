@@ -171,3 +171,158 @@ def test_a_signal_to_one_process_stops_both_at_the_same_chunk_with_a_checkpoint(
     assert stopped[0] == stopped[1] > 0
     saved = [int(d) for d in os.listdir(tmp_path / "w" / "checkpoints") if d.isdigit()]
     assert max(saved) == stopped[0]
+
+
+# ---------------------------------------------------------------------------------------------- #
+# Elastic resume: a sweep stopped on some devices or processes resumes on others (issue 46 item 4)
+# ---------------------------------------------------------------------------------------------- #
+DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "signal_driver.py")
+MEASURED = ("program_wall_time_s", "wall_time_s", "member_steps_per_s", "tokens_per_s", "mfu")
+
+
+def _stopped_at(args, devices, at, signum="SIGUSR1"):
+    """``mhjax train args`` on ``devices`` fake devices, sent ``signum`` at ``at`` (tests/signal_driver.py)."""
+    env = dict(_env(devices), MHJAX_TEST_SIGNAL=signum, MHJAX_TEST_AT=at)
+    cmd = [sys.executable, DRIVER, "train", "--no-progress", *args]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _stop_line_step(proc) -> int:
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 75, err[-3000:]
+    return int(re.search(r"SIGUSR1: stopped at step (\d+), checkpoint written", err)[1])
+
+
+def _resume(args, devices=1) -> str:
+    proc = _train(args, devices)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    return err
+
+
+def assert_results_close(reference: str, workdir: str, tol=1e-5) -> None:
+    """results.json of ``workdir`` is the reference run's: every member, every field, numbers to
+    ``tol`` (another device count computes in other batches: float rounding), measured rates aside."""
+    want, got = (json.load(open(os.path.join(w, "results.json"))) for w in (reference, workdir))
+    assert got["steps"] == want["steps"]
+    for a, b in zip(want["members"], got["members"], strict=True):
+        assert a.keys() == b.keys() and a["name"] == b["name"]
+        for key, value in a.items():
+            if key in MEASURED:
+                continue
+            if isinstance(value, float) or (isinstance(value, list) and value and isinstance(value[0], float)):
+                assert b[key] == pytest.approx(value, rel=tol, abs=tol), (a["name"], key)
+            else:
+                assert b[key] == value, (a["name"], key)
+
+
+def _two_processes(args, signalled=None, at="chunk:1"):
+    """``mhjax train args`` as two processes of one jax.distributed job; process 1 sent ``signalled``
+    at ``at`` (tests/signal_driver.py) when given. Their exit codes and stderr."""
+    coordinated = args + ["--coordinator", f"127.0.0.1:{_free_port()}", "--num-processes", "2"]
+    procs = [_train(coordinated + ["--process-id", "0"])]
+    more = coordinated + ["--process-id", "1"]
+    procs.append(_stopped_at(more, 1, at, signalled) if signalled else _train(more))
+    try:
+        outs = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return [p.returncode for p in procs], [err for _, err in outs]
+
+
+def test_a_one_process_checkpoint_resumes_on_two_processes_as_the_straight_run(reference, tmp_path):
+    """The straight one-process run's checkpoint at step 2 (what a stop there leaves: checkpoints are
+    per member) resumed by 2 processes, each computing half the members: the straight run, to 1e-5.
+    The resume writes step 2's TensorBoard points again (process 0's purge): an evaluation every
+    process joins (it crashed in a collective mismatch when only process 0 evaluated)."""
+    import shutil
+
+    root, single = reference
+    workdir = tmp_path / "elastic"
+    shutil.copytree(root / "single", workdir)
+    shutil.rmtree(workdir / "checkpoints" / "4")
+    for name in ("results.json", "results.md"):
+        (workdir / name).unlink(missing_ok=True)
+    codes, errs = _two_processes(["--config", str(root / "tiny.py"), "--workdir", str(workdir)])
+    assert codes == [0, 0], [e[-3000:] for e in errs]
+    assert all("resuming from checkpoint at step 2" in e for e in errs)
+    assert "steps >= 2 dropped (purge_step 2); its evaluation written again" in errs[0]
+    resumed = _final_params(str(workdir))
+    for name in single:
+        assert_trees_close(single[name], resumed[name])
+    assert_results_close(str(root / "single"), str(workdir))
+
+
+ELASTIC_CONFIG = config_source(
+    tiny_train(fused(tiny_sequence_config(task=("copy", "cycle"), heads=(1, 2))), 6, 2, 2, 2)
+)
+
+
+# ~1 min loaded: four CLI runs (a straight one, then 1, 2 and 4 devices); the fast test above: 1 process -> 2
+@pytest.mark.slow
+def test_stopped_on_one_device_then_two_then_resumed_on_four_gives_the_straight_run(tmp_path):
+    (tmp_path / "six.py").write_text(ELASTIC_CONFIG)
+    straight = ["--config", str(tmp_path / "six.py"), "--workdir", str(tmp_path / "straight")]
+    _resume(straight)
+    args = ["--config", str(tmp_path / "six.py"), "--workdir", str(tmp_path / "w")]
+    assert _stop_line_step(_stopped_at(args, 1, "chunk:1")) == 2  # steps 0-2 on one device
+    assert _stop_line_step(_stopped_at(args, 2, "chunk:1")) == 4  # 2-4 on two
+    err = _resume(args, devices=4)  # 4-6 on four
+    assert "resuming from checkpoint at step 4" in err
+    want, got = _final_params(str(tmp_path / "straight")), _final_params(str(tmp_path / "w"))
+    for name in want:
+        assert_trees_close(want[name], got[name])
+    assert_results_close(str(tmp_path / "straight"), str(tmp_path / "w"))
+
+
+# ~1 min loaded: two processes stopped by SIGUSR1 after their first chunk, resumed as one process
+@pytest.mark.slow
+def test_two_processes_stopped_then_resumed_as_one_give_the_straight_run(reference):
+    root, single = reference
+    workdir = str(root / "two-then-one")
+    args = ["--config", str(root / "tiny.py"), "--workdir", workdir]
+    coordinated = args + ["--coordinator", f"127.0.0.1:{_free_port()}", "--num-processes", "2"]
+    procs = [_stopped_at(coordinated + ["--process-id", str(i)], 1, "chunk:1") for i in range(2)]
+    assert [_stop_line_step(p) for p in procs] == [2, 2]
+    err = _resume(args)
+    assert "resuming from checkpoint at step 2" in err
+    resumed = _final_params(workdir)
+    for name in single:
+        assert_trees_close(single[name], resumed[name])
+    assert_results_close(str(root / "single"), workdir)
+
+
+TWO_PROCESS_CONFIG = config_source(
+    tiny_train(fused(tiny_sequence_config(task=("copy", "cycle"), heads=(1, 2))), 40, 2, 10, 10)
+)
+
+
+# ~75 s each loaded (three two-process runs): the chaos test of one process is tests/test_chaos.py
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", ["SIGUSR1", "SIGTERM"])
+def test_two_processes_signalled_in_a_chunk_resume_as_their_straight_run(tmp_path, signum):
+    """Process 1 signalled in its first chunk: both stop at the same chunk end (SIGUSR1 through the
+    chunk-end gather: step 2; SIGTERM at JAX's next preemption sync point), exit 75, with a
+    checkpoint there; run again as two processes, results.json, parameters and every TensorBoard
+    scalar are the straight two-process run's, bit for bit."""
+    from tests.tb_scalars import assert_same_scalars
+
+    (tmp_path / "forty.py").write_text(TWO_PROCESS_CONFIG)
+    config = ["--config", str(tmp_path / "forty.py")]
+    codes, errs = _two_processes(config + ["--workdir", str(tmp_path / "straight")])
+    assert codes == [0, 0], errs[1][-3000:]
+    workdir = str(tmp_path / "w")
+    codes, errs = _two_processes(config + ["--workdir", workdir], signalled=signum)
+    assert codes == [75, 75], [e[-2000:] for e in errs]
+    stops = [int(re.search(rf"{signum}: stopped at step (\d+), checkpoint written", e)[1]) for e in errs]
+    assert stops[0] == stops[1] and 0 < stops[0] < 40 and (signum != "SIGUSR1" or stops[0] == 2)
+    assert max(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()) == stops[0]
+    codes, errs = _two_processes(config + ["--workdir", workdir])
+    assert codes == [0, 0] and f"resuming from checkpoint at step {stops[0]}" in errs[0], errs[0][-3000:]
+    want, got = _final_params(str(tmp_path / "straight")), _final_params(workdir)
+    for name in want:
+        assert_trees_close(want[name], got[name], tol=0)
+    assert_results_close(str(tmp_path / "straight"), workdir, tol=0)
+    assert_same_scalars(str(tmp_path / "straight"), workdir, sorted(want))

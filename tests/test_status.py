@@ -121,3 +121,98 @@ def test_status_of_a_folder_that_is_no_workdir_is_one_line_and_exit_2(tmp_path, 
     assert cli.main(["status", "--workdir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("mhjax: error: --workdir: ") and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------- #
+# A sweep in shards (--shard I/N): each shard's lock and progress, shards not started
+# ---------------------------------------------------------------------------------------------- #
+def shard_config():
+    return tiny_train(tiny_sequence_config(heads=(1, 2, 4)), STEPS, 3, 3, 3)  # 3 programs: one per shard
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """3 shards of 6 steps: 0/3 trained to the end, 1/3 stopped by SIGUSR1 at checkpoint 3, 2/3 not started."""
+    from mhjax.workflows import shards
+
+    workdir = str(tmp_path_factory.mktemp("status-shards") / "w")
+    shards.train_shard(make_experiment(shard_config()), workdir, 0, 3, progress=False, log=lambda m: None)
+    original, calls = Sweep.run_chunk, []
+
+    def run_chunk(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            signal.raise_signal(signal.SIGUSR1)
+        return original(self, *args, **kwargs)
+
+    Sweep.run_chunk = run_chunk
+    try:
+        with pytest.raises(Interrupted):
+            shards.train_shard(make_experiment(shard_config()), workdir, 1, 3, progress=False, log=lambda m: None)
+    finally:
+        Sweep.run_chunk = original
+    history = Workdir(workdir).metadata()["sweep_history"]
+    return workdir, [list(entry["members"]) for entry in history]
+
+
+def test_status_of_shards_says_done_stopped_and_not_started_per_shard_and_member(sharded):
+    workdir, members = sharded
+    status = mhjax.load(workdir).status()
+    shards = {s["shard"]: s for s in status["shards"]}
+    assert sorted(shards) == ["0/3", "1/3", "2/3"] and [len(m) for m in members] == [1, 1, 1]
+    assert [shards[f"{i}/3"]["members"] for i in range(3)] == members
+    assert (shards["0/3"]["state"], shards["0/3"]["step"], shards["0/3"]["eta_s"]) == ("done", STEPS, 0.0)
+    assert (shards["1/3"]["state"], shards["1/3"]["step"]) == ("stopped", 3)
+    assert (shards["2/3"]["state"], shards["2/3"]["step"]) == ("missing", None)
+    assert all(s["holder_pid"] is None for s in shards.values())
+    rows = _rows(status)
+    assert sorted(rows) == sorted(sum(members, []))  # the shard not started: its members from mhjax.json
+    (done,), (stopped,), (missing,) = members
+    assert rows[done]["state"] == "done" and rows[done]["step"] == STEPS
+    assert rows[stopped]["state"] == "stopped" and rows[stopped]["step"] == rows[stopped]["checkpoint_step"] == 3
+    assert rows[stopped]["part"] == "shards/1"
+    assert rows[missing]["state"] == "missing" and rows[missing]["step"] is None and rows[missing]["part"] == "shards/2"
+
+
+SHARD_HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from mhjax.io.lock import WorkdirLock
+    from mhjax.io.workdir import Workdir
+    with WorkdirLock(sys.argv[1], "train --shard 1/3", path=Workdir(sys.argv[1]).shard_lock_path(1)):
+        print("held", flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def test_status_names_the_process_holding_a_shards_lock_and_its_step(sharded, capsys):
+    """Another process holds shard 1's lock (the workdir's own lock is free, as while shards train)
+    and writes its progress: shard 1 and its member train at its step; the others are as they were."""
+    workdir, members = sharded
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    holder = subprocess.Popen([sys.executable, "-c", SHARD_HOLDER, workdir], env=env, stdout=subprocess.PIPE, text=True)
+    view = Workdir(workdir).part("shards/1", [])
+    path = progress.path_of(view)
+    saved = open(path).read()
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with open(path, "w") as f:
+            json.dump(dict(json.loads(saved), pid=holder.pid, step=5, member_steps_per_s=2.0), f)
+        status = mhjax.load(workdir).status()
+        assert cli.main(["status", "--workdir", workdir]) == 0
+        out = capsys.readouterr().out
+    finally:
+        holder.kill()
+        holder.wait()
+        with open(path, "w") as f:
+            f.write(saved)
+    shards = {s["shard"]: s for s in status["shards"]}
+    assert status["holder_pid"] is None and "3 shards, each held by the process that trains it (below)" in out
+    assert (shards["1/3"]["state"], shards["1/3"]["step"], shards["1/3"]["holder_pid"]) == ("training", 5, holder.pid)
+    assert shards["1/3"]["eta_s"] == pytest.approx((STEPS - 5) * 1 / 2.0)
+    assert [shards[f"{i}/3"]["state"] for i in (0, 2)] == ["done", "missing"]
+    row = _rows(status)[members[1][0]]
+    assert (row["state"], row["step"], row["checkpoint_step"]) == ("training", 5, 3)
+    assert f"1/3    training  5     pid {holder.pid}" in out
+    assert "1 done, 1 training, 1 missing" in out

@@ -219,3 +219,23 @@ def test_a_run_resumed_within_the_same_second_keeps_the_earlier_runs_points(tmp_
     second.close()
     assert len(os.listdir(tmp_path / "m")) == 2
     assert scalar_events(str(tmp_path / "m"))["train/loss"] == [(0, 0.0), (1, 1.0), (2, 12.0), (3, 13.0)]
+
+
+def test_a_run_again_at_the_last_step_writes_final_scalars_once(tmp_path):
+    """A sweep already at its last step run again (after a stop there, a requeue, a finished shard
+    rerun) trains nothing and is not purged: its final/ scalars are not written twice; a member
+    whose run lacks them (killed after the last checkpoint, before the end) gets them."""
+    from mhjax.io.tensorboard import MemberWriters
+    from tests.tb_scalars import scalar_events
+
+    records = [{"name": n, "heads": 2, "train_loss": 1.5, "eval_loss": 2.0} for n in ("a", "b")]
+    hparams = {n: {"heads": 2} for n in ("a", "b")}
+    first = MemberWriters(str(tmp_path), ["a"])  # "b": the run killed before its end wrote nothing final
+    first.finish(records[:1], {"a": hparams["a"]}, [], 12)
+    first.close()
+    again = MemberWriters(str(tmp_path), ["a", "b"])
+    again.finish(records, hparams, [], 12, again=True)
+    again.close()
+    for name in ("a", "b"):
+        events = scalar_events(str(tmp_path / name))
+        assert events["final/train_loss"] == [(12, 1.5)] and events["final/eval_loss"] == [(12, 2.0)], name

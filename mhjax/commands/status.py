@@ -18,11 +18,11 @@ def command(args, overrides) -> int:
 
 
 def status_lines(status: dict) -> list[str]:
-    holder = status["holder_pid"]
-    lines = [
-        f"{status['workdir']}: {status['total_steps']} steps per member; "
-        + (f"held by pid {holder}" if holder else "no command holds it")
-    ]
+    holder, shards = status["holder_pid"], status.get("shards")
+    held = f"held by pid {holder}" if holder else "no command holds it"
+    if shards and not holder:  # shards hold their own locks, never the workdir's while they train
+        held = f"{len(shards)} shards, each held by the process that trains it (below)"
+    lines = [f"{status['workdir']}: {status['total_steps']} steps per member; {held}"]
     header = ("member", "state", "step", "checkpoint", "age", "member-steps/s", "to finish")
     rows = [header]
     for row in status["members"]:
@@ -40,11 +40,31 @@ def status_lines(status: dict) -> list[str]:
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    if status.get("shards"):
+        lines += _shard_lines(status["shards"])
     counts = {}
     for row in status["members"]:
         counts[row["state"]] = counts.get(row["state"], 0) + 1
     lines.append(", ".join(f"{n} {state}" for state, n in counts.items()) or "no members yet")
     return lines
+
+
+def _shard_lines(shards: list[dict]) -> list[str]:
+    """One row per shard (--shard I/N): its state, step, the pid holding its lock, its members."""
+    rows = [("shard", "state", "step", "held by", "members", "to finish")]
+    for shard in shards:
+        rows.append(
+            (
+                shard["shard"],
+                shard["state"],
+                _text(shard["step"]),
+                "-" if shard["holder_pid"] is None else f"pid {shard['holder_pid']}",
+                str(len(shard["members"])),
+                _duration(shard["eta_s"]),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
 
 
 def _text(value) -> str:

@@ -65,11 +65,11 @@ class WorkdirLock:
             self.file.close()
 
 
-def holder_pid(workdir) -> int | None:
-    """The pid of the process holding ``workdir``'s lock, or None (not held, or no lock file);
-    reads only: the lock file is opened for reading, never created."""
+def holder_pid(workdir, path: str | None = None) -> int | None:
+    """The pid of the process holding ``workdir``'s lock (``path``: another lock file, a shard's),
+    or None (not held, or no lock file); reads only: the lock file is opened for reading, never created."""
     try:
-        with open(Workdir.of(workdir).lock_path) as file:
+        with open(path or Workdir.of(workdir).lock_path) as file:
             pid = _holder(file)
     except OSError:
         return None

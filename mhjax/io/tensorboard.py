@@ -124,10 +124,19 @@ class MemberWriters:
         self.flush()
 
     def finish(
-        self, records: list[dict], hparams: dict[str, dict], later_tags: list[str], step: int, description: str = ""
+        self,
+        records: list[dict],
+        hparams: dict[str, dict],
+        later_tags: list[str],
+        step: int,
+        description: str = "",
+        again: bool = False,
     ) -> None:
         """Final metric scalars, the HParams experiment and every member's session end.
-        ``records``: results.json members; ``later_tags``: metric tags logged after training."""
+        ``records``: results.json members; ``later_tags``: metric tags logged after training.
+        ``again``: a run that trained nothing (the sweep already at its last step, not purged): a
+        member whose run already holds its final/ scalars at ``step`` does not get them twice
+        (one killed before writing them does)."""
         by_name = {r["name"]: r for r in records}
         hparams = uniform_types(hparams)
         swept = set(next(iter(hparams.values()), {}))
@@ -136,7 +145,8 @@ class MemberWriters:
         for name in hparams:
             writer = self.writers[name]
             record = by_name.get(name, {})
-            for key in metrics:
+            written = again and _has_final(os.path.join(self.root, name), [f"final/{k}" for k in metrics], step)
+            for key in metrics if not written else ():
                 value = record.get(key)
                 writer.add_scalar(f"final/{key}", float("nan") if value is None else float(value), step)
             _add_summary(writer, experiment_pb, step)
@@ -234,10 +244,18 @@ class NoWriters:
     def start(self, config: dict, hparams: dict[str, dict], step: int = 0) -> None:
         pass
 
-    def finish(
-        self, records: list[dict], hparams: dict[str, dict], later_tags: list[str], step: int, description: str = ""
-    ) -> None:
+    def finish(self, records, hparams, later_tags, step: int, description: str = "", again: bool = False) -> None:
         pass
+
+
+def _has_final(run_dir: str, tags: list[str], step: int) -> bool:
+    """Whether the run at ``run_dir`` holds every one of ``tags`` at ``step`` (on disk)."""
+    if not has_events(run_dir):
+        return False
+    from mhjax.io.curves import read_run  # tensorboard's reader imports slowly: only for a run again
+
+    scalars = read_run(run_dir)
+    return all(tag in scalars and step in scalars[tag][0] for tag in tags)
 
 
 def has_events(run_dir: str) -> bool:

@@ -25,7 +25,7 @@ from mhjax.train.payload import results_payload
 from mhjax.train.placement import Placement
 from mhjax.train.preempt import SharedStop, StopTimes, grace_seconds, interrupted, jax_preemption_service
 from mhjax.train.records import HostRecords
-from mhjax.train.resume_curves import prior_step_seconds, rewrite_resumed_step
+from mhjax.train.resume_curves import prior_step_seconds, purged_everywhere, rewrite_resumed_step
 from mhjax.train.scalars import log_chunk as _log_chunk
 from mhjax.train.scalars import log_eval as _log_eval
 
@@ -269,10 +269,11 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         started, trained = time.perf_counter(), 0
         if 0 in evals and step == 0:
             _log_eval(writers, members, sweep.evaluate(states), 0)
-        if writers.purged and latest is not None:  # what the purge dropped at ``step`` itself, written again
+        if purged_everywhere(writers) and latest is not None:  # what the purge dropped at ``step``, again
             evaluation = rewrite_resumed_step(workdir, experiment, sweep, states, writers, step, evals, _log_eval)
             again = "; its evaluation written again" if evaluation is not None else ""
-            log(f"tensorboard: points of earlier runs at steps >= {step} dropped (purge_step {step}){again}")
+            if writers.purged:  # process 0's, which writes them
+                log(f"tensorboard: points of earlier runs at steps >= {step} dropped (purge_step {step}){again}")
         snaps.take(step, states)  # step 0, or a resumed step newly asked for
         if latest is not None:  # snapshot steps newly asked for before it (train/snapshot_resume.py)
             snapshot_resume.take_passed(snaps, sweep, latest, log)
@@ -352,7 +353,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         # with any other part's members; results.md with head counts paired on held-out windows
         written = workdir.write_results(payload, tables=results_tables) if primary else payload
         description = f"{payload['title']}: {len(members)} members, {step} steps"
-        writers.finish(payload["members"], hparams, experiment.metric_tags(), step, description)
+        again = latest is not None and latest >= total  # its final/ scalars may be on disk: not twice
+        writers.finish(payload["members"], hparams, experiment.metric_tags(), step, description, again)
         # Host copies are gathered by EVERY process (a collective); then only process 0 draws.
         member_states = sweep.member_states(states)
         if primary:

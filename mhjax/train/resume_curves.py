@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 
+import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from mhjax.train import ahead, engine
 
@@ -44,6 +46,14 @@ def evaluated_at(step: int, config, evals, finished_at: int | None) -> bool:
         return False
     previous = ([0] + ends)[ends.index(step)]
     return evaluation_due(previous, step, total, int(config.train.eval_every), evals)
+
+
+def purged_everywhere(writers) -> bool:
+    """Whether process 0's TensorBoard runs were purged (only it writes them), known to every
+    process: writing the resumed step again evaluates, a collective every process must join."""
+    if jax.process_count() == 1:
+        return bool(writers.purged)
+    return bool(multihost_utils.broadcast_one_to_all(np.int32(writers.purged)))
 
 
 def rewrite_resumed_step(workdir, experiment, sweep, states, writers, step: int, evals, log_eval):
