@@ -232,6 +232,7 @@ def _two_processes(args, signalled=None, at="chunk:1"):
     return [p.returncode for p in procs], [err for _, err in outs]
 
 
+@pytest.mark.slow  # ~24 s (2 processes); resume_curves' other paths run in test_resume_records and test_chaos
 def test_a_one_process_checkpoint_resumes_on_two_processes_as_the_straight_run(reference, tmp_path):
     """The straight one-process run's checkpoint at step 2 (what a stop there leaves: checkpoints are
     per member) resumed by 2 processes, each computing half the members: the straight run, to 1e-5.

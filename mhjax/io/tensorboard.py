@@ -1,7 +1,6 @@
 """One TensorBoard run per sweep member (W/tb/<member-name>: io/workdir.py), written without TensorFlow.
 
-The writer takes names, numbers, text and images only (it knows nothing of models or
-analysis). Each run holds, besides the training/evaluation scalars the host loop logs:
+Names, numbers, text and images only (nothing of models or analysis). Each run holds, beside the loop's scalars:
 
 * ``config`` (text): the resolved config, and the member's own hyperparameters;
 * the HParams plugin's data, written straight as its protos (no TensorFlow): a session
@@ -63,8 +62,7 @@ class MemberWriters:
         if not has_events(path):
             purge_step = None
         try:
-            # named to the nanosecond: a run resumed within the second of the last one (a fast
-            # kill and restart) must not write over that one's file (tensorboardX names by second)
+            # named to the ns: a resume within the second of the last run must not write over its file
             writer = SummaryWriter(
                 path, flush_secs=30, purge_step=purge_step, filename_suffix=f".{time.time_ns():020d}"
             )
