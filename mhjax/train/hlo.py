@@ -27,6 +27,8 @@ from collections import Counter
 DTYPE_BYTES = {"f32": 4, "s32": 4, "u32": 4, "pred": 1, "f16": 2, "bf16": 2, "s8": 1, "u8": 1, "s64": 8, "u64": 8}
 SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([0-9,]*)\]")
 FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call", "conditional", "after-all"}
+BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+FUSED = re.compile(r"calls=(%[\w.\-]+)")
 CALLED = re.compile(r"(?:body|condition|to_apply|true_computation|false_computation)=(%[\w.\-]+)")
 INSTRUCTION = re.compile(r"(\([^=]*?\)|\S+)\s+([\w\-]+)\((.*?)\)")
 TRITON = re.compile(r'custom_call_target="__gpu\$xla\.gpu\.triton".*?backend_config=\{.*?\bname = "([^"]*)"')
@@ -96,11 +98,12 @@ def condition_trips(comps: dict[str, list[str]], condition: str) -> int | None:
     return values[0] if len(values) == 1 else None
 
 
-def runs(comps: dict[str, list[str]], entry: str, unknown_trips: int = 1) -> dict[str, int]:
-    """{top-level computation: how many times one run of the program runs it}: a loop body
-    (and condition) once per trip of its loop, XLA's known trip count (else the constant its
-    condition compares the counter with; ``unknown_trips`` where neither is known), times the
-    runs of the computation holding the loop."""
+def runs(comps: dict[str, list[str]], entry: str, unknown_trips: int = 1, inside: bool = False) -> dict[str, float]:
+    """{computation: how many times one run of the program runs it}: a loop body (and condition)
+    once per trip of its loop, XLA's known trip count (else the constant its condition compares
+    the counter with; ``unknown_trips`` where neither is known), times the runs of the
+    computation holding the loop. Top-level computations only, unless ``inside``: then fused
+    computations too, and each of a conditional's N branches 1/N times (train/hlo_flops.py)."""
     out, todo = {}, [(entry, 1)]
     while todo:
         name, count = todo.pop()
@@ -113,8 +116,14 @@ def runs(comps: dict[str, list[str]], entry: str, unknown_trips: int = 1) -> dic
             trips = int(known.group(1)) if known else 1
             if loop and not known:  # the TPU compiler states no trip count: its condition's constant
                 trips = condition_trips(comps, loop.group(1)) or unknown_trips
-            for callee in CALLED.findall(line):
-                todo.append((callee, count * trips))
+            callees = CALLED.findall(line)
+            if inside and not loop:
+                branches = BRANCHES.search(line)
+                if branches:
+                    names = [b.strip() for b in branches.group(1).split(",")]
+                    todo += [(b, count / len(names)) for b in names]
+                callees += FUSED.findall(line)
+            todo += [(callee, count * trips) for callee in callees]
     return out
 
 

@@ -27,8 +27,6 @@ import re
 
 from mhjax.train import hlo
 
-BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
-FUSED = re.compile(r"calls=(%[\w.\-]+)")
 DIMS = re.compile(r"\[([0-9,]*)\]")
 CONTRACTING = re.compile(r"lhs_contracting_dims=\{([0-9,]*)\}")
 LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
@@ -43,25 +41,7 @@ def _dims(type_text: str) -> list[int]:
 
 def runs(comps: dict[str, list[str]], entry: str) -> dict[str, float]:
     """{computation: runs per run of the program}, fused computations and branches included."""
-    out, todo = {}, [(entry, 1.0)]
-    while todo:
-        name, count = todo.pop()
-        if name not in comps:
-            continue
-        out[name] = out.get(name, 0.0) + count
-        for line in comps[name]:
-            if " while(" in line:
-                known = hlo.TRIP_COUNT.search(line)
-                condition = re.search(r"condition=(%[\w.\-]+)", line).group(1)
-                trips = int(known.group(1)) if known else hlo.condition_trips(comps, condition) or 1
-                todo += [(callee, count * trips) for callee in hlo.CALLED.findall(line)]
-                continue
-            branches = BRANCHES.search(line)
-            if branches:
-                names = [b.strip() for b in branches.group(1).split(",")]
-                todo += [(b, count / len(names)) for b in names]
-            todo += [(callee, count) for callee in hlo.CALLED.findall(line) + FUSED.findall(line)]
-    return out
+    return hlo.runs(comps, entry, inside=True)
 
 
 def _instruction_flops(line: str, rhs: str, types: dict[str, str]) -> float:
