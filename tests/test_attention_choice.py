@@ -20,10 +20,8 @@ def test_auto_takes_each_backends_kernel_and_says_why_not_when_it_cannot(monkeyp
     tpu = resolve_attention("auto", "tpu", 1024)
     assert (tpu.implementation, tpu.interpret, tpu.fallback) == ("pallas_tpu", False, None)
     assert resolve_attention("pallas", "tpu", 100).implementation == "pallas_tpu"  # asked for: at any T
-    short = resolve_attention("auto", "tpu", 100)  # the kernel's 128-lane heads cost more than T = 100's maps
-    assert short.implementation == "jax" and "128-lane head layout" in short.fallback
-    dropped = resolve_attention("auto", "tpu", 1024, dropout=0.1)  # the shipped TPU kernel has no dropout
-    assert dropped.implementation == "jax" and "no dropout" in dropped.fallback
+    for length, rate in [(100, 0.1), (8192, 0.0)]:  # mhjax's TPU kernel: any T, dropout drawn on chip
+        assert resolve_attention("auto", "tpu", length, dropout=rate) == tpu
     monkeypatch.setattr(cpu_attention, "available", lambda: False)
     cpu = resolve_attention("auto", "cpu", 100)
     assert cpu.implementation == "jax" and "C++ kernel is unavailable" in cpu.fallback
@@ -45,7 +43,6 @@ def test_pallas_interprets_on_a_cpu_only_and_the_fused_rule_is_the_records():
     [
         ("flash", "cpu", 32, "config.attention: must be one of auto, jax, cpu_kernel, pallas; got 'flash'"),
         ("cpu_kernel", "gpu", 32, "config.attention: cpu_kernel runs on a CPU with a C++ compiler (here: backend gpu)"),
-        ("pallas", "tpu", 32, "config.attention: pallas on tpu needs model.dropout = 0 (the Pallas TPU kernel"),
         ("pallas", "metal", 32, "config.attention: pallas runs on a GPU or a TPU (or a CPU, interpreted)"),
     ],
 )
@@ -69,10 +66,17 @@ def test_resolving_for_a_gpu_target_on_this_cpu_lowers_the_triton_kernel():
     assert "triton" not in jax.jit(layer.apply).trace(params, x).lower().as_text().lower()
 
 
-def test_the_dry_run_says_why_auto_on_a_tpu_runs_jax():
+def test_the_dry_run_names_the_tpu_kernel_with_dropout_and_the_layer_lowers_to_mosaic():
     from mhjax.experiments import make_experiment
     from tests.conftest import tiny_sequence_config
 
     lines = make_experiment(tiny_sequence_config(heads=(1, 2))).describe("tpu")  # model.dropout 0.1
     line = next(x for x in lines if x.startswith("attention: "))
-    assert line.startswith("attention: jax (config.attention=auto on tpu); the Pallas TPU kernel") and "0.1" in line
+    assert line.startswith("attention: pallas_tpu (config.attention=auto on tpu)")
+    choice = resolve_attention("auto", "tpu", 16, dropout=0.1)
+    layer = attention.CausalSelfAttention(32, 2, 0.1, None, choice.implementation, choice.interpret)
+    x = jnp.zeros((1, 16, 32))
+    params = attention.CausalSelfAttention(32, 2).init(jax.random.PRNGKey(0), x)
+    train = lambda p, x: layer.apply(p, x, None, False, rngs={"dropout": jax.random.key(0)})[0]  # noqa: E731
+    text = jax.jit(jax.grad(lambda p: jnp.sum(train(p, x)))).trace(params).lower(lowering_platforms=("tpu",)).as_text()
+    assert text.count("tpu_custom_call") == 2 and "mhjax_tpu_attention_bwd" in text

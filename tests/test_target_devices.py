@@ -187,7 +187,7 @@ def test_a_tpu_programs_pallas_calls_are_named_and_its_loops_counted_per_trip():
 @pytest.mark.slow  # four small compiles for a v5e (~40 s on 2 cores); needs jax[tpu] (libtpu), not in CI
 @pytest.mark.skipif(not targets.tpu_compiler_available(), reason=f"no TPU compiler here; {targets.install_hint('tpu')}")
 def test_a_v5e_chunk_runs_the_pallas_tpu_kernel_and_its_flops_are_counted_per_member_step():
-    """attention=pallas without dropout: the chunk holds the Pallas TPU kernel's forward and
+    """attention=auto with dropout: the chunk holds the Pallas TPU kernel's forward and
     backward calls and no (T, T) value; the JAX path its maps. The TPU compiler's cost analysis counts
     every loop body once (a 1- and a 2-step chunk: the same FLOPs; scanned layers: one of two),
     while hlo_flops counts per trip: the same per member-step at 1 and 2 steps, scanned or not,
@@ -216,6 +216,8 @@ def test_a_v5e_chunk_runs_the_pallas_tpu_kernel_and_its_flops_are_counted_per_me
         assert e.flops_per_member_step == pytest.approx(one.flops_per_member_step, rel=1e-3)
     assert analytic <= one.flops_per_member_step <= 1.5 * analytic  # its mixing of heads and the loss's extras
     assert one.square > 0 and not one.kernels  # the JAX path's (T, T) maps
-    _, kernel = chunk(1, attention="pallas")  # on a TPU, asked for at any T (auto: from T = 256)
-    assert kernel.kernels == {"flash_attention": 1, "flash_mha_bwd_dkv": 1, "flash_mha_bwd_dq": 1}
+    _, kernel = chunk(1, attention="auto", dropout=0.1)  # auto on a TPU: mhjax's kernel, dropout on chip
+    assert kernel.kernels == {"mhjax_tpu_attention_fwd": 1, "mhjax_tpu_attention_bwd": 1}
     assert kernel.square == 0 and kernel.flops_per_member_step > 0
+    # the calls' bytes are their cost estimates (hlo.KERNEL_BYTES): below the whole operands
+    assert 0 < kernel.kernel_bytes_per_member_step < one.bytes_per_member_step

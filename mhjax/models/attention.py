@@ -23,9 +23,8 @@ values and gradients):
 - "pallas", a fused Pallas kernel for GPUs (pallas_attention.py, interpreted on a CPU), at
   static head counts only: plain heads and each group of a layout; a traced head count
   (fused) keeps the JAX fine-head path;
-- "pallas_tpu", JAX's shipped Pallas TPU flash attention (pallas_tpu_attention.py, TPU
-  interpret mode on a CPU), at static head counts only as "pallas", without dropout (the
-  resolver keeps the JAX path on a TPU where the model has dropout);
+- "pallas_tpu", a fused Pallas kernel for TPUs (pallas_tpu_attention.py, Mosaic; TPU
+  interpret mode on a CPU), at static head counts only as "pallas", dropout included;
 - "jax", plain JAX einsums that write the (B, F, T, T) maps.
 
 Dropout on the attention probabilities is drawn per COARSE head c from seeds
@@ -43,7 +42,7 @@ import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
 from mhjax.models import member_layout
-from mhjax.models.attention_choice import KERNELS, TPU_NO_DROPOUT, core_for
+from mhjax.models.attention_choice import KERNELS, core_for
 from mhjax.models.dropout_hash import NO_DROPOUT, dropout_threshold, hash_keep
 from mhjax.models.precision import compute_dtype, to_dtype, to_float32
 
@@ -176,8 +175,6 @@ class CausalSelfAttention(nn.Module):
             q, k, v = (to_float32(a) for a in (q, k, v))  # float32 only: cast at its boundary (precision.py)
             count = jnp.full((1,), fine if heads is None else heads, jnp.int32)
             out = cpu_attention.attention(q, k, v, count, seeds, threshold, inv_keep)
-        elif implementation == "pallas_tpu" and threshold < NO_DROPOUT:
-            raise ValueError(f"pallas_tpu attention: {TPU_NO_DROPOUT}; dropout rate {self.dropout_rate}")
         elif self.layout is not None:
             kernel = self.interpret if implementation in KERNELS else None
             arrays = (q, k, v) if kernel is None else (qkv,)
@@ -186,7 +183,7 @@ class CausalSelfAttention(nn.Module):
         elif implementation == "pallas_tpu":
             from mhjax.models import pallas_tpu_attention
 
-            out = pallas_tpu_attention.attention(qkv, fine, self.interpret)
+            out = pallas_tpu_attention.attention(qkv, seeds, fine, threshold, inv_keep, self.interpret)
         elif implementation == "pallas":
             from mhjax.models import pallas_attention
 
@@ -218,7 +215,7 @@ def layout_attention(
     (pallas_attention.members_attention, in interpret mode if ``kernel`` is True) reads for
     every group at its head count on the member axis itself: no per-group slice,
     concatenation or padded gradient, no q/k/v split; with ``tpu`` too, the Pallas TPU kernel
-    (pallas_tpu_attention.members_attention: one call per group, without dropout). Reverse mode differentiates a
+    (pallas_tpu_attention.members_attention, one call per group likewise). Reverse mode differentiates a
     custom_vmap function only from outside the vmap (neither inside it nor unbatched): such a
     model's gradient is taken of the summed member losses
     (engine.members_step); for one member alone, use the plain model at its head count."""
@@ -241,7 +238,7 @@ def layout_attention(
             if tpu:
                 from mhjax.models import pallas_tpu_attention
 
-                return pallas_tpu_attention.members_attention(arrays[0], local, kernel)
+                return pallas_tpu_attention.members_attention(arrays[0], seeds, local, threshold, inv_keep, kernel)
             if kernel is not None:  # one kernel call per group, reading and writing its members in place
                 from mhjax.models import pallas_attention
 

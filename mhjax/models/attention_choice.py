@@ -7,9 +7,9 @@ they run:
 - "pallas", the fused Pallas kernel (pallas_attention.py): a GPU (Triton), or a CPU in the
   kernel's interpret mode; static head counts only, any sequence length (tiled: flash
   attention, memory linear in T);
-- "pallas_tpu", JAX's shipped Pallas TPU flash attention (pallas_tpu_attention.py): what
-  config.attention "pallas" runs on a TPU; static head counts only, any sequence length, no
-  dropout on the probabilities (the shipped kernel has none);
+- "pallas_tpu", the fused Pallas kernel for TPUs (pallas_tpu_attention.py, Mosaic): what
+  config.attention "pallas" runs on a TPU; static head counts only, any sequence length,
+  dropout included;
 - "jax", plain JAX einsums: everywhere.
 "auto" (the default, experiments/sequence_config.py DEFAULTS): the C++ kernel on a CPU (faster
 than XLA's batched matmuls at every head dim, benchmarks/RESULTS.md) when it builds, the Pallas
@@ -33,15 +33,6 @@ AUTO = "auto"
 IMPLEMENTATIONS = (AUTO, "jax", "cpu_kernel", "pallas")
 KERNELS = ("pallas", "pallas_tpu")  # the Pallas implementations: static head counts only
 _PLATFORMS = {"cuda": "gpu", "rocm": "gpu"}  # jax platform names -> backend names
-TPU_NO_DROPOUT = "the Pallas TPU kernel (jax's flash_attention) has no dropout on the probabilities"
-# auto on a TPU takes the kernel from this T on. The shipped kernel lays every head out as
-# (T, head size) with the head size on the 128 lanes, so at mhjax's head sizes (4 to 64) its
-# q, k, v, output, gradients and row statistics fill 128 lanes in HBM. The paper sweep for a
-# v5e-8 (model.dropout = 0, per member-step, train/hlo_flops.py's count): at T = 100 the kernel
-# moves 5.4 GB against the JAX path's 3.7 (temp 5.3 against 1.7 GiB per chip); at T = 256 9.1
-# against 18.6 GB (temp 10.7 against 6.8 GiB); at T = 1,024 it needs 33 GB of temporaries per
-# chip against 83 (docs/performance.md "On a TPU").
-TPU_KERNEL_MIN_LENGTH = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,15 +92,6 @@ def resolve_attention(requested: str, backend: str, seq_len: int, dropout: float
         if backend == "gpu":
             return choice("pallas", "auto on gpu: the Pallas kernel")
         if backend == "tpu":
-            if dropout > 0.0:
-                why = f"{TPU_NO_DROPOUT} (model.dropout = {dropout:g})"
-                return choice("jax", f"auto on tpu: JAX ({why})", why)
-            if seq_len < TPU_KERNEL_MIN_LENGTH:
-                why = (
-                    f"at T = {seq_len} < {TPU_KERNEL_MIN_LENGTH} the Pallas TPU kernel's 128-lane head layout "
-                    "moves more than the JAX path's maps (docs/performance.md)"
-                )
-                return choice("jax", f"auto on tpu: JAX ({why})", why)
             return choice("pallas_tpu", "auto on tpu: the Pallas TPU kernel")
         return choice("jax", f"auto on {backend}: JAX (no kernel for {backend})")
     if requested not in IMPLEMENTATIONS:
@@ -120,11 +102,6 @@ def resolve_attention(requested: str, backend: str, seq_len: int, dropout: float
             "use auto, jax or pallas"
         )
     if requested == "pallas" and backend == "tpu":
-        if dropout > 0.0:
-            raise ConfigError(
-                f"config.attention: pallas on tpu needs model.dropout = 0 ({TPU_NO_DROPOUT}); got "
-                f"model.dropout = {dropout:g}: use auto or jax"
-            )
         return choice("pallas_tpu", "pallas on tpu: the Pallas TPU kernel, asked for")
     if requested == "pallas" and backend not in ("cpu", "gpu"):
         raise ConfigError(

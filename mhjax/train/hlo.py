@@ -3,9 +3,11 @@
 - ``kernel_bytes``: memory traffic as the kernels see it: every instruction of the entry
   computation and of the computations it calls as loop bodies or conditions (not the insides
   of fusions: a fusion moves its operands and its result once) is charged its result's bytes
-  plus its operands' bytes, as XLA's HloCostAnalysis charges an op; a fusion whose root is a
-  dynamic-update-slice (in place), the update's bytes only, and an operand a fusion reads only
-  through dynamic-slices, those slices' bytes (a scan's stacked buffers).
+  plus its operands' bytes, as XLA's HloCostAnalysis charges an op; a fusion whose outputs
+  (its root, or its root tuple's elements, through bitcasts) are dynamic-update-slices of a
+  parameter (in place), those updates' bytes written and the buffer not read, an operand
+  a fusion reads only through dynamic-slices, those slices' bytes (a scan's stacked buffers),
+  and a Pallas call that states its bytes (a cost estimate: mhjax's TPU kernel), those.
   Approximate (a fusion that reads a static slice of an operand is charged the whole
   operand). On a GPU target, where ``cost_analysis()`` is None, this is the only count there is.
 - ``triton_kernels``: the Pallas/Triton kernels in the program, by name (``tpu_kernels``: the
@@ -25,7 +27,12 @@ import re
 from collections import Counter
 
 DTYPE_BYTES = {"f32": 4, "s32": 4, "u32": 4, "pred": 1, "f16": 2, "bf16": 2, "s8": 1, "u8": 1, "s64": 8, "u64": 8}
-SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([0-9,]*)\]")
+SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([0-9,]*)\](\{[^}]*\})?")
+# A TPU layout's memory space 1 is VMEM (the compiler's memory-space assignment puts values
+# there): a value held on chip moves no HBM bytes
+ON_CHIP = "S(1)"
+ASYNC = {"copy-start", "slice-start"}  # (the operand, the destination, a flag): charged the copy once
+DONE = {"copy-done", "slice-done"}
 FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "call", "conditional", "after-all"}
 BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 FUSED = re.compile(r"calls=(%[\w.\-]+)")
@@ -35,14 +42,16 @@ TRITON = re.compile(r'custom_call_target="__gpu\$xla\.gpu\.triton".*?backend_con
 
 
 def type_bytes(type_text: str) -> int:
-    """Bytes of an HLO type, a tuple's summed: "f32[8,64]{1,0}" -> 2048."""
-    total = 0
-    for dtype, dims in SHAPE.findall(type_text):
-        count = 1
-        for d in filter(None, dims.split(",")):
-            count *= int(d)
-        total += count * DTYPE_BYTES[dtype]
-    return total
+    """HBM bytes of an HLO type, a tuple's summed: "f32[8,64]{1,0}" -> 2048; a TPU value in
+    VMEM (layout memory space S(1)): 0."""
+    return sum(_bytes(dtype, dims) for dtype, dims, layout in SHAPE.findall(type_text) if ON_CHIP not in layout)
+
+
+def _bytes(dtype: str, dims: str) -> int:
+    count = 1
+    for d in filter(None, dims.split(",")):
+        count *= int(d)
+    return count * DTYPE_BYTES[dtype]
 
 
 def computations(text: str) -> tuple[dict[str, list[str]], str]:
@@ -61,11 +70,6 @@ def computations(text: str) -> tuple[dict[str, list[str]], str]:
             if root:  # the root last (XLA prints it last anyway; ROOT marks it)
                 current.append(current.pop())
     return comps, entry
-
-
-def _root_op(comps: dict[str, list[str]], name: str) -> str:
-    match = INSTRUCTION.match(comps[name][-1].split(" = ", 1)[1]) if comps.get(name) else None
-    return match.group(2) if match else ""
 
 
 def top_level(comps: dict[str, list[str]], entry: str) -> set[str]:
@@ -127,6 +131,11 @@ def runs(comps: dict[str, list[str]], entry: str, unknown_trips: int = 1, inside
     return out
 
 
+# A Pallas call's own statement of its traffic (pl.CostEstimate, in its backend_config): what a
+# group's call reads and writes of its members, where its operands are every member's arrays
+KERNEL_BYTES = re.compile(r'"cost_estimate":\{[^}]*"bytes_accessed":"(\d+)"')
+
+
 def _instructions(lines: list[str]):
     """(line, result name, its bytes, op, operand names) of a computation's instructions."""
     for line in lines:
@@ -151,6 +160,38 @@ def _sliced_parameters(lines: list[str]) -> dict[int, int]:
     return {params[name]: sum(size for _, size in used) for name, used in uses.items() if all(s for s, _ in used)}
 
 
+def _in_place(lines: list[str]) -> tuple[dict[int, int], int] | None:
+    """Where a fused computation's outputs (its root, or each element of a root tuple, through
+    bitcasts) include dynamic-update-slices: ({the updated buffer's parameter index: 0}, the
+    bytes it writes: each such output's update, every other output whole); None where none
+    does. The buffer is updated in place (a scan's stacked residuals), neither read nor
+    written whole."""
+    found = list(_instructions(lines))
+    if not found:
+        return None
+    by_name = {result: (size, op, names, line) for line, result, size, op, names in found}
+
+    def through(name):  # past bitcasts
+        while name in by_name and by_name[name][1] == "bitcast":
+            name = by_name[name][2][0]
+        return name
+
+    _, root, size, op, names = found[-1]
+    outputs = [through(n) for n in names] if op == "tuple" else [through(root)]
+    buffers, written, any_update = {}, 0, False
+    for name in outputs:
+        size, op, names, _ = by_name.get(name, (0, "", [], ""))
+        if op != "dynamic-update-slice":
+            written += size
+            continue
+        any_update = True
+        written += by_name.get(names[1], (0,))[0]
+        buffer = by_name.get(through(names[0]))
+        if buffer and buffer[1] == "parameter":
+            buffers[int(buffer[3].split("parameter(", 1)[1].split(")", 1)[0])] = 0
+    return (buffers, written) if any_update else None
+
+
 def kernels(text: str, weighted: bool = False):
     """(line, op, bytes moved) of every top-level operation that moves memory; ``weighted``:
     times the runs of its computation (loops' trip counts)."""
@@ -160,15 +201,25 @@ def kernels(text: str, weighted: bool = False):
         sizes = {}
         for line, result, size, op, names in _instructions(comps[name]):
             sizes[result] = size
-            if op in FREE:
+            if op in FREE or op in DONE:  # an async copy is charged at its start
                 continue
+            if op in ASYNC:  # read what is copied where it lies, write the destination
+                shapes = SHAPE.findall(line.split(" = ", 1)[1].split(f" {op}(")[0])
+                copied = _bytes(*shapes[-2][:2])  # the destination: the element before the flag
+                source = sizes.get(names[0], 0) if names else 0  # the operand's HBM bytes (0: in VMEM)
+                written = 0 if ON_CHIP in shapes[-2][2] else copied
+                yield line, op, ((copied if source else 0) + written) * count
+                continue
+
             fused = re.search(r"calls=(%[\w.\-]+)", line) if op == "fusion" else None
-            sliced = _sliced_parameters(comps.get(fused.group(1), [])) if fused else {}
+            body = comps.get(fused.group(1), []) if fused else []
+            sliced = _sliced_parameters(body) if fused else {}
+            place = _in_place(body) if fused else None
+            if place:  # in place: the updates written, the buffers neither read nor written whole
+                sliced, size = {**sliced, **place[0]}, place[1]
             operands = sum(sliced.get(i, sizes.get(name, 0)) for i, name in enumerate(names))
-            moved = size + operands
-            if fused and _root_op(comps, fused.group(1)) == "dynamic-update-slice":  # in place: the update only
-                moved = 2 * max(operands - size, 0)
-            yield line, op, moved * count
+            stated = KERNEL_BYTES.search(line) if op == "custom-call" else None
+            yield line, op, (int(stated.group(1)) if stated else size + operands) * count
 
 
 def split_bytes(text: str, weighted: bool = False) -> tuple[int, int]:
@@ -199,12 +250,12 @@ TPU_CALL = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = .*custom_call_target="tpu_cu
 
 def tpu_kernels(text: str) -> Counter:
     """{kernel name: calls} of the Pallas TPU (Mosaic) custom calls in the program; a name is
-    its instruction's without the numbering, the jvp/jit prefix and the block-size suffix
-    ("flash_attention", "flash_mha_bwd_dkv", "flash_mha_bwd_dq")."""
+    its instruction's without the numbering, the jvp/vmap/jit prefixes and a block-size suffix
+    ("mhjax_tpu_attention_fwd", "mhjax_tpu_attention_bwd"; jax's "flash_attention")."""
 
     def short(name: str) -> str:
         name = re.sub(r"\.\d+$", "", name).split("_block_")[0].strip("_")
-        return re.sub(r"^(?:jvp_|transpose_)*(?:jit_)?", "", name)
+        return re.sub(r"^(?:jvp_|transpose_|vmap_)*(?:jit_)?", "", name)
 
     return Counter(short(name) for name in TPU_CALL.findall(text))
 
