@@ -201,3 +201,26 @@ def test_the_estimate_and_the_member_table_say_which_flops_they_count(tmp_path):
     assert "matmul GFLOP/step" in table[0] and table[-1] == sequence_programs.MATMUL_NOTE
     assert all(row.split()[2] == f"{analytic:.3f}" == "1.510" for row in table[1:4]), table
     assert priced[1] > priced[0] > analytic  # the MLP kernel's recomputation, bfloat16 only
+
+
+def test_on_a_tpu_the_kernel_is_priced_by_its_stated_work_and_calibrated_to_the_compilers_count():
+    """Under mhjax's TPU kernel a member's layer moves the kernel's HBM bytes, counted here by
+    hand: forward reads q's rows and the whole (T, 3D) sequence once per tile and writes (T, D);
+    backward reads them and dout and writes (T, 3D). The v5e device's ratios are what make the
+    paper sweep cost what the TPU compiler's program moves (models/cost_tpu.py: 0.346 GB per
+    member-step with the kernel, 1.456 on the JAX path), and the kernel path saves no maps."""
+    from mhjax.models import cost_tpu
+
+    shape = cost.Shape(batch=50, length=100, width=64, num_layers=4, mlp_dim=128, vocab=256)
+    rows, d = 50 * 100, 64
+    by_hand = 4 * 4 * (rows * (2 * 3 * d + d) + rows * (2 * 3 * d + d + 3 * d))  # 4 layers, float32
+    for heads in (1, 16):
+        assert cost.member_cost(shape, heads, kernel="tpu").kernel_bytes == by_hand
+        assert cost.member_cost(shape, heads, mixed=True, kernel="tpu").kernel_bytes == 0  # fused: the JAX path
+    v5e, groups = cost.DEVICES["tpu-v5e"], [[(2, 1, False), (2, 4, False), (2, 8, False), (2, 16, False)]]
+    assert v5e.compiled_bytes == cost_tpu.COMPILED_BYTES
+    kernel = cost.sweep_cost(shape, groups, v5e, kernel="tpu", scanned=True)
+    assert kernel["compiled_bytes_per_member_step"] == pytest.approx(0.259e9 + by_hand, rel=2e-3)
+    assert cost.sweep_cost(shape, groups, v5e)["compiled_bytes_per_member_step"] == pytest.approx(1.456e9, rel=2e-3)
+    jax_acts = cost.activation_bytes(shape, 16)
+    assert cost.activation_bytes(shape, 16, "tpu") == jax_acts - 4 * 4 * 3 * 50 * 16 * 100 * 100

@@ -184,6 +184,54 @@ def test_a_tpu_programs_pallas_calls_are_named_and_its_loops_counted_per_trip():
     assert rest == 3 * ((4 * 16 + 4 * 8 + 8 * 16) * 4 + 1 + 4 + 4)
 
 
+HBM_HLO = """HloModule jit_chunk
+
+%stack (buf: f32[4,8,128], x: f32[8,128], i: s32[], res: f32[4,8,128], y: f32[8,128]) -> (f32[4,8,128], f32[4,8,128]) {
+  %buf = f32[4,8,128]{2,1,0:T(8,128)} parameter(0)
+  %x = f32[8,128]{1,0:T(8,128)} parameter(1)
+  %i = s32[]{:T(128)} parameter(2)
+  %res = f32[4,8,128]{2,1,0:T(8,128)} parameter(3)
+  %y = f32[8,128]{1,0:T(8,128)} parameter(4)
+  %z = s32[]{:T(128)} constant(0)
+  %e = f32[8,128]{1,0:T(8,128)} exponential(%x)
+  %b = f32[1,8,128]{2,1,0:T(8,128)} bitcast(%e)
+  %u = f32[4,8,128]{2,1,0:T(8,128)} dynamic-update-slice(%buf, %b, %i, %z, %z)
+  %by = f32[1,8,128]{2,1,0:T(8,128)} bitcast(%y)
+  %v = f32[4,8,128]{2,1,0:T(8,128)} dynamic-update-slice(%res, %by, %i, %z, %z)
+  ROOT %t = (f32[4,8,128]{2,1,0:T(8,128)}, f32[4,8,128]{2,1,0:T(8,128)}) tuple(%u, %v)
+}
+
+ENTRY %main (a: f32[4,8,128], h: f32[8,128], k: s32[], r: f32[4,8,128]) -> f32[8,128] {
+  %a = f32[4,8,128]{2,1,0:T(8,128)} parameter(0)
+  %h = f32[8,128]{1,0:T(8,128)} parameter(1)
+  %k = s32[]{:T(128)} parameter(2)
+  %r = f32[4,8,128]{2,1,0:T(8,128)} parameter(3)
+  %cs = (f32[8,128]{1,0:T(8,128)}, f32[8,128]{1,0:T(8,128)S(1)}, u32[]{:S(2)}) copy-start(%h)
+  %cd = f32[8,128]{1,0:T(8,128)S(1)} copy-done(%cs)
+  %n = f32[8,128]{1,0:T(8,128)S(1)} negate(%cd)
+  %f = (f32[4,8,128]{2,1,0:T(8,128)}, f32[4,8,128]{2,1,0:T(8,128)}) fusion(%a, %n, %k, %r, %h), kind=kLoop, calls=%stack
+  %c = f32[8,128]{1,0:T(8,128)} custom-call(%a), custom_call_target="tpu_custom_call", \
+backend_config={"custom_call_config":{"cost_estimate":{"flops":"10","transcendentals":"0","bytes_accessed":"777"}}}
+  ROOT %o = f32[8,128]{1,0:T(8,128)} add(%c, %h)
+}
+""".replace("\\\n", "")
+
+
+def test_a_tpu_programs_hbm_bytes_skip_vmem_copy_once_update_in_place_and_take_a_kernels_word():
+    """On a TPU (train/hlo.py): a value in VMEM (S(1)) moves no HBM bytes (the negate reads and
+    writes VMEM only); an async copy is charged at its start, once (read in HBM, write in VMEM:
+    4 KiB); a fusion whose root tuple holds two dynamic-update-slices of its parameters writes
+    the two 4 KiB slices and reads what feeds them (its VMEM operand, none; the (8, 128) HBM one,
+    4 KiB), never the (4, 8, 128) stacks; a Pallas call with a cost estimate is charged its 777
+    stated bytes, not its 16 KiB operand."""
+    slab = 8 * 128 * 4
+    moved = {line.split(" = ")[0].strip(): b for line, _, b in hlo.kernels(HBM_HLO)}
+    assert moved["%cs"] == slab and "%cd" not in moved and moved["%n"] == 0
+    assert moved["%f"] == 2 * slab + slab + 4  # the two slices written; y and the index read
+    assert moved["%c"] == 777
+    assert moved["%o"] == 3 * slab
+
+
 @pytest.mark.slow  # four small compiles for a v5e (~40 s on 2 cores); needs jax[tpu] (libtpu), not in CI
 @pytest.mark.skipif(not targets.tpu_compiler_available(), reason=f"no TPU compiler here; {targets.install_hint('tpu')}")
 def test_a_v5e_chunk_runs_the_pallas_tpu_kernel_and_its_flops_are_counted_per_member_step():

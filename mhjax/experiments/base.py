@@ -223,6 +223,10 @@ class Experiment:
         beside what the compiled program moves (``train --dry-run --target``)."""
         return None
 
+    def estimated_dot_flops_per_member_step(self, backend: str, devices: int) -> float | None:
+        """The cost model's matmul FLOPs per member-step on ``backend`` (None: no model)."""
+        return None
+
     def kernel_fallback(self, backend: str, reason: str) -> bool:
         """A program failed to compile on ``backend`` (``reason``: the error's first line). If
         the experiment chose a kernel there itself, switch to its path without it from now on

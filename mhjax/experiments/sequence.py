@@ -141,14 +141,15 @@ class SequenceExperiment(Experiment):
     def result_notes(self, payload: dict) -> list[str]:
         return sequence_baselines.bigram_notes(payload)  # text members not below the bigram
 
-    def _kernel_priced(self, backend: str) -> bool:
-        """Whether the cost model prices static head counts at the Pallas kernel's cost: on a
-        CPU it predicts for an H200, so for what a GPU would run."""
+    def _kernel_priced(self, backend: str) -> bool | str:
+        """Whether the cost model prices static head counts at a Pallas kernel's cost (True: the
+        GPU's, "tpu": the TPU's): on a CPU it predicts for an H200, so for what a GPU would run."""
         choice = requested_attention(self.config)
         if choice == "cpu_kernel":
             return False
         target = "gpu" if backend == "cpu" else backend
-        return resolve_attention(choice, target, self.config.model.seq_len).implementation == "pallas"
+        implementation = resolve_attention(choice, target, self.config.model.seq_len).implementation
+        return {"pallas": True, "pallas_tpu": "tpu"}.get(implementation, False)
 
     def auto_strategy(self, backend: str, devices: int | None = None) -> str:
         """On a CPU: unrolled for long runs of few members on one device, else fused. Paper
@@ -221,6 +222,9 @@ class SequenceExperiment(Experiment):
     def estimated_bytes_per_member_step(self, backend: str, devices: int) -> float:  # the compiled program's
         p = self.predict(self.resolved_strategy(backend, devices), backend, devices)
         return p["compiled_bytes_per_member_step"]
+
+    def estimated_dot_flops_per_member_step(self, backend: str, devices: int) -> float:
+        return self.predict(self.resolved_strategy(backend, devices), backend, devices)["dot_flops_per_member_step"]
 
     def estimate_lines(self, backend: str) -> list[str]:
         """The dry run's cost lines: the estimate (in config.model.dtype), over N devices beside one

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from mhjax.models import cost_devices, cost_dtype, pallas_block
+from mhjax.models import cost_devices, cost_dtype, cost_tpu, pallas_block, pallas_tpu_attention
 from mhjax.models.pallas_attention import KernelCost, kernel_cost
 
 
@@ -97,9 +97,16 @@ DEVICES = {
         bf16_dot_flops=989.5e12,
     ),
     # TPUs run fp32 matmuls as bf16 passes at JAX's default precision, so the bf16 MXU peak.
-    # Not calibrated: no TPU measurement; XLA:CPU's bytes at the peak bandwidth.
+    # Bytes calibrated to the TPU compiler's program (models/cost_tpu.py); the bandwidth is the
+    # datasheet's: no TPU has run a step yet.
     "tpu-v5e": Device(
-        "Google TPU v5e", 197e12, 819e9, 16e9, "Cloud TPU v5e docs: 197 TFLOP/s bf16, 819 GB/s HBM2, 16 GiB"
+        "Google TPU v5e",
+        197e12,
+        819e9,
+        16e9,
+        "Cloud TPU v5e docs: 197 TFLOP/s bf16, 819 GB/s HBM2, 16 GiB; bytes calibrated to the TPU compiler's "
+        "program (models/cost_tpu.py), bandwidth not (no TPU measurement)",
+        compiled_bytes=cost_tpu.COMPILED_BYTES,
     ),
 }
 BACKEND_DEVICE = {"gpu": "h200", "cuda": "h200", "rocm": "h200", "tpu": "tpu-v5e"}  # the preset `auto` assumes
@@ -187,7 +194,9 @@ def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = Fal
     compute ``dtype`` (models/cost_dtype.py: the activation terms, third in each count, scaled)."""
     b, t, d, layers, m, v = shape[:6]
     a, half = shape.attention, cost_dtype.activation_factor(dtype)
-    kernel = kernel and not mixed
+    kernel = False if mixed else kernel
+    if kernel == "tpu":  # mhjax's TPU kernel; the block's norms and MLP as XLA runs them
+        return _attention_kernel_cost(shape, fine, dtype, pallas_tpu_attention.kernel_cost)
     if kernel and not all(pallas_block.block_parts(d, m, a, dtype)):
         return _attention_kernel_cost(shape, fine, dtype)
     if kernel:  # XLA's matmuls: the output projection and the readout; the kernels count their own
@@ -226,8 +235,9 @@ def _bytes(counts) -> float:
     return sum(c[1] * n * scale for c, n, scale in counts)
 
 
-def _attention_kernel_cost(shape: Shape, heads: int, dtype: str = "float32") -> Cost:
-    """member_cost under the attention kernel alone, the block's norms and MLP as XLA runs them."""
+def _attention_kernel_cost(shape: Shape, heads: int, dtype: str = "float32", counted=kernel_cost) -> Cost:
+    """member_cost under the attention kernel alone (``counted``: its cost, the GPU's or the
+    TPU's), the block's norms and MLP as XLA runs them."""
     b, t, d, layers, m, v = shape[:6]
     a, half = shape.attention, cost_dtype.activation_factor(dtype)
     matmul = 3 * 2 * b * t * (layers * (4 * d * a + 2 * d * m) + d * v)
@@ -238,7 +248,7 @@ def _attention_kernel_cost(shape: Shape, heads: int, dtype: str = "float32") -> 
         (VOCAB, b * t * v, 1.0),
         (PARAM, shape.params(), 1.0),
     ]
-    k = kernel_cost(b, t, a, heads, cost_dtype.element_bytes(dtype))
+    k = counted(b, t, a, heads, cost_dtype.element_bytes(dtype))
     kernel_bytes = layers * k.bytes
     flops = matmul + _flops(counts) + layers * k.flops
     return Cost(flops, _bytes(counts) + kernel_bytes, matmul + layers * k.dot_flops, 0.0, kernel_bytes, dtype=dtype)
@@ -298,8 +308,9 @@ def sweep_cost(
     memory of the fullest device (states of its members, activations of its largest program;
     ``dtype`` for activations, float32 states), ``per_device`` (cost_devices.summary) and, per fine
     head count, the step's compute and memory seconds and which bounds it. ``kernel``: static
-    head counts run the Pallas kernel. ``scanned``: the layers run as one scanned block
-    (SCAN_KERNEL_WIDTH, priced under the kernels only: the JAX path is not scanned on a GPU).
+    head counts run the Pallas kernel (True: the GPU's, "tpu": the TPU's). ``scanned``: the
+    layers run as one scanned block (SCAN_KERNEL_WIDTH, priced under the GPU kernels only: the
+    JAX path is not scanned on a GPU; on a TPU the calibration holds the scan).
     ``shape``: every program's, or a list of one per program (programs of other sizes: a sweep
     over architecture fields, experiments/architecture.py). ``dtype``: the compute dtype
     (models/cost_dtype.py).
@@ -312,7 +323,7 @@ def sweep_cost(
         priced = {}
         for n, fine, mixed in groups:
             cost = member_cost(shape, fine, mixed, kernel, dtype)
-            if scanned and kernel and not mixed:  # priced for the kernels' scan only (measured there)
+            if scanned and kernel and kernel != "tpu" and not mixed:  # the GPU kernels' scan (measured there)
                 scan = SCAN_KERNEL_WIDTH * shape.num_layers * shape.batch * shape.length * shape.width
                 cost = cost._replace(scan_bytes=scan * cost_dtype.activation_factor(dtype))
             flops, nbytes = flops + n * cost.flops, nbytes + n * cost.bytes
@@ -324,7 +335,7 @@ def sweep_cost(
                 "memory_s": memory,
                 "bound": "compute" if compute > memory else "memory",
             }
-            acts = activation_bytes(shape, fine, kernel and not mixed, dtype)
+            acts = activation_bytes(shape, fine, False if mixed else kernel, dtype)
             priced[(fine, mixed)] = (max(compute, memory), cost.flops, device_bytes(cost, device), acts)
         if devices > 1 and sum(n for n, _, _ in groups) % devices:
             replicated.append(index)
@@ -354,7 +365,9 @@ def activation_bytes(shape: Shape, fine: int, kernel: bool = False, dtype: str =
     logits and their gradient (float32)."""
     b, t, d, layers, m, v = shape[:6]
     a, size = shape.attention, cost_dtype.element_bytes(dtype)
-    if kernel:  # the block's input, q/k/v, the attention output and its row statistics, the MLP's input
+    if kernel == "tpu":  # the JAX path's rows, no maps: the TPU kernel saves nothing of its own
+        rows, maps = b * t * (5 * d + 3 * a + 2 * m), 0
+    elif kernel:  # the block's input, q/k/v, the attention output and its row statistics, the MLP's input
         rows, maps = b * t * (2 * d + 4 * a), b * fine * t
     else:
         rows, maps = b * t * (5 * d + 3 * a + 2 * m), 3 * b * fine * t * t

@@ -165,18 +165,36 @@ def _backward_kernel(seeds_ref, tile_ref, qkv_ref, dout_ref, dqkv_ref, dk_ref, d
         dqkv_ref[:, 2 * width :] = _as(dv_ref[...], dqkv_ref.dtype)
 
 
-def _cost(members: int, batch: int, length: int, width: int, heads: int, itemsize: int, backward: bool):
-    """The kernel's work for XLA's cost analysis: the matmuls at each head's own size (2 forward,
-    5 backward, full (T, T) squares as XLA counts the JAX path's einsums) and its HBM bytes
-    (the query tile's rows once, the whole sequence once per tile, outputs once)."""
-    rows = batch * members * length
+def _work(batch: int, length: int, width: int, heads: int, itemsize: int, backward: bool) -> tuple[int, int, int]:
+    """(matmul FLOPs, exps, HBM bytes) of one call over ``batch`` rows (members x batch): the
+    matmuls at each head's own size (2 forward, 5 backward, full (T, T) squares as XLA counts
+    the JAX path's einsums; the MXU pads each head's contraction to 128 lanes either way) and
+    the bytes (the query tile's rows once, the whole sequence once per tile, outputs once)."""
+    rows = batch * length
     squares = rows * length * width * 2 * (5 if backward else 2)
     tiles = length // tile_rows(length)
     reads = rows * 3 * width * (1 + tiles) + (rows * width if backward else 0)
     writes = rows * width * (3 if backward else 1)
-    return pl.CostEstimate(
-        flops=int(squares), transcendentals=int(rows * length * heads), bytes_accessed=int(itemsize * (reads + writes))
-    )
+    return squares, rows * length * heads, itemsize * (reads + writes)
+
+
+def _cost(members: int, batch: int, length: int, width: int, heads: int, itemsize: int, backward: bool):
+    """The call's work for XLA's cost analysis (in its HLO: train/hlo.py reads the bytes)."""
+    flops, exps, nbytes = _work(members * batch, length, width, heads, itemsize, backward)
+    return pl.CostEstimate(flops=int(flops), transcendentals=int(exps), bytes_accessed=int(nbytes))
+
+
+def kernel_cost(batch: int, length: int, width: int, heads: int, itemsize: int = 4):
+    """FLOPs and HBM bytes of one forward and backward of one member's layer (models/cost.py),
+    as pallas_attention.kernel_cost for the GPU's: the calls' stated work, plus ~20 elementwise
+    operations (mask, exp, dropout hash) per (head, query, key) in each of three passes: the
+    forward's probabilities, the backward's recomputed ones and their gradient."""
+    from mhjax.models.pallas_attention import KernelCost
+
+    parts = [_work(batch, length, width, heads, itemsize, backward) for backward in (False, True)]
+    dots, nbytes = sum(p[0] for p in parts), sum(p[2] for p in parts)
+    elementwise = 20 * 3 * batch * heads * length * length
+    return KernelCost(float(dots + elementwise), float(nbytes), float(dots))
 
 
 def _call(seeds, qkv, dout, group, threshold, inv_keep, interpret, into=None):
@@ -211,7 +229,7 @@ def _call(seeds, qkv, dout, group, threshold, inv_keep, interpret, into=None):
     def run(*refs):  # an aliased input is the output's own buffer: the kernel writes, never reads it
         inputs = len(specs) - (into is not None)
         body = functools.partial(kernel, heads=heads, threshold=threshold, inv_keep=inv_keep)
-        body(*refs[: inputs], *refs[len(specs) :])
+        body(*refs[:inputs], *refs[len(specs) :])
 
     semantics = ("parallel", "parallel", "arbitrary" if backward else "parallel")
     return pl.pallas_call(
