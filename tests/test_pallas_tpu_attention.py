@@ -142,8 +142,8 @@ def test_auto_on_a_tpu_takes_the_kernel_at_any_length_and_with_dropout():
 
 
 def test_tpu_kernel_tiles_long_sequences_where_its_tile_divides_them():
-    rows = [pallas_tpu_attention.tile_rows(t) for t in (1, 100, 300, 512, 768, 1000, 1024)]
-    assert rows == [1, 100, 300, 512, 256, 1000, 256]
+    rows = [pallas_tpu_attention.tile_rows(t) for t in (1, 100, 300, 512, 768, 1000, 1024, 2000, 1001)]
+    assert rows == [1, 100, 300, 512, 256, 200, 256, 200, 1001]  # 1,001 = 7 x 11 x 13: no tile of 8s divides it
 
 
 def test_tpu_kernel_refuses_what_mosaic_would():

@@ -24,8 +24,8 @@ are (q masked to h's lanes) @ k^T, a contraction over all D lanes in which the o
 lanes are zero: the MXU pads a head's contraction to 128 anyway, so this costs what a per-head
 slice would, with no lane shuffles; its output (p @ v) is kept on h's lanes. A whole row of
 scores (tile, T) per head lives in VMEM (T = 1,024: 1 MiB at a 256-row tile), so the softmax
-is exact, not online. Sequences longer than WHOLE rows run in tiles of TILE rows when TILE
-divides T (the backward accumulates dk, dv over the tiles in VMEM); otherwise as one tile.
+is exact, not online. Sequences longer than WHOLE rows run in tiles of up to TILE rows that
+divide T (tile_rows; the backward accumulates dk, dv over the tiles in VMEM).
 
 Dtypes: q, k, v, dout are read in their HBM dtype; matmuls accumulate in float32; the
 probabilities and the scores' gradient meet v, dout, q and k in that dtype (as the JAX path's
@@ -56,8 +56,12 @@ Layout = tuple[tuple[int, int], ...]  # (members, heads) per group, in member-ax
 
 
 def tile_rows(length: int) -> int:
-    """Query rows per program: the whole sequence up to WHOLE rows or where TILE does not divide it."""
-    return TILE if length > WHOLE and length % TILE == 0 else length
+    """Query rows per program: the whole sequence up to WHOLE rows; beyond, the largest tile of
+    at most TILE rows, a multiple of 8 (a vreg's sublanes), that divides T (the sequence as one
+    tile where none does: a long one then may not fit VMEM, and auto falls back to JAX)."""
+    if length <= WHOLE:
+        return length
+    return next((rows for rows in range(TILE, 0, -8) if length % rows == 0), length)
 
 
 def check(width: int, heads: int, dtype) -> None:
