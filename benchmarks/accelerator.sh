@@ -213,6 +213,7 @@ if [ -n "$test_file" ]; then
   # The kernels interpret only on a CPU backend: on the device these tests run the real lowering.
   workers=()  # compiles are CPU-bound: spread the cases over a few processes when xdist is there
   [ "$test_procs" -gt 1 ] && "$py" -c 'import xdist' 2>/dev/null && workers=(-n "$test_procs" --dist load)
+  [ ${#workers[@]} -gt 0 ] || test_procs=1
   # tests/conftest.py pins the suite to the CPU unless JAX_PLATFORMS says otherwise
   stage kernel_tests "$(fit "$cap_tests")" TERM "" env JAX_PLATFORMS="$jax_backend" "$py" -m pytest -q \
     -o addopts="" -p no:cacheprovider "${workers[@]}" $test_file --junitxml "$work/kernel_tests.xml"
