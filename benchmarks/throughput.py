@@ -29,7 +29,9 @@ strategy's sweep member-steps/s over the one-model PyTorch trainer's),
 strategy's sweep MFU: all its FLOPs over all its time). ``--seeds N`` trains N members per
 head count in every runner but the one-model one (whose rate does not depend on N);
 ``--strategies one_program:pallas`` pins the attention implementation (config.attention
-where the config has it).
+where the config has it); ``attention_resolved`` (and each strategy's ``attention``) is what it
+runs on this backend (on a TPU ``pallas`` is mhjax's Mosaic kernel, ``pallas_tpu``).
+``--no-torch [REASON]`` skips both peers; ``torch_skipped`` says why (None: they ran).
 
 Then scaling with work, for one head count (4): members per program (1, 2, 4, 8, ...:
 seeds), vmapped in one grouped program ("members=N") and unrolled ("unrolled=N"), and
@@ -122,7 +124,7 @@ def summarise(runner, reps_samples, steps, flops_per_step, peak, tokens_per_step
     }
 
 
-def main(argv=None):
+def arguments(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, smaller scaling sweep")
@@ -136,7 +138,14 @@ def main(argv=None):
     )
     parser.add_argument("--length", type=int, default=100, help="sequence length of the main part (paper: 100)")
     parser.add_argument("--seeds", type=int, default=1, help="members per head count (default 1: four members)")
-    parser.add_argument("--no-torch", action="store_true", help="skip PyTorch (both peers)")
+    parser.add_argument(
+        "--no-torch",
+        nargs="?",
+        const="asked (--no-torch)",
+        default=None,
+        metavar="REASON",
+        help="skip PyTorch (both peers); REASON goes to the JSON's torch_skipped",
+    )
     parser.add_argument("--no-scaling", action="store_true", help="skip the scaling part")
     parser.add_argument(
         "--strategies",
@@ -148,7 +157,11 @@ def main(argv=None):
         default=os.path.expanduser("~/.cache/mhjax/jax_compilation_cache"),
         help="JAX persistent compilation cache (reruns skip compiling); '' to disable",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = arguments(argv)
     if args.cache_dir:
         jax.config.update("jax_compilation_cache_dir", args.cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
@@ -173,13 +186,17 @@ def main(argv=None):
     flops = model_flops(config)
     tokens = config.data.batch_size * config.model.seq_len
 
-    use_torch = not args.no_torch
+    use_torch = args.no_torch is None
+    torch_skipped = args.no_torch  # why the PyTorch peers did not run (None: they did)
     torch_threads, torch_thread_times, device = (None, {}, None)
+    if torch_skipped:
+        log(f"PyTorch peers skipped: {torch_skipped}")
     if use_torch:
         try:
             import torch
         except ImportError:
-            log("torch not installed (pip install -e '.[bench]'); skipping it")
+            torch_skipped = "torch not installed (pip install -e '.[bench]')"
+            log(f"{torch_skipped}; skipping it")
             use_torch = False
     if use_torch:
         device = torch_device()
@@ -187,7 +204,7 @@ def main(argv=None):
         if device == "cpu":
             torch_threads, torch_thread_times = pick_torch_threads(config, log)
 
-    runners = []
+    runners, resolved = [], {}
     for label in args.strategies.split(","):
         # "name:impl" times strategy `name` with config.attention = `impl` (auto | jax |
         # cpu_kernel | pallas, see mhjax/models/attention.py).
@@ -198,6 +215,8 @@ def main(argv=None):
         )
         if impl:
             runner_config.attention = impl
+        # what config.attention runs here (on a TPU "pallas" is mhjax's Mosaic kernel, pallas_tpu)
+        resolved[label] = SequenceExperiment(runner_config).attention(backend).implementation
         if name == "sequential":
             runner = SequentialRunner(runner_config, label)
         else:
@@ -208,7 +227,12 @@ def main(argv=None):
         runners.append(runner)
         log(f"  {name}: first chunk (compile + run) {runner.compile_s:.1f} s")
         if args.json:  # what is known so far, in case the run is stopped before the end
-            partial = {"completed": False, "first_chunk_s": {r.label: r.compile_s for r in runners}}
+            partial = {
+                "completed": False,
+                "first_chunk_s": {r.label: r.compile_s for r in runners},
+                "attention_resolved": resolved,
+                "torch_skipped": torch_skipped,
+            }
             Path(args.json).write_text(json.dumps(partial, indent=2))
     if use_torch:
         for cls in (TorchRunner, TorchEnsembleRunner):
@@ -232,6 +256,8 @@ def main(argv=None):
         results[r.label]["memory_bytes"] = mem
         results[r.label]["memory_kind"] = _memory_kind(r.label, device)
         results[r.label]["compile_s"] = getattr(r, "compile_s", None)
+        if r.label in resolved:
+            results[r.label]["attention"] = resolved[r.label]
     mhjax_labels = [r.label for r in runners if r.label not in TORCH_LABELS]
     best = max(mhjax_labels, key=lambda k: results[k]["member_steps_per_s"])
     ratios = {
@@ -330,8 +356,10 @@ def main(argv=None):
         },
         "cpu_attention_kernel": kernel,
         "attention": attention,
+        "attention_resolved": resolved,
         "seeds": args.seeds,
         "torch_device": device,
+        "torch_skipped": torch_skipped,
         "reps": reps,
         "steps_per_rep": steps,
         "flops_per_member_step": flops,

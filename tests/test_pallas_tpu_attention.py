@@ -8,7 +8,14 @@ hash), float32 and bfloat16.
 The default run takes a case of each kind (about a second each in interpret mode); `-m slow`
 the rest of the grid. Tolerances as
 tests/test_pallas_attention.py's in interpret mode (float32 throughout).
+
+On a TPU (benchmarks/accelerator.sh's kernel_tests, JAX_PLATFORMS=tpu) the same tests run the
+compiled Mosaic kernel: float32 matmuls at full precision on both paths (a TPU's default passes
+float32 through bfloat16), tolerances as the GPU's compiled kernel's.
 """
+
+import contextlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,9 +24,15 @@ import pytest
 
 from mhjax.models import attention, pallas_tpu_attention
 from mhjax.models.attention_choice import resolve_attention
+from tests.jaxprs import equations
+
+this_module = sys.modules[__name__]  # its switches, patched to trace as on a TPU
 
 WIDTH, BATCH, RATE = 64, 2, 0.3
-VALUE_RTOL, GRAD_RTOL, GRAD_ATOL = 1e-5, 1e-4, 1e-5
+ON_TPU = jax.default_backend() == "tpu"  # the real Mosaic lowering
+INTERPRET = not ON_TPU  # the kernel's static interpret mode (attention_choice.resolve_attention decides it in mhjax)
+# compiled: other transcendental and reduction orders than XLA's (as tests/test_pallas_attention.py on a GPU)
+VALUE_RTOL, GRAD_RTOL, GRAD_ATOL = (2e-3, 2e-3, 1e-4) if ON_TPU else (1e-5, 1e-4, 1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +53,13 @@ def _assert_close(a, b, rtol=(VALUE_RTOL, GRAD_RTOL), atol=GRAD_ATOL):
 
 
 def _layer(heads, implementation, layout=None, dtype="float32"):
-    return attention.CausalSelfAttention(WIDTH, heads, RATE, layout, implementation, interpret=True, dtype=dtype)
+    return attention.CausalSelfAttention(WIDTH, heads, RATE, layout, implementation, interpret=INTERPRET, dtype=dtype)
+
+
+def _precision(dtype="float32"):
+    """Full float32 matmuls on a TPU, for both paths (traced under it: lax.dot_general reads it
+    then, and the Mosaic lowering maps HIGHEST to fp32 contraction); bfloat16 inputs as they are."""
+    return jax.default_matmul_precision("highest") if ON_TPU and dtype == "float32" else contextlib.nullcontext()
 
 
 def _value_and_grad(inputs, heads, length, implementation, members=0, dtype="float32", dropout=False):
@@ -55,18 +74,22 @@ def _value_and_grad(inputs, heads, length, implementation, members=0, dtype="flo
         out, _ = layer.apply({"params": p}, x[:, :length], None, not dropout, rngs=rngs)
         return jnp.sum(jnp.sin(out.astype(jnp.float32)))
 
-    if not members:
-        return jax.jit(jax.value_and_grad(loss))(params)
-    scales = 1.0 + 0.1 * jnp.arange(members)
-    stacked = jax.tree_util.tree_map(lambda p: p * scales.reshape(-1, *[1] * p.ndim), params)
-    return jax.jit(jax.vmap(jax.value_and_grad(loss)))(stacked)
+    with _precision(dtype):
+        if not members:
+            return jax.jit(jax.value_and_grad(loss))(params)
+        scales = 1.0 + 0.1 * jnp.arange(members)
+        stacked = jax.tree_util.tree_map(lambda p: p * scales.reshape(-1, *[1] * p.ndim), params)
+        return jax.jit(jax.vmap(jax.value_and_grad(loss)))(stacked)
 
 
 @pytest.fixture
 def vmapped_grids(monkeypatch):
     """jax 0.10.2's TPU interpret mode takes a pallas_call's dimension semantics as given, not
     extended by the grid dimensions vmap adds (the Mosaic lowering extends them: vmapped_dims in
-    jax/_src/pallas/mosaic/lowering.py): prepend parallel ones as the lowering does."""
+    jax/_src/pallas/mosaic/lowering.py): prepend parallel ones as the lowering does. Compiled (a
+    TPU), the lowering's own rule applies: nothing to patch."""
+    if not INTERPRET:
+        return
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as interpreter
 
     given = interpreter._get_parallel_dim_semantics
@@ -122,7 +145,8 @@ def _layout_value_and_grad(inputs, length, implementation, layout):
         )
         return jnp.sum(losses), losses
 
-    (_, losses), grads = jax.jit(jax.value_and_grad(total, has_aux=True))(stacked)  # deterministic
+    with _precision():
+        (_, losses), grads = jax.jit(jax.value_and_grad(total, has_aux=True))(stacked)  # deterministic
     return losses, grads
 
 
@@ -151,3 +175,31 @@ def test_tpu_kernel_refuses_what_mosaic_would():
         pallas_tpu_attention.check(64, 3, jnp.float32)
     with pytest.raises(ValueError, match="float32 or bfloat16"):
         pallas_tpu_attention.check(64, 4, jnp.float16)
+
+
+def _kernel_calls(inputs):
+    """The pallas_calls of the tests' layer (4 heads, T = 100) under its gradient, traced as the
+    tests trace it (``_layer``, ``_precision``); nothing is lowered."""
+    x, params = inputs
+    layer = _layer(4, "pallas_tpu")
+    loss = lambda p: jnp.sum(layer.apply({"params": p}, x[:, :100], None, True)[0])  # noqa: E731
+    with _precision():
+        jaxpr = jax.make_jaxpr(jax.grad(loss))(params)
+    return [e for e in equations(jaxpr.jaxpr) if e.primitive.name == "pallas_call"]
+
+
+def test_on_a_tpu_the_tests_run_the_compiled_kernel_at_full_float32_precision(inputs, monkeypatch):
+    """benchmarks/accelerator.sh runs this file on a TPU: there the kernel is traced for the
+    Mosaic lowering (no interpret mode) and its matmuls at HIGHEST (a TPU's default passes
+    float32 through bfloat16); on this CPU, interpret mode at the default precision, as before."""
+    dots = lambda call: {
+        e.params["precision"] for e in equations(call.params["jaxpr"]) if e.primitive.name == "dot_general"
+    }  # noqa: E731
+    here = _kernel_calls(inputs)
+    assert len(here) == 2 and all(c.params["interpret"] for c in here)  # forward and backward
+    assert set().union(*map(dots, here)) == {None}
+    monkeypatch.setattr(this_module, "ON_TPU", True)
+    monkeypatch.setattr(this_module, "INTERPRET", False)
+    on_tpu = _kernel_calls(inputs)
+    assert len(on_tpu) == 2 and not any(c.params["interpret"] for c in on_tpu)
+    assert set().union(*map(dots, on_tpu)) == {(jax.lax.Precision.HIGHEST,) * 2}
