@@ -211,7 +211,7 @@ def _call(seeds, qkv, dout, group, threshold, inv_keep, interpret, into=None):
     def run(*refs):  # an aliased input is the output's own buffer: the kernel writes, never reads it
         inputs = len(specs) - (into is not None)
         body = functools.partial(kernel, heads=heads, threshold=threshold, inv_keep=inv_keep)
-        body(*refs[:inputs], *refs[len(specs) :])
+        body(*refs[: inputs], *refs[len(specs) :])
 
     semantics = ("parallel", "parallel", "arbitrary" if backward else "parallel")
     return pl.pallas_call(

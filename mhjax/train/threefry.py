@@ -4,7 +4,7 @@ train/members.derive_key folds a member's seed and name into the root key. Done 
 fold is an eager dispatch (~0.3 ms); the dry run of a sweep of 512 members derives 1,536 keys,
 about a second before any compile. The same bits come from Threefry-2x32 (20 rounds; Salmon et
 al. 2011, as jax/_src/prng.py computes it) on the key and the count (0, data): a few
-microseconds a fold. tests/test_members.py checks them against jax.random bit for bit.
+microseconds a fold. tests/test_member_keys.py checks them against jax.random bit for bit.
 """
 
 from __future__ import annotations
