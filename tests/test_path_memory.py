@@ -71,3 +71,12 @@ def test_the_dry_run_traces_each_distinct_model_once(monkeypatch):
     monkeypatch.setattr(sequence, "_PARAM_COUNTS", {})
     assert counts == {h: experiment.member_info(m)["params"] for m in experiment.members for h in [m["heads"]]}
     assert len(traces) == 4
+
+
+def test_the_memory_check_counts_one_member_per_model_and_every_member():
+    experiment = make_experiment(tiny_sequence_config(heads=(1, 4), seed=(0, 1, 2)))
+    members = experiment.members
+    alike = path_memory._alike(experiment.config, members)
+    assert sorted((m["heads"], n) for m, n in alike) == [(1, 3), (4, 3)]
+    every = sum(path_memory.member_bytes(experiment, m, "jax") for m in members)
+    assert path_memory._need(experiment, 2) == pytest.approx(every / 2)

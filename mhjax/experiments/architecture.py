@@ -62,7 +62,7 @@ def ordered_sweep(config) -> dict:
 def member_values(config, member: Member) -> dict:
     """{field: the member's value} for every architecture field (swept or config.model's)."""
     model = config.model
-    return {f: member.hparams[f] if f in member.hparams else model.get(f, None) for f in FIELDS}
+    return {f: member.hparams[f] if f in member.hparams else cfg.optional(model, f) for f in FIELDS}
 
 
 def attention_width(width: int, heads: int, size) -> int:
@@ -81,7 +81,7 @@ def member_model(config, member: Member) -> ModelConfig:
         mlp_dim=v["mlp_dim"],
         dropout=v["dropout"],
         attention_width=attention_width(v["width"], member["heads"], v["head_dim"]),
-        dtype=m.get("dtype", DTYPE_DEFAULT),
+        dtype=cfg.optional(m, "dtype", DTYPE_DEFAULT),
     )
 
 

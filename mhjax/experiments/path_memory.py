@@ -13,6 +13,7 @@ Parameters, gradients and Adam's two moments add 16 bytes per parameter.
 
 from __future__ import annotations
 
+from mhjax import config as cfg
 from mhjax.config import ConfigError
 from mhjax.experiments import architecture
 from mhjax.models import cost, pallas_block
@@ -26,7 +27,7 @@ def activations(config, member, path: str) -> tuple[float, float]:
     """(bytes ``member`` keeps for its backward on ``path``, of them the (heads, T, T) maps)."""
     m, d = config.model, config.data
     model = architecture.member_model(config, member)
-    b, t, heads, dtype = d.batch_size, m.seq_len, member["heads"], m.get("dtype", "float32")
+    b, t, heads, dtype = d.batch_size, m.seq_len, member["heads"], cfg.optional(m, "dtype", "float32")
     shape = cost.Shape(b, t, model.width, model.num_layers, model.mlp_dim, m.vocab_size, model.attention_width)
     full = cost.activation_bytes(shape, heads, False, dtype)
     maps = 4.0 * model.num_layers * 3 * b * heads * t * t
@@ -47,13 +48,14 @@ def lines(experiment, running: str) -> list[str]:
     """The dry run's lines: each path's activations at T for the sweep's largest member, and for
     every member at once; ``running``: the path this run takes (AttentionChoice.core)."""
     config, members = experiment.config, experiment.members
-    largest = max(members, key=lambda m: activations(config, m, "jax")[0])
+    alike = _alike(config, members)
+    largest = max((m for m, _ in alike), key=lambda m: activations(config, m, "jax")[0])
     out = [
         f"activation memory at T = {config.model.seq_len} ({largest.name}, the largest; all {len(members)} members):"
     ]
     for path, label in {**PATHS, **(TPU_PATH if running in TPU_PATH else {})}.items():
         one, maps = activations(config, largest, path)
-        every = sum(activations(config, m, path)[0] for m in members)
+        every = sum(n * activations(config, m, path)[0] for m, n in alike)
         square = f", of it (heads, T, T) maps {_size(maps)}" if maps else ""
         mark = "  <- this run" if path == running else ""
         out.append(f"  {label:<15} {_size(one)} per member{square}; {_size(every)} in all{mark}")
@@ -61,7 +63,17 @@ def lines(experiment, running: str) -> list[str]:
 
 
 def _need(experiment, devices: int) -> float:
-    return sum(member_bytes(experiment, m, "jax") for m in experiment.members) / max(devices, 1)
+    total = sum(n * member_bytes(experiment, m, "jax") for m, n in _alike(experiment.config, experiment.members))
+    return total / max(devices, 1)
+
+
+def _alike(config, members) -> list[tuple]:
+    """(one member, how many) per distinct model and head count: a member's memory depends on
+    nothing else, and auto_strategy asks for a sweep of hundreds of members several times."""
+    counts: dict = {}
+    for m in members:
+        counts.setdefault((architecture.member_model(config, m), m["heads"]), [m, 0])[1] += 1
+    return [(m, n) for m, n in counts.values()]
 
 
 def fits(experiment, choice, core: str, devices: int = 1) -> bool:

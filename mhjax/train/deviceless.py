@@ -20,7 +20,9 @@ member-step its top-level kernels move (train/hlo.py), beside models/cost.py's e
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import time
 from typing import NamedTuple
 
 import jax
@@ -41,7 +43,7 @@ class Executable(NamedTuple):
     kernels: dict  # {Pallas kernel name (Triton or Mosaic): calls}
     square: int  # lines with a (..., T, T) value of any type
     bytes_per_member_step: float | None  # training chunks only, besides the Pallas kernels
-    kernel_bytes_per_member_step: float | None  # the Pallas calls': stated (a cost estimate), else whole operands
+    kernel_bytes_per_member_step: float | None  # the Pallas kernels' calls, each charged its whole operands
     collectives: dict = {}  # {kind: instructions}, hlo.collectives
     kernel_members: tuple = ()  # leading dimensions of the Triton calls' results (members per call)
     replicated: bool = False  # every device computes every member (members do not divide the devices)
@@ -61,6 +63,10 @@ class Report(NamedTuple):
     length: int | None  # model.seq_len, where the experiment has one: the (T, T) maps looked for
     members: dict = {}  # {program: members one device computes}
     estimate_flops: float | None = None  # models/cost.py's matmul FLOPs per member-step, where it has them
+    wall: float | None = None  # seconds from the first compile's start to the last one's end
+
+
+COMPILERS = 2  # programs compiled side by side for a target
 
 
 def step_bytes(text: str, length: int) -> float:
@@ -106,17 +112,25 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
     # The members one device computes: the compiled program is one device's (per member-step figures)
     members = {p.name: len(p.members) for p in sweep.programs}
     here = {name: n // placement.size if placement.sharded(n) else n for name, n in members.items()}
-    out = []
-    with persistent_cache_off():
-        for job in ahead.jobs(sweep, lengths, True, pieces):
-            if only and job.key[0] not in only:
-                continue
-            log(f"compiling {' '.join(str(k) for k in job.key)} for {target.device}")
-            executables, seconds, _ = ahead.compile_all([job])
-            described = _describe(job.key, executables[job.key], seconds, here, config.model.get("seq_len"), target)
-            out.append(described._replace(replicated=placement.size > 1 and not placement.sharded(members[job.key[1]])))
+    length = config.model.get("seq_len")
+
+    def build(job) -> Executable:
+        log(f"compiling {' '.join(str(k) for k in job.key)} for {target.device}")
+        executables, seconds, _ = ahead.compile_all([job])
+        described = _describe(job.key, executables[job.key], seconds, here, length, target)
+        return described._replace(replicated=placement.size > 1 and not placement.sharded(members[job.key[1]]))
+
+    # COMPILERS programs compile side by side, each read (its HLO text) on its own thread: a
+    # target's compiler (XLA:GPU with ptxas, libtpu) leaves this CPU's cores idle between its
+    # passes, so two at a time take ~15 % less wall time than one after another
+    # (benchmarks/RESULTS.md, "Dry-run cost"); each program's seconds are its own, overlapping.
+    start = time.perf_counter()
+    with persistent_cache_off(), concurrent.futures.ThreadPoolExecutor(COMPILERS, "mhjax-target") as pool:
+        chosen = [job for job in ahead.jobs(sweep, lengths, True, pieces) if not only or job.key[0] in only]
+        out = [future.result() for future in [pool.submit(build, job) for job in chosen]]
+    wall = time.perf_counter() - start
     flops = experiment.estimated_dot_flops_per_member_step(sweep.backend, sweep.placement.size)
-    return Report(target, description, out, _estimate(experiment, sweep), config.model.get("seq_len"), here, flops)
+    return Report(target, description, out, _estimate(experiment, sweep), length, here, flops, wall)
 
 
 def _describe(key, executable, seconds: float, members: dict, length, target) -> Executable:
@@ -218,8 +232,13 @@ def lines(report: Report) -> list[str]:
             )
     total = sum(e.seconds for e in report.executables)
     fits = max(e.total for e in report.executables) <= t.memory_bytes
+    side = (
+        f" ({report.wall:.1f} s of wall time, {COMPILERS} at a time)"
+        if report.wall and len(report.executables) > 1
+        else ""
+    )
     out.append(
-        f"compile: {total:.1f} s for {len(report.executables)} executables; memory: "
+        f"compile: {total:.1f} s for {len(report.executables)} executables{side}; memory: "
         + ("fits" if fits else "DOES NOT FIT")
         + f" in {_gib(t.memory_bytes)} GiB"
     )
@@ -238,27 +257,14 @@ def lines(report: Report) -> list[str]:
             out.append(
                 f"FLOPs per member-step ({key}, one device's program over its {members} member(s), loop bodies "
                 f"per trip; matmuls and Pallas calls): {e.flops_per_member_step / 1e9:.2f} GFLOP"
-                + _against(report.estimate_flops, e.flops_per_member_step, "GFLOP of matmuls")
             )
         if e.bytes_per_member_step is not None:
-            kernels, moved = "", e.bytes_per_member_step + (e.kernel_bytes_per_member_step or 0.0)
-            if e.kernel_bytes_per_member_step:
-                how = "their stated bytes" if t.backend == "tpu" else "their whole operands: at most"
-                kernels = f", of it the Pallas kernels' calls {e.kernel_bytes_per_member_step / 1e9:.3f} GB ({how})"
-            where = (
-                "HBM: values kept in VMEM move none"
-                if t.backend == "tpu"
-                else "the compiled program's top-level kernels"
-            )
+            estimate = f"; models/cost.py: {report.estimate_bytes / 1e9:.2f} GB in all" if report.estimate_bytes else ""
+            kernels = ""
+            if e.kernel_bytes_per_member_step:  # a group's call reads its members' blocks only: an upper bound
+                kernels = f" besides the Pallas kernels' calls ({e.kernel_bytes_per_member_step / 1e9:.2f} GB at most)"
             out.append(
-                f"bytes per member-step ({key}, {where}): {moved / 1e9:.3f} GB{kernels}"
-                + _against(report.estimate_bytes, moved, "GB")
+                f"bytes per member-step ({key}, the compiled program's top-level "
+                f"kernels): {e.bytes_per_member_step / 1e9:.2f} GB{kernels}{estimate}"
             )
     return out
-
-
-def _against(estimate: float | None, counted: float, unit: str) -> str:
-    """models/cost.py's figure beside the compiled program's, and its error."""
-    if not estimate:
-        return ""
-    return f"; models/cost.py: {estimate / 1e9:.3f} {unit}, error {estimate / counted - 1:+.1%}"

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from mhjax.config import ConfigError
+from mhjax.train import threefry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +113,16 @@ def stable_id(text: str) -> int:
 
 
 def derive_key(root_seed: int, *parts) -> np.ndarray:
-    """uint32[2] key data: fold_in of the root key with each part (ints or strings)."""
+    """uint32[2] key data: fold_in of the root key with each part (ints or strings). Computed on
+    the host (train/threefry.py: the same bits, no dispatch per fold) where JAX's keys are
+    threefry2x32's and the numbers are in its range; otherwise by jax.random."""
+    data = [stable_id(part) if isinstance(part, str) else int(part) for part in parts]
+    if threefry.exact() and 0 <= int(root_seed) < 2**31 and all(0 <= d <= threefry.MASK for d in data):
+        words = threefry.key(int(root_seed))
+        for d in data:
+            words = threefry.fold_in(words, d)
+        return np.array(words, dtype=np.uint32)
     key = jax.random.PRNGKey(root_seed)
-    for part in parts:
-        key = jax.random.fold_in(key, stable_id(part) if isinstance(part, str) else int(part))
+    for d in data:
+        key = jax.random.fold_in(key, d)
     return np.asarray(key)
