@@ -43,7 +43,7 @@ class Executable(NamedTuple):
     kernels: dict  # {Pallas kernel name (Triton or Mosaic): calls}
     square: int  # lines with a (..., T, T) value of any type
     bytes_per_member_step: float | None  # training chunks only, besides the Pallas kernels
-    kernel_bytes_per_member_step: float | None  # the Pallas kernels' calls, each charged its whole operands
+    kernel_bytes_per_member_step: float | None  # the Pallas calls': stated (a cost estimate), else whole operands
     collectives: dict = {}  # {kind: instructions}, hlo.collectives
     kernel_members: tuple = ()  # leading dimensions of the Triton calls' results (members per call)
     replicated: bool = False  # every device computes every member (members do not divide the devices)
@@ -257,14 +257,27 @@ def lines(report: Report) -> list[str]:
             out.append(
                 f"FLOPs per member-step ({key}, one device's program over its {members} member(s), loop bodies "
                 f"per trip; matmuls and Pallas calls): {e.flops_per_member_step / 1e9:.2f} GFLOP"
+                + _against(report.estimate_flops, e.flops_per_member_step, "GFLOP of matmuls")
             )
         if e.bytes_per_member_step is not None:
-            estimate = f"; models/cost.py: {report.estimate_bytes / 1e9:.2f} GB in all" if report.estimate_bytes else ""
-            kernels = ""
-            if e.kernel_bytes_per_member_step:  # a group's call reads its members' blocks only: an upper bound
-                kernels = f" besides the Pallas kernels' calls ({e.kernel_bytes_per_member_step / 1e9:.2f} GB at most)"
+            kernels, moved = "", e.bytes_per_member_step + (e.kernel_bytes_per_member_step or 0.0)
+            if e.kernel_bytes_per_member_step:
+                how = "their stated bytes" if t.backend == "tpu" else "their whole operands: at most"
+                kernels = f", of it the Pallas kernels' calls {e.kernel_bytes_per_member_step / 1e9:.3f} GB ({how})"
+            where = (
+                "HBM: values kept in VMEM move none"
+                if t.backend == "tpu"
+                else "the compiled program's top-level kernels"
+            )
             out.append(
-                f"bytes per member-step ({key}, the compiled program's top-level "
-                f"kernels): {e.bytes_per_member_step / 1e9:.2f} GB{kernels}{estimate}"
+                f"bytes per member-step ({key}, {where}): {moved / 1e9:.3f} GB{kernels}"
+                + _against(report.estimate_bytes, moved, "GB")
             )
     return out
+
+
+def _against(estimate: float | None, counted: float, unit: str) -> str:
+    """models/cost.py's figure beside the compiled program's, and its error."""
+    if not estimate:
+        return ""
+    return f"; models/cost.py: {estimate / 1e9:.3f} {unit}, error {estimate / counted - 1:+.1%}"
