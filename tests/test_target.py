@@ -169,6 +169,42 @@ def test_a_long_sequence_sweep_compiles_for_the_h200_with_the_tiled_kernel_and_n
     assert chunk.temp < members * batch * heads * length * length * 4 / 4
 
 
+@NEEDS_COMPILER
+def test_target_programs_compile_two_at_a_time_and_a_failed_compile_is_tried_once_more(monkeypatch):
+    """The dry run compiles a target's programs side by side (deviceless.COMPILERS) and reports
+    each; a compile that fails (as XLA:GPU once failed to launch ptxas beside another compile)
+    is tried once more and says so, and one that fails again is raised."""
+    from mhjax.experiments import make_experiment
+    from mhjax.train import ahead
+
+    compile_all, failed, running, most = ahead.compile_all, [], [0], [0]
+
+    def flaky(jobs, *args, **kwargs):
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        try:
+            if jobs[0].key[0] in failing and jobs[0].key not in failed:
+                failed.append(jobs[0].key)
+                raise RuntimeError("INTERNAL: Failed to launch ptxas")
+            return compile_all(jobs, *args, **kwargs)
+        finally:
+            running[0] -= 1
+
+    monkeypatch.setattr(ahead, "compile_all", flaky)
+    config = set_field(tiny_sequence_config(heads=(2,)), "strategy", "one_program")
+    failing, said = {"chunk"}, []
+    report = deviceless.compile_for(make_experiment(config), targets.load("h200"), log=said.append)
+    keys = [e.key[0] for e in report.executables]
+    assert "chunk" in keys and "init" in keys and report.wall > 0 and most[0] == deviceless.COMPILERS
+    assert any(
+        line.startswith("compiling chunk") and "again (RuntimeError: INTERNAL: Failed to launch" in line
+        for line in said
+    )
+    monkeypatch.setattr(ahead, "compile_all", lambda jobs, *a, **k: (_ for _ in ()).throw(RuntimeError("broken")))
+    with pytest.raises(RuntimeError, match="broken"):
+        deviceless.compile_for(make_experiment(config), targets.load("h200"), log=said.append, only=("chunk",))
+
+
 def test_jax_plugin_errors_stay_off_the_console_and_go_to_mhjax_log(tmp_path, caplog):
     """With jax[cuda13] on a machine without a GPU, JAX logs a cuPTI traceback at backend start:
     held by io/plugin_log.py (installed by the CLI) and written to the workdir's mhjax.log."""

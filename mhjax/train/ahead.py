@@ -174,7 +174,7 @@ def compile_sweep(sweep, lengths: list[int], init: bool, piece_length: int = 0, 
     except Exception as exc:  # noqa: BLE001 -- any compile error; re-raised unless the experiment falls back
         failure = exc
     if _failed_anywhere(failure is not None):
-        reason = _first_line(failure) if failure is not None else "it failed to compile on another process"
+        reason = first_line(failure) if failure is not None else "it failed to compile on another process"
         if not sweep.experiment.kernel_fallback(sweep.backend, reason):
             if failure is not None:
                 raise failure
@@ -195,7 +195,7 @@ def _failed_anywhere(failed: bool) -> bool:
     return bool(np.any(multihost_utils.process_allgather(np.array([failed], np.int32))))
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     line = text.splitlines()[0] if text else ""
     return f"{type(exc).__name__}: {line[:200]}" if line else type(exc).__name__

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import threading
 import time
 from typing import NamedTuple
 
@@ -115,8 +116,14 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
     length = config.model.get("seq_len")
 
     def build(job) -> Executable:
-        log(f"compiling {' '.join(str(k) for k in job.key)} for {target.device}")
-        executables, seconds, _ = ahead.compile_all([job])
+        name = " ".join(str(k) for k in job.key)
+        log(f"compiling {name} for {target.device}")
+        try:
+            executables, seconds, _ = ahead.compile_all([job])
+        except Exception as exc:  # noqa: BLE001 -- once in ~6 paper dry runs: "Failed to launch ptxas"
+            log(f"compiling {name} again ({ahead.first_line(exc)})")
+            with alone:
+                executables, seconds, _ = ahead.compile_all([job])
         described = _describe(job.key, executables[job.key], seconds, here, length, target)
         return described._replace(replicated=placement.size > 1 and not placement.sharded(members[job.key[1]]))
 
@@ -124,7 +131,9 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
     # target's compiler (XLA:GPU with ptxas, libtpu) leaves this CPU's cores idle between its
     # passes, so two at a time take ~15 % less wall time than one after another
     # (benchmarks/RESULTS.md, "Dry-run cost"); each program's seconds are its own, overlapping.
-    start = time.perf_counter()
+    # a failed compile is tried once more (a real error fails again and is raised), under a lock
+    # so that two retries do not run side by side
+    start, alone = time.perf_counter(), threading.Lock()
     with persistent_cache_off(), concurrent.futures.ThreadPoolExecutor(COMPILERS, "mhjax-target") as pool:
         chosen = [job for job in ahead.jobs(sweep, lengths, True, pieces) if not only or job.key[0] in only]
         out = [future.result() for future in [pool.submit(build, job) for job in chosen]]
