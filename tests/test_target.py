@@ -323,3 +323,19 @@ def test_the_block_kernels_rule_is_what_the_h200_compiles():
             assert verdict == "ok", (kind, width, hidden, verdict)
         else:
             assert "Shared memory size limit exceeded" in verdict, (kind, width, hidden, verdict)
+
+
+def test_the_bytes_line_prints_the_models_error_only_against_a_count():
+    """A TPU's Pallas calls state their bytes: the chunk's total is a count, printed with
+    models/cost.py's error; a GPU's Triton calls are charged every member's operands (an upper
+    bound): the rest is given beside them and the model's total without an error."""
+    chunk = deviceless.Executable(("chunk", "all", 200), 1.0, 0, 0, 0, 0, {"k": 1}, 0, 0.15e9, 0.6e9)
+
+    def line(name):
+        report = deviceless.Report(targets.load(name), "", [chunk], 0.3e9, 100, {"all": 8})
+        return next(x for x in deviceless.lines(report) if x.startswith("bytes per member-step"))
+
+    gpu, tpu = line("h200"), line("v5e-8")
+    assert "0.150 GB besides the Pallas kernels' calls (0.600 GB at most" in gpu and "error" not in gpu
+    assert "0.750 GB, of it the Pallas kernels' calls 0.600 GB (their stated bytes)" in tpu
+    assert tpu.endswith("models/cost.py: 0.300 GB, error -60.0%")

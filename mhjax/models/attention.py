@@ -176,24 +176,29 @@ class CausalSelfAttention(nn.Module):
             count = jnp.full((1,), fine if heads is None else heads, jnp.int32)
             out = cpu_attention.attention(q, k, v, count, seeds, threshold, inv_keep)
         elif self.layout is not None:
-            kernel = self.interpret if implementation in KERNELS else None
+            kernel = (implementation, self.interpret) if implementation in KERNELS else None
             arrays = (q, k, v) if kernel is None else (qkv,)
-            tpu = implementation == "pallas_tpu"
-            out = layout_attention(self.layout, arrays, fine, heads, seeds, threshold, inv_keep, kernel, tpu)
-        elif implementation == "pallas_tpu":
-            from mhjax.models import pallas_tpu_attention
-
-            out = pallas_tpu_attention.attention(qkv, seeds, fine, threshold, inv_keep, self.interpret)
-        elif implementation == "pallas":
-            from mhjax.models import pallas_attention
-
-            out = pallas_attention.attention(qkv, seeds, fine, threshold, inv_keep, self.interpret)
+            out = layout_attention(self.layout, arrays, fine, heads, seeds, threshold, inv_keep, kernel)
+        elif implementation in KERNELS:
+            out = kernel_module(implementation).attention(qkv, seeds, fine, threshold, inv_keep, self.interpret)
         else:
             out, probs = jax_attention(q, k, v, fine, heads, seeds, threshold, inv_keep)
         out = to_dtype(out, compute)
         if head_mask is not None:
             out = out * jnp.repeat(jnp.asarray(head_mask, out.dtype), features // fine)
         return dense(width, features, "out", compute)(out), probs
+
+
+def kernel_module(implementation: str):
+    """The Pallas kernel of ``implementation`` ("pallas": the GPU's, pallas_attention.py;
+    "pallas_tpu": the TPU's, pallas_tpu_attention.py): the same attention and members_attention."""
+    if implementation == "pallas_tpu":
+        from mhjax.models import pallas_tpu_attention
+
+        return pallas_tpu_attention
+    from mhjax.models import pallas_attention
+
+    return pallas_attention
 
 
 def layout_attention(
@@ -204,18 +209,16 @@ def layout_attention(
     seeds,
     threshold: int,
     inv_keep: float,
-    kernel: bool | None = None,
-    tpu: bool = False,
+    kernel: tuple[str, bool] | None = None,
 ):
     """jax_attention's output for one member, which under vmap over a program's members runs
     group by group at static head counts: group g's members (consecutive on the member axis)
     at ``layout[g][1]`` heads with the dropout seeds of those coarse heads, so every member
     computes what plain attention at its own head count does (tested). ``arrays``: (q, k, v);
-    with ``kernel`` not None, (qkv,) the fused (B, T, 3D) projection, which the Pallas kernel
-    (pallas_attention.members_attention, in interpret mode if ``kernel`` is True) reads for
-    every group at its head count on the member axis itself: no per-group slice,
-    concatenation or padded gradient, no q/k/v split; with ``tpu`` too, the Pallas TPU kernel
-    (pallas_tpu_attention.members_attention, one call per group likewise). Reverse mode differentiates a
+    with ``kernel`` = (implementation, interpret) not None, (qkv,) the fused (B, T, 3D)
+    projection, which that Pallas kernel's members_attention (kernel_module; in interpret mode
+    if ``interpret``) reads for every group at its head count on the member axis itself: no
+    per-group slice, concatenation or padded gradient, no q/k/v split. Reverse mode differentiates a
     custom_vmap function only from outside the vmap (neither inside it nor unbatched): such a
     model's gradient is taken of the summed member losses
     (engine.members_step); for one member alone, use the plain model at its head count."""
@@ -235,14 +238,10 @@ def layout_attention(
         _, seeds, *arrays = (x if b else jnp.broadcast_to(x, (axis_size, *x.shape)) for x, b in zip(args, in_batched))
 
         def groups(local: Layout):  # the groups of the members here (all, or this device's shard)
-            if tpu:
-                from mhjax.models import pallas_tpu_attention
-
-                return pallas_tpu_attention.members_attention(arrays[0], seeds, local, threshold, inv_keep, kernel)
             if kernel is not None:  # one kernel call per group, reading and writing its members in place
-                from mhjax.models import pallas_attention
-
-                return pallas_attention.members_attention(arrays[0], seeds, local, threshold, inv_keep, kernel)
+                implementation, interpret = kernel
+                module = kernel_module(implementation)
+                return module.members_attention(arrays[0], seeds, local, threshold, inv_keep, interpret)
             q, k, v = split(arrays)
             outs, start = [], 0
             for n, h in local:

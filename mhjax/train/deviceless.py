@@ -269,20 +269,26 @@ def lines(report: Report) -> list[str]:
                 + _against(report.estimate_flops, e.flops_per_member_step, "GFLOP of matmuls")
             )
         if e.bytes_per_member_step is not None:
-            kernels, moved = "", e.bytes_per_member_step + (e.kernel_bytes_per_member_step or 0.0)
-            if e.kernel_bytes_per_member_step:
-                how = "their stated bytes" if t.backend == "tpu" else "their whole operands: at most"
-                kernels = f", of it the Pallas kernels' calls {e.kernel_bytes_per_member_step / 1e9:.3f} GB ({how})"
-            where = (
-                "HBM: values kept in VMEM move none"
-                if t.backend == "tpu"
-                else "the compiled program's top-level kernels"
-            )
-            out.append(
-                f"bytes per member-step ({key}, {where}): {moved / 1e9:.3f} GB{kernels}"
-                + _against(report.estimate_bytes, moved, "GB")
-            )
+            out.append(_bytes_line(e, key, t.backend == "tpu", report.estimate_bytes))
     return out
+
+
+def _bytes_line(e: Executable, key: str, tpu: bool, estimate: float | None) -> str:
+    """A chunk's bytes per member-step. A TPU's Pallas calls state their bytes, so the total is
+    a count and models/cost.py's error is printed; a GPU's Triton calls are charged every
+    member's operands (an upper bound), so the rest is given beside them and the model's total
+    without an error."""
+    where = "HBM: values kept in VMEM move none" if tpu else "the compiled program's top-level kernels"
+    kernels = e.kernel_bytes_per_member_step or 0.0
+    if kernels and not tpu:
+        model = f"; models/cost.py: {estimate / 1e9:.3f} GB in all" if estimate else ""
+        return (
+            f"bytes per member-step ({key}, {where}): {e.bytes_per_member_step / 1e9:.3f} GB besides the "
+            f"Pallas kernels' calls ({kernels / 1e9:.3f} GB at most: their whole operands){model}"
+        )
+    moved = e.bytes_per_member_step + kernels
+    stated = f", of it the Pallas kernels' calls {kernels / 1e9:.3f} GB (their stated bytes)" if kernels else ""
+    return f"bytes per member-step ({key}, {where}): {moved / 1e9:.3f} GB{stated}" + _against(estimate, moved, "GB")
 
 
 def _against(estimate: float | None, counted: float, unit: str) -> str:
