@@ -4,7 +4,7 @@ configs/tasks.py's model (2 layers, width 64, MLP 128, length 32, vocabulary 32,
 Adam 3e-3, 1,000 steps, three seeds) at heads 1, 4 and 16, twice: head_dim None (parameter
 matching: head size 64 / H, so 64, 16 and 4) and head_dim 16 (attention width 16 x H, so 16, 64
 and 256; parameters and FLOPs grow with H). At H = 4 the two designs are one model (head size
-16), so config.sweep_skip trains it once, as the matched member; benchmarks/head_size_table.py
+16), so config.sweep_skip trains it once, as the matched member; benchmarks/studies/head_size_table.py
 reads it for both. 45 members; docs/head_size.md has the measured time on 2 CPU cores."""
 
 import os

@@ -217,7 +217,7 @@ def test_forward_ablation_flops_and_cost_take_the_head_size():
 def test_hparams_of_head_dim_none_beside_sixteen_are_text_of_one_type():
     """TensorBoard's HParams domain holds one type: head_dim None (text) beside 16 (a number)
     become "None" and "16" for every member, whichever member comes first."""
-    from mhjax.io.tensorboard import experiment_summary, uniform_types
+    from mhjax.io.hparams import experiment_summary, uniform_types
 
     members = make_experiment(configured({"sweep.head_dim": "16,None"}, heads=(1,))).members
     hparams = uniform_types({m.name: m.flat_hparams() for m in members})

@@ -322,14 +322,16 @@ def test_bfloat16_weights_fit_twice_the_elements_in_one_program():
 
 @NEEDS_COMPILER
 def test_the_bfloat16_block_rule_is_what_the_h200_compiles():
-    """Both sides of each bfloat16 budget against the compiler (benchmarks/block_fit.py): a shape
+    """Both sides of each bfloat16 budget against the compiler (benchmarks/studies/block_fit.py): a shape
     the rule gives the kernel compiles for the H200, one it leaves to XLA runs out of shared memory."""
     import importlib.util
     import os
 
     from tests.conftest import ROOT
 
-    spec = importlib.util.spec_from_file_location("block_fit", os.path.join(ROOT, "benchmarks", "block_fit.py"))
+    spec = importlib.util.spec_from_file_location(
+        "block_fit", os.path.join(ROOT, "benchmarks", "studies", "block_fit.py")
+    )
     block_fit = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(block_fit)
     cases = (("norm_dense", 256, 256), ("norm_dense", 128, 512), ("mlp_block", 128, 128), ("mlp_block", 128, 256))

@@ -83,7 +83,7 @@ def test_roofline_and_sharding_arithmetic():
 
 @pytest.mark.slow  # ~26 s: the model itself is tested against XLA below and above
 def test_cost_model_script_reports_every_strategy_and_variant(tmp_path):
-    """benchmarks/cost_model.py end to end on the tiny config: the JSON keys scripts read, the
+    """benchmarks/studies/cost_model.py end to end on the tiny config: the JSON keys scripts read, the
     one_program / grouped ratio, and a variant's accuracy check on the layout model."""
     import json
     import os
@@ -96,7 +96,7 @@ def test_cost_model_script_reports_every_strategy_and_variant(tmp_path):
     config.write_text(config_source(tiny_sequence_config(heads=(1, 2))))
     out = tmp_path / "cost.json"
     specs = "grouped,one_program,one_program:bf16,one_program:pallas"  # fused: the XLA-count test above
-    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "cost_model.py")
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "studies", "cost_model.py")
     command = [sys.executable, script, "--config", str(config), "--strategies", specs]
     subprocess.run([*command, "--json", str(out)], check=True, capture_output=True, timeout=600)
     payload = json.loads(out.read_text())
@@ -163,7 +163,7 @@ def test_the_kernels_padded_dots_are_memory_bound_at_tf32_not_at_fp32():
 
 def test_scanned_layers_under_the_kernels_add_their_measured_stack_copies():
     """The paper sweep compiled for an H200 moves 0.497 GB per member-step with scanned layers
-    against 0.316 unrolled (benchmarks/gpu_bytes.py); the model adds that difference, and only
+    against 0.316 unrolled (benchmarks/studies/gpu_bytes.py); the model adds that difference, and only
     where the kernels run (the JAX path is not scanned on a GPU)."""
     shape = cost.Shape(batch=50, length=100, width=64, num_layers=4, mlp_dim=128, vocab=256)
     h200, groups = cost.DEVICES["h200"], [[(2, 1, False), (2, 4, False), (2, 8, False), (2, 16, False)]]

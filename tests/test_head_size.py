@@ -1,5 +1,5 @@
 """configs/head_size.py (docs/head_size.md): head count apart from head size on the tasks where
-head count matters; and benchmarks/head_size_table.py, which writes that page's table."""
+head count matters; and benchmarks/studies/head_size_table.py, which writes that page's table."""
 
 import os
 import sys
@@ -9,7 +9,7 @@ from mhjax.experiments import make_experiment
 from tests.test_architecture import hand_count
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "studies"))
 
 
 def test_head_size_config_is_tasks_model_at_heads_1_4_16_matched_and_at_head_dim_16():

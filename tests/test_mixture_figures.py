@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from mhjax.plotting import mixture
+from mhjax.plotting import mixture_geometry
 from mhjax.plotting.curves import line_styles, plot_curves
+from mhjax.plotting.mixture_style import Style
 
 ETAS = (0.01, 0.1, 1.0, 3.0, 10.0, 100.0)  # six: the four matplotlib styles repeated before
 STEPS = np.array([0.0, 1, 2, 5, 10, 20, 50])
@@ -68,9 +69,11 @@ def test_a_diverged_member_is_drawn_marked_and_does_not_set_the_range(saved):
 
 def test_path_gives_each_step_size_a_colour_and_style_in_order(monkeypatch):
     steps = np.array([0.0, 2, 5, 10, 20])
-    monkeypatch.setattr(mixture, "_curves", lambda workdir, name, tags: {t: (steps, 0.5 + steps) for t in tags})
+    monkeypatch.setattr(
+        mixture_geometry, "member_curves", lambda workdir, name, tags: {t: (steps, 0.5 + steps) for t in tags}
+    )
     fig = Figure()
-    mixture._plot_path(fig, None, records(), mixture.Style("test", left_out=["h4-s0-eta100"]))
+    mixture_geometry.plot_path(fig, None, records(), Style("test", left_out=["h4-s0-eta100"]))
     fig.savefig(os.devnull, format="png")
     lines = fig.axes[2].get_lines()[:-1]  # the stability edge last
     looks = {(line.get_color(), str(line.get_linestyle())) for line in lines}

@@ -339,7 +339,8 @@ def test_margin_figure_merges_step_sizes_only_where_their_margins_are_the_same(s
     n), unless theta_0 took a first step of size eta (zero_plus_step): then a line per eta."""
     from matplotlib.figure import Figure
 
-    from mhjax.plotting.mixture import Style, _plot_margin_vs_H
+    from mhjax.plotting.mixture_geometry import plot_margin_vs_H
+    from mhjax.plotting.mixture_style import Style
 
     _, _, payload = swept
     shared = payload["members"] + [dict(m, step_size=0.5) for m in payload["members"]]
@@ -347,7 +348,7 @@ def test_margin_figure_merges_step_sizes_only_where_their_margins_are_the_same(s
     labels = {}
     for name, records in (("shared", shared), ("stepped", stepped)):
         fig = Figure()
-        _plot_margin_vs_H(fig, records, Style("test"))
+        plot_margin_vs_H(fig, records, Style("test"))
         labels[name] = sorted(t.get_text() for t in fig.axes[0].get_legend().get_texts())
     assert labels["shared"] == ["n=16", "n=8"]
     assert labels["stepped"] == ["n=16, eta=0.5", "n=16, eta=1", "n=8, eta=0.5", "n=8, eta=1"]
@@ -360,17 +361,18 @@ def test_mixture_figures_read_at_a_glance(swept, monkeypatch):
     step sizes apart by line style."""
     from matplotlib.figure import Figure
 
-    from mhjax.plotting import mixture
+    from mhjax.plotting import mixture, mixture_geometry
     from mhjax.plotting.curves import plot_curves
+    from mhjax.plotting.mixture_style import Style
     from mhjax.plotting.mixture_summary import summary_markdown
 
     _, workdir, payload = swept
     records = payload["members"] + [dict(m, step_size=0.5, name=m["name"] + "-half") for m in payload["members"]]
     steps = np.array([0.0, 2, 5, 10, 20])
-    fake = {t: (steps, 0.5 + steps) for t in mixture.PATH_TAGS}
-    monkeypatch.setattr(mixture, "_curves", lambda workdir, name, tags: fake)
+    fake = {t: (steps, 0.5 + steps) for t in mixture_geometry.PATH_TAGS}
+    monkeypatch.setattr(mixture_geometry, "member_curves", lambda workdir, name, tags: fake)
     fig = Figure()
-    mixture._plot_path(fig, workdir, records, mixture.Style("test"))
+    mixture_geometry.plot_path(fig, workdir, records, Style("test"))
     fig.savefig(os.devnull, format="png")
     hessian = fig.axes[2]
     assert {line.get_linestyle() for line in hessian.get_lines()[:-1]} == {"-", "--"}  # eta 1 and 0.5
@@ -378,7 +380,7 @@ def test_mixture_figures_read_at_a_glance(swept, monkeypatch):
     assert [t.get_text() for t in fig.legends[0].get_texts()][:4] == ["eta=0.5", "eta=1", "H=2", "H=8"]
 
     fig = Figure()
-    mixture._plot_test_loss_vs_n(fig, payload["members"], mixture.Style("test"))
+    mixture._plot_test_loss_vs_n(fig, payload["members"], Style("test"))
     fig.savefig(os.devnull, format="png")
     for ax in fig.axes:  # a panel spanning less than a decade is labelled too
         low, high = ax.get_ylim()

@@ -309,7 +309,9 @@ def test_the_block_kernels_rule_is_what_the_h200_compiles():
     from mhjax.models import pallas_block
     from tests.conftest import ROOT
 
-    spec = importlib.util.spec_from_file_location("block_fit", os.path.join(ROOT, "benchmarks", "block_fit.py"))
+    spec = importlib.util.spec_from_file_location(
+        "block_fit", os.path.join(ROOT, "benchmarks", "studies", "block_fit.py")
+    )
     block_fit = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(block_fit)
     for kind, width, hidden in (

@@ -11,6 +11,8 @@ Names, numbers, text and images only (nothing of models or analysis). Each run h
   a diverged member). Tags filled in later (e.g. ``analysis/...`` by ``mhjax analyze``) are
   listed as metrics too, so head counts can be compared, sorted and filtered in one table;
 * images the experiment draws at the end of training (e.g. attention heatmaps).
+
+The HParams protos are io/hparams.py's; a failing disk is kept from the training by io/event_guard.py.
 """
 
 from __future__ import annotations
@@ -18,26 +20,19 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 import time
 
-import numpy as np
 from tensorboardX import SummaryWriter
 
-from mhjax.io.results import OLD_NAMES
-
-# Fields of a results.json record that are not metrics.
-_NOT_METRICS = {
-    "name",
-    "program",
-    "status",
-    "steps",
-    "params",
-    "diverged_at_step",
-    "loss_exceeded_at_step",
-    "nonfinite_at_step",
-    *OLD_NAMES,
-}
+from mhjax.io.event_guard import drain, guard
+from mhjax.io.hparams import (
+    add_summary,
+    experiment_summary,
+    final_metrics,
+    session_end_summary,
+    session_start_summary,
+    uniform_types,
+)
 
 
 class MemberWriters:
@@ -69,7 +64,7 @@ class MemberWriters:
         except OSError as exc:
             self._lose(name, exc)
             return SummaryWriter(path, write_to_disk=False)  # the same methods, writing nothing
-        _guard(writer, lambda exc: self._lose(name, exc))
+        guard(writer, lambda exc: self._lose(name, exc))
         return writer
 
     def _lose(self, name: str, exc: BaseException) -> None:
@@ -102,9 +97,7 @@ class MemberWriters:
         so a kill -9 after it loses no point up to the checkpoint's step). tensorboardX's own flush
         writes out only what its thread has taken from the queue: wait for the thread first."""
         for writer in self.writers.values():
-            guard = getattr(writer, "_mhjax_guard", None)
-            if guard is not None:
-                guard.drain(writer._get_file_writer().event_writer)
+            drain(writer)
             writer.flush()
 
     # ------------------------------------------------------------------ #
@@ -118,7 +111,7 @@ class MemberWriters:
         for name, values in hparams.items():
             writer = self.writers[name]
             writer.add_text("config", text + "\n\n" + _hparams_markdown(values), step)
-            _add_summary(writer, session_start_summary(values, group_name=name, start_time_secs=now), step)
+            add_summary(writer, session_start_summary(values, group_name=name, start_time_secs=now), step)
         self.flush()
 
     def finish(
@@ -147,75 +140,11 @@ class MemberWriters:
             for key in metrics if not written else ():
                 value = record.get(key)
                 writer.add_scalar(f"final/{key}", float("nan") if value is None else float(value), step)
-            _add_summary(writer, experiment_pb, step)
-            _add_summary(
+            add_summary(writer, experiment_pb, step)
+            add_summary(
                 writer, session_end_summary("failure" if record.get("status") == "diverged" else "success"), step
             )
         self.flush()
-
-
-class _GuardedEvents:
-    """A run's event file whose failing write (a full disk) reports once and drops the run's
-    later events. Unguarded, tensorboardX's writer thread dies with a traceback, and its queue,
-    no longer emptied, blocks the training loop once full; a failed flush raises in the loop."""
-
-    def __init__(self, events, on_error):
-        self.events, self.on_error, self.failed = events, on_error, False
-        self._reached = threading.Condition()
-        self._marks = [0, 0]  # marks sent, marks the writer thread reached
-
-    def _guarded(self, write) -> None:
-        if self.failed:
-            return
-        try:
-            write()
-        except OSError as exc:
-            self.failed = True
-            self.on_error(exc)
-
-    def write_event(self, event) -> None:
-        if isinstance(event, _Mark):  # every event queued before it is written
-            with self._reached:
-                self._marks[1] = max(self._marks[1], event.number)
-                self._reached.notify_all()
-            return
-        self._guarded(lambda: self.events.write_event(event))
-
-    def drain(self, event_writer, timeout: float = 60.0) -> None:
-        """Wait until ``event_writer``'s thread has written every event queued so far."""
-        if event_writer._closed:
-            return
-        with self._reached:
-            self._marks[0] += 1
-            number = self._marks[0]
-        event_writer._event_queue.put(_Mark(number))
-        with self._reached:
-            self._reached.wait_for(lambda: self._marks[1] >= number, timeout)
-
-    def flush(self) -> None:
-        self._guarded(self.events.flush)
-
-    def close(self) -> None:
-        self._guarded(self.events.close)
-
-
-class _Mark:
-    """Queued behind a run's events (it crosses tensorboardX's multiprocessing queue pickled, so
-    it is known by its number): reached, everything before it is written (_GuardedEvents.drain)."""
-
-    def __init__(self, number: int):
-        self.number = number
-
-
-def _guard(writer: SummaryWriter, on_error) -> None:
-    """Route every write of ``writer``'s event file, from its thread and from ours, through
-    _GuardedEvents (tensorboardX 2.x: FileWriter.event_writer is the EventFileWriter whose
-    ``_ev_writer`` the caller and whose ``_worker._record_writer`` the thread write to)."""
-    events = writer._get_file_writer().event_writer
-    guarded = _GuardedEvents(events._ev_writer, on_error)
-    events._ev_writer = guarded
-    events._worker._record_writer = guarded
-    writer._mhjax_guard = guarded
 
 
 class NoWriters:
@@ -285,116 +214,3 @@ def config_markdown(config: dict) -> str:
 
 def _hparams_markdown(hparams: dict) -> str:
     return "This member: " + ", ".join(f"`{k}={v}`" for k, v in hparams.items())
-
-
-# ---------------------------------------------------------------------- #
-# HParams plugin protos (the same bytes tensorboard.plugins.hparams.summary_v2 writes)
-# ---------------------------------------------------------------------- #
-def _add_summary(writer: SummaryWriter, summary, step: int) -> None:
-    from tensorboardX.proto.summary_pb2 import Summary
-
-    writer._get_file_writer().add_summary(Summary.FromString(summary.SerializeToString()), step)
-
-
-def _summary(tag: str, plugin_data):
-    from tensorboard.compat.proto import summary_pb2
-    from tensorboard.plugins.hparams import metadata
-
-    summary = summary_pb2.Summary()
-    summary.value.add(tag=tag, metadata=metadata.create_summary_metadata(plugin_data), tensor=metadata.NULL_TENSOR)
-    return summary
-
-
-def _hparam_value(value):
-    """(DataType name, setter) of a hyperparameter value."""
-    if isinstance(value, (bool, np.bool_)):
-        return "DATA_TYPE_BOOL", lambda v, x: setattr(v, "bool_value", bool(x))
-    if isinstance(value, (int, float, np.integer, np.floating)):
-        return "DATA_TYPE_FLOAT64", lambda v, x: setattr(v, "number_value", float(x))
-    return "DATA_TYPE_STRING", lambda v, x: setattr(v, "string_value", str(x))
-
-
-def uniform_types(hparams: dict[str, dict]) -> dict[str, dict]:
-    """{member: fields} with a field whose values differ in type across members (head_dim None
-    and 16: "None" and 16) written as text in every member, so its HParams domain has one type."""
-    kinds: dict[str, set] = {}
-    for values in hparams.values():
-        for name, value in values.items():
-            kinds.setdefault(name, set()).add(_hparam_value(value)[0])
-    mixed = {name for name, k in kinds.items() if len(k) > 1}
-    return {m: {k: str(v) if k in mixed else v for k, v in values.items()} for m, values in hparams.items()}
-
-
-def session_start_summary(hparams: dict, group_name: str = "", start_time_secs: float | None = None):
-    from tensorboard.plugins.hparams import plugin_data_pb2
-
-    info = plugin_data_pb2.SessionStartInfo(group_name=group_name, start_time_secs=start_time_secs or time.time())
-    for name, value in hparams.items():
-        _, setter = _hparam_value(value)
-        setter(info.hparams[name], value)
-    from tensorboard.plugins.hparams import metadata
-
-    return _summary(metadata.SESSION_START_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_start_info=info))
-
-
-def session_end_summary(status: str = "success", end_time_secs: float | None = None):
-    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
-
-    info = plugin_data_pb2.SessionEndInfo(
-        status=api_pb2.Status.Value(f"STATUS_{status.upper()}"), end_time_secs=end_time_secs or time.time()
-    )
-    return _summary(metadata.SESSION_END_INFO_TAG, plugin_data_pb2.HParamsPluginData(session_end_info=info))
-
-
-def experiment_summary(hparams: dict[str, dict], metric_tags: list[str], description: str = ""):
-    """Every swept field with its discrete domain over the sweep, and the metric tags;
-    ``hparams``: {member: its swept fields}."""
-    from google.protobuf import struct_pb2
-    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
-
-    domains: dict[str, list] = {}
-    for values in hparams.values():
-        for name, value in values.items():
-            if value not in domains.setdefault(name, []):
-                domains[name].append(value)
-    infos = []
-    for name, values in domains.items():
-        kind, setter = _hparam_value(values[0])
-        domain = struct_pb2.ListValue()
-        for value in sorted(values) if kind != "DATA_TYPE_STRING" else values:
-            setter(domain.values.add(), value)
-        infos.append(
-            api_pb2.HParamInfo(
-                name=name,
-                display_name=name,
-                type=api_pb2.DataType.Value(kind),
-                domain_discrete=domain,
-                differs=len(values) > 1,
-            )
-        )
-    metric_infos = [
-        api_pb2.MetricInfo(
-            name=api_pb2.MetricName(tag=tag),
-            display_name=tag,
-            dataset_type=api_pb2.DATASET_VALIDATION
-            if "eval" in tag or tag.startswith("analysis/")
-            else api_pb2.DATASET_TRAINING,
-        )
-        for tag in dict.fromkeys(metric_tags)
-    ]
-    exp = api_pb2.Experiment(
-        description=description, time_created_secs=time.time(), hparam_infos=infos, metric_infos=metric_infos
-    )
-    return _summary(metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=exp))
-
-
-def final_metrics(records: list[dict], swept: set[str]) -> list[str]:
-    """Numeric fields of the results records that are metrics (not the ``swept`` hyperparameters), in order."""
-    keys: dict[str, None] = {}
-    for record in records:
-        for key, value in record.items():
-            if key in _NOT_METRICS or key in swept or isinstance(value, bool):
-                continue
-            if isinstance(value, (int, float, np.integer, np.floating)) or (value is None and key in keys):
-                keys[key] = None
-    return list(keys)

@@ -7,7 +7,7 @@ head by an F x F einsum). Attention maps are (B, F, T, T) per layer, so F, not H
 their cost, and at the paper's shapes they are most of the memory traffic.
 
 FLOPs and bytes follow XLA's own count of the compiled step on the JAX attention path
-(``benchmarks/cost_model.py``: HLO cost analysis of the paper model, jax 0.10): matmuls
+(``benchmarks/studies/cost_model.py``: HLO cost analysis of the paper model, jax 0.10): matmuls
 at their full size (the causal half is computed and masked), plus per attention element
 and per token-row costs measured once and stated below. Tests hold the model to XLA's
 count on other shapes (tests/test_cost.py).
@@ -59,9 +59,9 @@ class Device(NamedTuple):
 # Calibration (issue 29). The terms below count what XLA:CPU counts; a GPU's compiled program
 # fuses more and moves fewer bytes, and not in one ratio: XLA:GPU fuses the JAX attention core
 # (and one_program's slices and pads around it) far better than the rest of the step. So two
-# ratios, measured on the code as it is: benchmarks/gpu_bytes.py (deviceless H200 compile, each
+# ratios, measured on the code as it is: benchmarks/studies/gpu_bytes.py (deviceless H200 compile, each
 # top-level kernel of the compiled program reading its operands and writing its results once,
-# the Pallas calls at kernel_cost's bytes) against benchmarks/cost_model.py (XLA:CPU), paper
+# the Pallas calls at kernel_cost's bytes) against benchmarks/studies/cost_model.py (XLA:CPU), paper
 # config, one_program, per member-step, jax 0.10.2, 2026-12-05:
 #   attention=pallas: 0.316 GB on the GPU, 0.336 GB by XLA:CPU, the kernels' 0.141 GB in both
 #                     (attention, norm_dense and mlp_block; with the attention kernel alone, before
@@ -125,7 +125,7 @@ PARAM = (38.0, 99.0)  # per parameter: Adam, the divergence check, gradients
 # unfused block), and per parameter of the block kernels (q/k/v, MLP, norm scales) less what
 # XLA no longer does for it (its weight gradient comes out of the kernel as partials, counted in
 # the kernel's bytes). Fitted on XLA's count of one_program:pallas, the kernels opaque
-# (benchmarks/hlo_cost.py), on the paper sweep (8 seeds: 0.194 GB and 1.00 GFLOP per member-step
+# (benchmarks/studies/hlo_cost.py), on the paper sweep (8 seeds: 0.194 GB and 1.00 GFLOP per member-step
 # besides the kernels) and the tiny test config; a third shape (width 32, 2 layers, T 40, MLP
 # 64, vocab 64, batch 16) is within 6 % of the total.
 KERNEL_WIDTH = (4.4, 70.9)

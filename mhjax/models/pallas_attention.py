@@ -50,7 +50,7 @@ MIN_DOT = 16  # every dimension of a Triton matmul
 # accumulator; the backward holds dk, dv accumulators, this tile's k and v, a query tile's q,
 # dout and out (tile, C) each and three (tile, tile) tiles (p, dp, ds), so it takes smaller
 # tiles and more warps (threads to share them) at wide heads. Chosen so that ptxas reports no
-# spill for sm_90 at T = 100 and 1,024 and head dims up to 128 (benchmarks/attention_ptxas.py,
+# spill for sm_90 at T = 100 and 1,024 and head dims up to 128 (benchmarks/studies/attention_ptxas.py,
 # with dropout; benchmarks/RESULTS.md). Beyond 128 columns the backward spills ~1 KB per thread
 # even at 16-row tiles (no wider head arises at mhjax's widths under parameter matching).
 TILE_RULE = ((32, 64, 64, 4), (64, 64, 32, 8), (128, 32, 16, 8), (None, 16, 16, 8))

@@ -59,13 +59,13 @@ WARPS, STAGES = 8, 3  # pipelined: the loop's row loads are prefetched (cp.async
 MAX_DIM = 256  # padded width, hidden width and features: whole weight blocks in one program
 # Padded weight elements a program may hold: the backward keeps each weight block beside its
 # gradient's accumulator in shared memory, 227 KiB per block on sm_90 (the H200). Found by the
-# deviceless compile of each kernel's forward and backward (benchmarks/block_fit.py): norm_dense
+# deviceless compile of each kernel's forward and backward (benchmarks/studies/block_fit.py): norm_dense
 # compiles at D x F = 128 x 256 and fails at 256 x 256, 128 x 512, 64 x 1,024; mlp_block (two
 # weights) compiles at D x M = 64 x 128, 32 x 256, 16 x 512, 128 x 64 and fails at 64 x 256 and
 # 128 x 128 ("Shared memory size limit exceeded: requested 303,104, available: 232,448").
 MAX_ELEMENTS = {"norm_dense": 128 * 256, "mlp_block": 64 * 128}
 # With bfloat16 x and weights (a bfloat16 model's; the accumulators stay float32) twice as many, by
-# the same compile (benchmarks/block_fit.py --dtype bfloat16): norm_dense compiles at 256 x 256
+# the same compile (benchmarks/studies/block_fit.py --dtype bfloat16): norm_dense compiles at 256 x 256
 # (every size within MAX_DIM) and fails at 128 x 512 and 64 x 1,024; mlp_block compiles at 128 x
 # 128, 64 x 256, 256 x 64, 32 x 256, 16 x 512 and fails at 128 x 256, 256 x 128, 64 x 512 and 32 x
 # 1,024 ("requested 270,336" at 128 x 256).
@@ -190,7 +190,7 @@ def block_parts(
     ``dtype``: the model's (config.model.dtype; bfloat16 weights fit twice the elements).
 
     Beyond the budget the norms and MLP are XLA's; tiled weights are not built. Decided from the
-    deviceless H200 compile (benchmarks/block_rule.py; docs/performance.md, "The block kernels'
+    deviceless H200 compile (benchmarks/studies/block_rule.py; docs/performance.md, "The block kernels'
     rule"): GB per member-step, kernels 0.36 against XLA 0.77 at width 64; XLA 2.84 at 256 and 8.75
     at 1,024. The step stays memory-bound to width ~512 (28 FLOP per byte at 256), so tiling is
     worth building for widths 128-512; at 1,024 the dots bound it (~20 % to gain)."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from mhjax.io.results import write_text
 from mhjax.io.workdir import Workdir
-from mhjax.plotting.mixture import log_axes
+from mhjax.plotting.mixture_style import log_axes
 from mhjax.plotting.mixture_summary import fmt as _fmt
 from mhjax.plotting.mixture_summary import group_by
 from mhjax.plotting.mixture_summary import mean_of as _mean

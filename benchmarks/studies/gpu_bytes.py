@@ -9,7 +9,7 @@ and writes its results once. The Pallas kernel's calls are the exception: the wa
 charge each group's call its whole operands (every member's arrays, of which it reads its
 group's blocks), so they count at pallas_attention.kernel_cost's bytes instead.
 
-    JAX_PLATFORMS=cpu /work/venv-gpu/bin/python benchmarks/gpu_bytes.py --target FILE
+    JAX_PLATFORMS=cpu /work/venv-gpu/bin/python benchmarks/studies/gpu_bytes.py --target FILE
         [--config configs/paper.py] [--attention pallas|jax] [--strategy one_program]
 
 models/cost.py's calibration was measured with this (paper config, 8 members, one_program).
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import jax
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks" / "studies"))
 sys.path.insert(0, str(ROOT))
 
 from cost_model import load_config  # noqa: E402

@@ -3,7 +3,7 @@ and forward + backward, on the CPU: mhjax's C++ kernel against the plain-JAX pat
 compiles (attention.jax_attention), for the paper's shapes (B 50, T 100, D 64, dropout 0.1)
 at heads 1/4/8/16. Interleaved repetitions in one process, medians.
 
-    python benchmarks/attention_kernel.py [--reps N] [--dropout P]
+    python benchmarks/studies/attention_kernel.py [--reps N] [--dropout P]
 """
 
 from __future__ import annotations

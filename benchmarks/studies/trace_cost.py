@@ -4,7 +4,8 @@ timed (no logging, evaluation or checkpoints). Repeats alternate between the two
 best of each is kept, so a machine shared with other jobs slows both alike; the process's CPU time
 (every XLA thread) is printed beside the wall time, as it moves less with other jobs' load.
 
-    python benchmarks/trace_cost.py --config configs/mixture.py [--chunks 5] [--repeat 3] [--set FIELD=VALUE ...]
+    python benchmarks/studies/trace_cost.py --config configs/mixture.py [--chunks 5] [--repeat 3]
+        [--set FIELD=VALUE ...]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The cost model's predictions for benchmarks/accelerator.sh's training stages, on this machine
 (nothing compiles): the rate each stage's dry run will print on the device, for RESULTS.md's plan.
 
-    python benchmarks/accelerator_predictions.py [--corpus FILE] [--json OUT]
+    python benchmarks/studies/accelerator_predictions.py [--corpus FILE] [--json OUT]
 
 Per stage and attention path (jax; pallas, the kernels priced as reading the compute dtype:
 models/cost_dtype.py): the strategy `auto` picks on a GPU, member-steps/s, the compiled
@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from mhjax.experiments import make_experiment  # noqa: E402

@@ -9,7 +9,7 @@ once per loop trip; VMEM values none, async copies once, in-place updates their 
 calls their stated bytes), per member-step, grouped by the op's source (its metadata's last
 two name scopes, forward or backward) to say where the bytes go.
 
-    JAX_PLATFORMS=cpu /tmp/tpuvenv/bin/python benchmarks/tpu_bytes.py [--attention auto|jax]
+    JAX_PLATFORMS=cpu /tmp/tpuvenv/bin/python benchmarks/studies/tpu_bytes.py [--attention auto|jax]
         [--seeds 8] [--steps 2] [--top 20] [--set model.seq_len=1024 ...]
 """
 
@@ -21,7 +21,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import mhjax  # noqa: E402

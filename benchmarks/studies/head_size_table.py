@@ -3,7 +3,7 @@ and head count, the held-out accuracy after the last step (mean ± population st
 `mhjax report` prints it), each seed's first evaluation step at 99% held-out accuracy (- : not
 reached), the seeds counted, the parameter count and GFLOP per training step.
 
-    python benchmarks/head_size_table.py --workdir runs/head_size [--figure steps_to_99.png]
+    python benchmarks/studies/head_size_table.py --workdir runs/head_size [--figure steps_to_99.png]
         [--accuracy-figure accuracy.png]
 
 Reads results.json and the members' TensorBoard curves (``eval/accuracy``) through mhjax.load.
@@ -22,7 +22,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import mhjax  # noqa: E402
 

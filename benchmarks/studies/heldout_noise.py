@@ -4,7 +4,7 @@ data/ngram.py (a proxy for a trained model's: how much the text's difficulty var
 to window), at configs/text.py's T = 256 on ``--num`` windows drawn as the sweep draws them.
 
     python examples/python_docs.py docs.txt --kib 3072
-    python benchmarks/heldout_noise.py docs.txt [--seq-len 256] [--num 4096]
+    python benchmarks/studies/heldout_noise.py docs.txt [--seq-len 256] [--num 4096]
 
 Prints each model's mean bits, the per-window standard deviation, the standard error at --num
 windows and the windows a standard error of 0.01 needs ((sd / 0.01)^2)."""

@@ -3,7 +3,8 @@
 The compiler refuses a program whose whole weight blocks and their gradients' accumulators exceed
 the 227 KiB of shared memory a block may have on sm_90.
 
-    JAX_PLATFORMS=cpu python benchmarks/block_fit.py [--dtype bfloat16] [norm_dense:128:256 mlp_block:64:256 ...]
+    JAX_PLATFORMS=cpu python benchmarks/studies/block_fit.py [--dtype bfloat16]
+        [norm_dense:128:256 mlp_block:64:256 ...]
 
 --dtype bfloat16: x and the weights in bfloat16 (the scale float32), as a bfloat16 model calls them.
 """
@@ -14,7 +15,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 DEFAULT = (
     "norm_dense:64:256 norm_dense:128:256 norm_dense:256:256 norm_dense:128:512 norm_dense:64:1024 "
@@ -93,4 +94,9 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+    elif any(a.count(":") != 2 for a in sys.argv[1:] if a not in ("--dtype", "bfloat16", "float32")):
+        sys.exit(print("usage: block_fit.py [--dtype bfloat16] [KIND:WIDTH:HIDDEN ...]", file=sys.stderr) or 2)
+    else:
+        main(sys.argv[1:])

@@ -7,7 +7,7 @@ from the first H heads of the same draw). For each n and each pair of neighbouri
 with nesting the same first H heads), and its mean and standard deviation over the seeds are
 printed: nesting is worth having where it narrows that spread.
 
-    python benchmarks/nested_heads.py --config configs/mixture.py --seeds 8 [--set train.steps=150 ...]
+    python benchmarks/studies/nested_heads.py --config configs/mixture.py --seeds 8 [--set train.steps=150 ...]
 """
 
 from __future__ import annotations

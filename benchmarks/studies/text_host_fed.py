@@ -6,7 +6,7 @@ T = 64, heads 1, 4, 16); each run compiled and warmed by one chunk of ``--steps`
 of ``--repeats`` timed chunks, the three interleaved. Also checks that the three give equal losses.
 
     python examples/python_docs.py docs.txt --kib 400
-    python benchmarks/text_host_fed.py docs.txt [--steps 50] [--repeats 3]
+    python benchmarks/studies/text_host_fed.py docs.txt [--steps 50] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mhjax.data import text  # noqa: E402
 from mhjax.experiments import make_experiment  # noqa: E402

@@ -3,7 +3,7 @@ with the block kernels (norm_dense, mlp_block) where they fit or with XLA's norm
 pallas_block.block_parts' rule beyond the kernels' budget was decided from (docs/performance.md).
 Heads 16, mlp 2 x width, T 100, batch 50, two members, the attention kernel on, strategy grouped.
 
-    JAX_PLATFORMS=cpu python benchmarks/block_rule.py WIDTH on|off
+    JAX_PLATFORMS=cpu python benchmarks/studies/block_rule.py WIDTH on|off
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def main(width: int, blocks: bool) -> None:
@@ -42,4 +42,9 @@ def main(width: int, blocks: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2] == "on")
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+    elif len(sys.argv) != 3 or not sys.argv[1].isdigit() or sys.argv[2] not in ("on", "off"):
+        sys.exit(print("usage: block_rule.py WIDTH on|off (WIDTH: a whole number)", file=sys.stderr) or 2)
+    else:
+        main(int(sys.argv[1]), sys.argv[2] == "on")

@@ -7,7 +7,7 @@ ptxas -v on it: registers per thread, stack frame and spill bytes per kernel. Wi
 also tile/warp choices beside the library's rule (pallas_attention.block_sizes), which is how
 the rule was chosen: no spill at any head dim.
 
-    JAX_PLATFORMS=cpu /work/venv-gpu/bin/python benchmarks/attention_ptxas.py [--sweep]
+    JAX_PLATFORMS=cpu /work/venv-gpu/bin/python benchmarks/studies/attention_ptxas.py [--sweep]
         [--lengths 100,1024] [--head-dims 4,8,16,32,64,128] [--dtype bfloat16]
 
 --dtype bfloat16: the kernels on a bfloat16 projection (config.model.dtype=bfloat16).
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 WIDTH = 64  # the paper's width: heads = WIDTH / head dim (beyond 64: one head of that width)
 

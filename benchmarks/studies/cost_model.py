@@ -7,7 +7,7 @@ only, causal attention counted as half) and their ratio, peak temporary memory, 
 time, the analytic cost model's own figures (mhjax.models.cost) and the member-steps/s a
 roofline predicts on ``--device`` from the HLO figures.
 
-    python benchmarks/cost_model.py [--json OUT] [--config configs/paper.py] [--device h200|tpu-v5e]
+    python benchmarks/studies/cost_model.py [--json OUT] [--config configs/paper.py] [--device h200|tpu-v5e]
         [--peak-tflops X --hbm-gbs Y] [--strategies fused,grouped,one_program,...] [--seeds 0,1,...]
 
 A strategy ``S:V`` is strategy S with attention variant V (btft, bf16, or pallas: the
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import jax
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks" / "studies"))
 sys.path.insert(0, str(ROOT))
 
 import hlo_cost  # noqa: E402

@@ -18,7 +18,7 @@ Timed in one run:
              the mixing time), its per-layer-sequence cost scaled to 1,600.
 The ratio reference / exact is the headline (target >= 1000x).
 
-    .venv/bin/python benchmarks/dag_metrics.py [--ref-items 3] [--mc-items 16] [--json OUT]
+    .venv/bin/python benchmarks/studies/dag_metrics.py [--ref-items 3] [--mc-items 16] [--json OUT]
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from mhjax.analysis.metrics import layer_metrics, learned_head_weights, random_t
 from mhjax.models.model_config import ModelConfig
 from mhjax.models.probe import forward_fn, model_sizes
 
-CKPT = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "beyond_parallelism" / "checkpoints"
+CKPT = Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "beyond_parallelism" / "checkpoints"
 MODELS = [(h, task) for task in ("copy", "cycle") for h in (1, 4, 8, 16)]
 NUM_SEQ, T, MAX_STEPS, HORIZON, WALKS = 50, 100, 100, 100, 500
 

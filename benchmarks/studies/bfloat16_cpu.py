@@ -3,7 +3,7 @@ and the C++ kernel, on this CPU (docs/bfloat16.md). The quick config's model, co
 and 4, strategy grouped; each run compiled and warmed by one chunk of ``--steps``, then the best
 of ``--repeats`` timed chunks, the four interleaved.
 
-    python benchmarks/bfloat16_cpu.py [--config configs/quick.py] [--steps 20] [--repeats 3]
+    python benchmarks/studies/bfloat16_cpu.py [--config configs/quick.py] [--steps 20] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import jax
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mhjax.config import apply_overrides  # noqa: E402
 from mhjax.experiments import make_experiment, override_defaults  # noqa: E402
