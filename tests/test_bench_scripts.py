@@ -1,8 +1,10 @@
 """The device scripts (benchmarks/accelerator.sh, reproduce_paper.sh, wheels.sh): they parse,
 their plans keep to the budget the issue sets, and the summary they write of a training run
 reads the run's own TensorBoard rates. (Their end-to-end CPU runs, SMOKE=1, take minutes:
-benchmarks/RESULTS.md "Accelerator plan" says how they were checked.)"""
+benchmarks/RESULTS.md "Accelerator plan" says how they were checked.) benchmarks/README.md
+indexes every script there is."""
 
+import glob
 import json
 import os
 import re
@@ -137,3 +139,25 @@ def test_train_run_summary_reads_the_runs_rates(tmp_path):
     assert out["compile_log_lines"] == ["compiled in 1.5 s"] and out["compile_s_logged"] == [1.5]
     assert out["predicted"]["member_steps_per_s"] == 2129 and out["wall_s"] == 9.0
     assert summarise(str(tmp_path / "never"))["steps_done"] == 0
+
+
+def test_the_index_names_every_script_and_each_study_says_where_its_numbers_are():
+    """benchmarks/README.md names every script in benchmarks/ and benchmarks/studies/ and no other;
+    each study is named in RESULTS.md or a docs page (where its numbers are), and every data file
+    there is named in RESULTS.md."""
+
+    def text(path):
+        with open(os.path.join(ROOT, path)) as f:
+            return f.read()
+
+    def files(*patterns):
+        return {os.path.relpath(p, ROOT) for pattern in patterns for p in glob.glob(os.path.join(ROOT, pattern))}
+
+    scripts = files("benchmarks/*.py", "benchmarks/*.sh", "benchmarks/studies/*.py", "benchmarks/studies/*.sh")
+    assert set(re.findall(r"benchmarks/(?:studies/)?\w+\.(?:py|sh)", text("benchmarks/README.md"))) == scripts
+    results = text("benchmarks/RESULTS.md")
+    docs = results + "".join(text(p) for p in files("docs/*.md"))
+    studies = {p for p in scripts if p.startswith("benchmarks/studies/")}
+    assert studies and all(p in docs for p in studies), sorted(p for p in studies if p not in docs)
+    data = files("benchmarks/*.json", "benchmarks/studies/*.json")
+    assert data and all(p in results for p in data), sorted(p for p in data if p not in results)
