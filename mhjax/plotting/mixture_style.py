@@ -44,6 +44,7 @@ def member_curves(workdir: Workdir, name: str, tags) -> dict:
 
 
 def head_colours(heads):
+    """{H: colour} along viridis, head counts in order."""
     from matplotlib import colormaps
 
     cmap = colormaps["viridis"]
