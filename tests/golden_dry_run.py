@@ -35,6 +35,8 @@ MASKS = [
     (re.compile(r"(compiled? in|compile(?: time)?:?|wall(?: time)?:?|took) ~?\d[\d,]*\.?\d* ?s\b"), r"\1 <T> s"),
     (re.compile(r"\(\d[\d,]*\.?\d* ?s\)"), "(<T> s)"),
     (re.compile(r"\d+ cores\b"), "<N> cores"),
+    (re.compile(r"\d[\d,]*\.?\d* s of wall time"), "<T> s of wall time"),
+    (re.compile(r"(?<= )\d+(?:\.\d+)?s(?= )"), "<T>s"),  # the compile column of the --target table
 ]
 
 
