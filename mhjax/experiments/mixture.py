@@ -319,8 +319,9 @@ class MixtureExperiment(Experiment):
             own_steps=np.int32(own_steps(self.config, n)),
         )
 
-    def programs(self, strategy: str, backend: str):
-        """One program for every member (head counts padded to H_max, training sets to n_max)."""
+    def layout(self, strategy: str, attention, devices: int):
+        """One program for every member (head counts padded to H_max, training sets to n_max),
+        whatever the strategy."""
         recipe = MixtureRecipe(self.config, self.max_heads, self.max_train)
         return [Program("all", list(range(len(self.members))), recipe)]
 
