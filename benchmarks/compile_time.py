@@ -45,7 +45,7 @@ def main() -> None:
     lengths = [int(config.train.chunk_steps)]
     out = {
         "attention": args.attention,
-        "attention_used": sweep.experiment.attention_used(jax.default_backend()),
+        "attention_used": sweep.plan.core,
         "strategy": args.strategy,
         "members": len(sweep.experiment.members),
         "date": time.strftime("%Y-%m-%d"),
