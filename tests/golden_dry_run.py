@@ -36,7 +36,7 @@ MASKS = [
     (re.compile(r"\(\d[\d,]*\.?\d* ?s\)"), "(<T> s)"),
     (re.compile(r"\d+ cores\b"), "<N> cores"),
     (re.compile(r"\d[\d,]*\.?\d* s of wall time"), "<T> s of wall time"),
-    (re.compile(r"(?<= )\d+(?:\.\d+)?s(?= )"), "<T>s"),  # the compile column of the --target table
+    (re.compile(r" +(?:\d+(?:\.\d+)?|<T>)s(?= )"), "  <T>s"),  # the compile column of the --target table, its padding
 ]
 
 
