@@ -8,6 +8,7 @@ import numpy as np
 
 from mhjax.analysis import tags
 from mhjax.analysis.metrics import learned_head_weights
+from mhjax.config import optional
 from mhjax.data import tasks
 from mhjax.experiments import (
     architecture,
@@ -83,8 +84,8 @@ class SequenceExperiment(Experiment):
             batch=config.data.batch_size,
             seq_len=m.seq_len,
             vocab=m.vocab_size,
-            dtype=m.get("dtype", "float32"),
-            dropout=m.get("dropout", 0.0),
+            dtype=optional(m, "dtype", "float32"),
+            dropout=optional(m, "dropout", 0.0),
             attention=requested_attention(config),
         )
 

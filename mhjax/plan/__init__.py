@@ -24,7 +24,7 @@ import functools
 import jax
 
 from mhjax.models.attention_choice import AUTO, KERNELS, AttentionChoice
-from mhjax.plan import attention, memory, pricing, strategy
+from mhjax.plan import attention, lines, memory, pricing, strategy
 from mhjax.plan.shapes import Group, SweepShapes
 from mhjax.plan.strategy import STRATEGIES
 from mhjax.train.engine import Program
@@ -134,8 +134,6 @@ class Plan:
 
     def lines(self) -> list[str]:
         """Lines of ``mhjax train --dry-run`` after the header (plan/lines.py)."""
-        from mhjax.plan import lines
-
         return lines.describe(self)
 
 

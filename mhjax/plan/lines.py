@@ -17,7 +17,7 @@ MATMUL_NOTE = (
 
 def describe(plan) -> list[str]:
     if plan.shapes is None:
-        from mhjax.train import compiled_cost
+        from mhjax.train import compiled_cost  # the host loop (TensorBoard, plotting): only where it compiles
 
         experiment = plan.experiment
         members = [f"{m.name:<28} {experiment.member_info(m)}" for m in experiment.members]
