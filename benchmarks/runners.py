@@ -169,7 +169,7 @@ class SequentialRunner:
     def __init__(self, config, label="sequential"):
         self.label = label
         experiment = SequenceExperiment(config)
-        attention = experiment.attention(jax.default_backend())
+        attention = experiment.plan(jax.default_backend()).attention
         self.items = []
         for member in experiment.members:
             recipe = SequenceRecipe(config, member["heads"], static_heads=True, attention=attention)

@@ -175,7 +175,7 @@ def main(argv=None):
         print(f"[{time.perf_counter() - t0:6.0f}s] {msg}", flush=True)
 
     backend = jax.default_backend()
-    attention = SequenceExperiment(make_config(HEADS)).attention(backend).implementation
+    attention = SequenceExperiment(make_config(HEADS)).plan(backend).attention.implementation
     kernel = attention == "cpu_kernel"
     log(
         f"jax {jax.__version__} on {backend} ({len(jax.devices())} device(s)), {os.cpu_count()} cores; "
@@ -216,7 +216,7 @@ def main(argv=None):
         if impl:
             runner_config.attention = impl
         # what config.attention runs here (on a TPU "pallas" is mhjax's Mosaic kernel, pallas_tpu)
-        resolved[label] = SequenceExperiment(runner_config).attention(backend).implementation
+        resolved[label] = SequenceExperiment(runner_config).plan(backend).attention.implementation
         if name == "sequential":
             runner = SequentialRunner(runner_config, label)
         else:

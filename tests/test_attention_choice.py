@@ -70,7 +70,7 @@ def test_the_dry_run_names_the_tpu_kernel_with_dropout_and_the_layer_lowers_to_m
     from mhjax.experiments import make_experiment
     from tests.conftest import tiny_sequence_config
 
-    lines = make_experiment(tiny_sequence_config(heads=(1, 2))).describe("tpu")  # model.dropout 0.1
+    lines = make_experiment(tiny_sequence_config(heads=(1, 2))).plan("tpu").lines()  # model.dropout 0.1
     line = next(x for x in lines if x.startswith("attention: "))
     assert line.startswith("attention: pallas_tpu (config.attention=auto on tpu)")
     choice = resolve_attention("auto", "tpu", 16, dropout=0.1)

@@ -13,6 +13,7 @@ from mhjax.experiments import make_experiment, override_defaults
 from mhjax.experiments.sequence_config import validate
 from mhjax.models.attention import CausalSelfAttention
 from mhjax.models.model_config import ModelConfig
+from mhjax.plan.lines import estimate_lines
 from mhjax.train.loop import Sweep
 from tests.conftest import tiny_sequence_config
 
@@ -147,8 +148,8 @@ def test_the_dry_run_prices_bfloat16_beside_float32():
     """Each dtype's estimate, and the other dtype's rate on a line of its own: the two agree
     (models/cost_dtype.py prices bfloat16; tests/test_cost_devices.py holds its bytes)."""
     experiments = {d: make_experiment(configured(d, 2)[0]) for d in ("float32", "bfloat16")}
-    lines = {d: e.estimate_lines("cpu") for d, e in experiments.items()}
-    rate = {d: e.predict("grouped", "gpu", 1)["member_steps_per_s"] for d, e in experiments.items()}
+    lines = {d: estimate_lines(e.plan("cpu")) for d, e in experiments.items()}
+    rate = {d: e.plan("gpu", 1).predict("grouped")["member_steps_per_s"] for d, e in experiments.items()}
     assert rate["bfloat16"] > rate["float32"]
     assert lines["float32"][-1].startswith(f"  in bfloat16: ~{rate['bfloat16']:,.0f} member-steps/s")
     assert f"~{rate['bfloat16']:,.0f} member-steps/s" in lines["bfloat16"][1]

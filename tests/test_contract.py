@@ -18,9 +18,9 @@ def test_base_hooks_are_no_ops_and_required_methods_are_abstract():
     base = Experiment()
     assert base.extra_results(None, None) == {} and base.metric_tags() == [] and base.images({}, 0) == {}
     assert base.figures({}) == [] and base.analyzable is False and base.metadata() == {}
-    for method in ("programs", "member_constants", "member_info"):
+    for method in ("layout", "member_constants", "member_info"):
         with pytest.raises(NotImplementedError):
-            getattr(base, method)(*([None] * (2 if method == "programs" else 1)))
+            getattr(base, method)(*([None] * (3 if method == "layout" else 1)))
 
 
 def test_the_sequence_experiment_meets_the_contract():
@@ -30,7 +30,7 @@ def test_the_sequence_experiment_meets_the_contract():
     assert all(isinstance(p, Program) for p in programs)
     assert sorted(i for p in programs for i in p.members) == list(range(len(experiment.members)))
     assert "analysis/layer0/mixing_time" in experiment.metric_tags()
-    assert experiment.describe("cpu")[0].startswith("strategy: grouped -> 2 program(s)")
+    assert experiment.plan("cpu").lines()[0].startswith("strategy: grouped -> 2 program(s)")
 
 
 def test_no_kind_branches_outside_experiments():

@@ -6,6 +6,7 @@ import pytest
 
 from mhjax.experiments import make_experiment
 from mhjax.models import cost
+from mhjax.plan import pricing
 from mhjax.train import engine
 from mhjax.train.loop import stack_constants
 from tests.conftest import tiny_sequence_config
@@ -40,7 +41,7 @@ def test_cost_model_matches_xlas_count_on_unseen_shapes():
     for strategy in ("fused", "grouped", "one_program"):
         flops, nbytes = measured[strategy] = hlo_cost(experiment, strategy)
         predicted = cost.sweep_cost(
-            shape, experiment.program_groups(experiment.programs(strategy, "gpu")), cost.DEVICES["h200"]
+            shape, pricing.program_groups(experiment.programs(strategy, "gpu")), cost.DEVICES["h200"]
         )
         assert predicted["flops_per_member_step"] == pytest.approx(flops, rel=TOLERANCE), strategy
         assert predicted["bytes_per_member_step"] == pytest.approx(nbytes, rel=TOLERANCE), strategy
@@ -180,8 +181,8 @@ def test_the_estimate_and_the_member_table_say_which_flops_they_count(tmp_path):
     # docs/text.md's CPU overrides of configs/text.py: the MLP kernel fits in bfloat16 only, so the
     # FLOPs as priced move with the dtype while the analytic matmuls do not (docs/bfloat16.md)
     import mhjax
-    from mhjax.experiments import sequence_programs
     from mhjax.models import flops
+    from mhjax.plan import lines
 
     corpus = tmp_path / "c.txt"
     corpus.write_bytes(bytes(range(256)) * 8)
@@ -190,15 +191,15 @@ def test_the_estimate_and_the_member_table_say_which_flops_they_count(tmp_path):
     experiment = make_experiment(mhjax.load_config("text", overrides))
     priced = []
     for dtype in ("float32", "bfloat16"):  # the dry run's estimate line is prediction_text's
-        p = experiment.predict(experiment.resolved_strategy("gpu", 1), "gpu", 1, dtype)
+        p = experiment.plan("gpu", 1).predict(dtype=dtype)
         line = cost.prediction_text(p, 1000)
         every, dots = p["flops_per_member_step"] / 1e9, p["dot_flops_per_member_step"] / 1e9
         assert f"{every:.2f} GFLOP per member-step as priced (every FLOP the program runs" in line, line
         assert f"{dots:.2f} of them in matmuls" in line, line
         priced.append(every)
     analytic = flops.train_step_flops(32, 64, 64, 2, 256, 256) / 1e9
-    table = sequence_programs.member_lines(experiment)
-    assert "matmul GFLOP/step" in table[0] and table[-1] == sequence_programs.MATMUL_NOTE
+    table = lines.member_lines(experiment.plan("gpu", 1))
+    assert "matmul GFLOP/step" in table[0] and table[-1] == lines.MATMUL_NOTE
     assert all(row.split()[2] == f"{analytic:.3f}" == "1.510" for row in table[1:4]), table
     assert priced[1] > priced[0] > analytic  # the MLP kernel's recomputation, bfloat16 only
 

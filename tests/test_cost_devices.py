@@ -146,10 +146,10 @@ def test_the_dry_run_for_two_h200s_predicts_the_split_sweep_beside_one_device(tm
     split = next(line for line in text.splitlines() if line.startswith("  over 2 x NVIDIA H200 SXM: "))
     many, one = (float(x.replace(",", "")) for x in re.search(SPLIT, split).groups())
     experiment = make_experiment(config)
-    experiment.planned_devices = 2
-    assert many == round(experiment.predict("one_program", "gpu", 2)["member_steps_per_s"])
-    assert one == round(experiment.predict("one_program", "gpu", 1)["member_steps_per_s"])
+    plan = experiment.plan("gpu", 2, planned=True)
+    assert many == round(plan.predict("one_program", 2)["member_steps_per_s"])
+    assert one == round(plan.predict("one_program", 1)["member_steps_per_s"])
     assert f"({many / one:.2f}x)" in split and "per device and sweep step (the busiest): 2 member-steps" in split
     assert "between devices: none" in text
     (bf16,) = [line for line in text.splitlines() if line.startswith("  in bfloat16: ")]
-    assert _numbers(bf16)[0] == round(experiment.predict("one_program", "gpu", 2, "bfloat16")["member_steps_per_s"])
+    assert _numbers(bf16)[0] == round(plan.predict("one_program", 2, "bfloat16")["member_steps_per_s"])

@@ -1,5 +1,5 @@
 """attention=auto on a GPU falls back to the JAX path when the Pallas kernel fails to compile
-(train/ahead.compile_sweep, Experiment.kernel_fallback): one line, recorded in results.json's
+(train/ahead.compile_sweep, mhjax.plan's Plan.without_kernel): one line, recorded in results.json's
 fields, and the sweep trains what attention=jax trains. The failure is injected into the
 kernel's lowering; the sweep is planned for "gpu" (what auto picks there) on this CPU."""
 
@@ -34,7 +34,7 @@ BROKEN = [(pallas_attention, "check_lowering"), (pallas_block, "_check")]
 @pytest.mark.parametrize("module,field", BROKEN, ids=["attention", "block"])
 def test_auto_falls_back_to_jax_with_one_line_and_trains_what_jax_trains(monkeypatch, module, field):
     experiment = make_experiment(_config("auto"))
-    assert experiment.attention("gpu").implementation == "pallas"
+    assert experiment.plan("gpu").attention.implementation == "pallas"
     sweep = Sweep(experiment, backend="gpu")
     monkeypatch.setattr(module, field, _broken)
     lines = []
@@ -43,9 +43,9 @@ def test_auto_falls_back_to_jax_with_one_line_and_trains_what_jax_trains(monkeyp
         "attention: the Pallas kernel failed to compile (RuntimeError: injected: Triton could not lower the "
         "kernel); attention=auto falls back to JAX"
     ]
-    fields = experiment.results_fields("gpu")
+    fields = sweep.plan.results_fields()
     assert fields["attention"] == "jax" and "injected: Triton" in fields["attention_fallback"]
-    assert experiment.attention("gpu").reason == "auto on gpu: JAX (the Pallas kernel failed to compile)"
+    assert sweep.plan.attention.reason == "auto on gpu: JAX (the Pallas kernel failed to compile)"
     reference = Sweep(make_experiment(_config("jax")), backend="gpu")
     ours, theirs = _losses(sweep), _losses(reference)
     assert ours.keys() == theirs.keys() == {"all"} and ours["all"].shape == (3, 2)

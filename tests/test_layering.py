@@ -1,5 +1,5 @@
-"""Imports run one way: config, io -> data, models -> analysis -> plotting -> train -> experiments
--> workflows -> commands, api -> cli. Every import is read from the source (ast), inside functions too."""
+"""Imports run one way: config, io -> data, models -> analysis -> plotting -> train -> plan ->
+experiments -> workflows -> commands, api -> cli. Every import is read from the source (ast), inside functions too."""
 
 import ast
 from pathlib import Path
@@ -14,12 +14,13 @@ LAYERS = {
     "analysis": 3,
     "plotting": 4,
     "train": 5,
-    "experiments": 6,
-    "workflows": 7,  # what the entry points do, once: commands and api both call it
-    "commands": 8,
-    "api": 8,
-    "cli": 9,
-    "__main__": 10,
+    "plan": 6,  # how a sweep runs: reads the experiments' plain shapes, hands the trainer its Plan
+    "experiments": 7,
+    "workflows": 8,  # what the entry points do, once: commands and api both call it
+    "commands": 9,
+    "api": 9,
+    "cli": 10,
+    "__main__": 11,
 }
 
 

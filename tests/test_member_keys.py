@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from mhjax import config as cfg
-from mhjax.experiments import architecture, make_experiment, path_memory
+from mhjax.experiments import architecture, make_experiment
+from mhjax.plan import memory
 from mhjax.train import threefry
 from mhjax.train.members import derive_key, stable_id
 from tests.conftest import tiny_sequence_config
@@ -82,6 +83,6 @@ def test_optional_fields_build_no_did_you_mean_message(monkeypatch):
     monkeypatch.setattr(ml_collections.ConfigDict, "_generate_did_you_mean_message", refuse)
     model = architecture.member_model(experiment.config, member)
     assert model.dtype == "float32" and model.width == 16 and model.attention_width is None
-    assert path_memory.activations(experiment.config, member, "jax")[0] > 0
+    assert memory.activations(experiment.sweep_shapes(), 0, "jax")[0] > 0
     assert cfg.optional(experiment.config.model, "head_dim") is None
     assert cfg.optional(experiment.config.model, "width") == 16

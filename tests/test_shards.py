@@ -59,7 +59,7 @@ def test_shares_are_whole_programs_balanced_by_the_cost_model():
     programs reaches (brute force over every assignment)."""
     experiment = make_experiment(tiny_sequence_config(heads=(1, 4), head_dim=(4, 8)))
     programs = experiment.programs("grouped", "cpu")
-    cost = {p.name: experiment.step_seconds(p, "cpu") for p in programs}
+    cost = {p.name: experiment.plan("cpu").step_seconds(p) for p in programs}
     assert len(set(cost.values())) == 4  # the cost model tells them apart
     shares = shards.plan(experiment, 2, "cpu")
     names = {p.name: {experiment.members[i].name for i in p.members} for p in programs}

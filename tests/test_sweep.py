@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from mhjax.experiments import make_experiment
+from mhjax.plan import pricing
 from mhjax.train.engine import unstack
 from mhjax.train.loop import Sweep, run
 from tests.conftest import tiny_sequence_config
@@ -141,7 +142,7 @@ def test_one_program_groups_members_by_head_count_and_trains_like_grouped(tmp_pa
     # members listed head count by head count; each group's static head count is its members'
     assert program.name == "all" and recipe.model.layout == ((2, 1), (2, 2)) and recipe.vmap_inside_grad
     assert [members[i].name for i in program.members] == ["copy-h1-s0", "cycle-h1-s0", "copy-h2-s0", "cycle-h2-s0"]
-    assert so.experiment.program_groups(so.programs) == [[(2, 1, False), (2, 2, False)]]
+    assert pricing.program_groups(so.programs) == [[(2, 1, False), (2, 2, False)]]
     for m in members:
         assert_trees_close(member_params(sg, tg, m.name), member_params(so, to, m.name))
     eval_grouped, eval_one = sg.evaluate(tg), so.evaluate(to)
@@ -156,49 +157,57 @@ def test_one_program_groups_members_by_head_count_and_trains_like_grouped(tmp_pa
         assert_trees_close(member_params(sg, restored, m.name), member_params(so, to, m.name), tol=0)
 
 
+def _auto(**fields):
+    """A tiny sequence experiment under strategy=auto (the plan's strategy: auto's choice)."""
+    config = tiny_sequence_config(**fields)
+    config.strategy = "auto"
+    return make_experiment(config)
+
+
 def test_auto_strategy_on_accelerators_follows_the_cost_model(monkeypatch):
     from mhjax.models import cost
 
     config = tiny_sequence_config(heads=(1, 2, 4))
+    config.strategy = "auto"  # the plan's strategy is auto's choice
     experiment = make_experiment(config)
     monkeypatch.setattr(jax, "device_count", lambda *a: 1)
     for backend in ("gpu", "tpu"):
         # fused pays 4 fine heads and their mixing for every member: one vmapped group per H instead
-        assert experiment.auto_strategy(backend) == "one_program"
-        rates = {s: experiment.predict(s, backend)["member_steps_per_s"] for s in ("fused", "grouped", "one_program")}
+        plan = experiment.plan(backend)
+        assert plan.strategy == "one_program"
+        rates = {s: plan.predict(s)["member_steps_per_s"] for s in ("fused", "grouped", "one_program")}
         assert rates["one_program"] == rates["grouped"] > rates["fused"]
     shape = cost.Shape.of(config)
     device = cost.DEVICES["h200"]
     fused = cost.member_cost(shape, 4, mixed=True)
     expected = 1 / cost.step_seconds(fused, device)  # each member takes one fused step
-    assert experiment.predict("fused", "gpu")["member_steps_per_s"] == pytest.approx(expected)
+    assert experiment.plan("gpu").predict("fused")["member_steps_per_s"] == pytest.approx(expected)
     # one head count: fused is the same program as one_program's single group, and wins the tie
-    assert make_experiment(tiny_sequence_config(heads=(4,), seed=(0, 1))).auto_strategy("gpu") == "fused"
+    assert _auto(heads=(4,), seed=(0, 1)).plan("gpu").strategy == "fused"
     # several devices: one_program's two members sharded over 2 devices, each device running its
     # own member's head count (models/member_layout.py), beat fused's fine heads and grouped's
     # one-member programs every device computes in full ...
     monkeypatch.setattr(jax, "device_count", lambda *a: 2)
-    two = make_experiment(tiny_sequence_config(heads=(1, 2)))
-    rates = {s: two.predict(s, "gpu")["member_steps_per_s"] for s in ("fused", "grouped", "one_program")}
+    two = _auto(heads=(1, 2))
+    rates = {s: two.plan("gpu").predict(s)["member_steps_per_s"] for s in ("fused", "grouped", "one_program")}
     assert rates["one_program"] > rates["grouped"] and rates["one_program"] > rates["fused"]
-    assert two.auto_strategy("gpu") == "one_program"
+    assert two.plan("gpu").strategy == "one_program"
     # ... and when every head count's program shards too, one_program ties grouped, with one program
-    assert make_experiment(tiny_sequence_config(heads=(1, 2), seed=(0, 1))).auto_strategy("gpu") == "one_program"
-    on_two = two.predict("grouped", "gpu")  # devices are counted when predicting
+    assert _auto(heads=(1, 2), seed=(0, 1)).plan("gpu").strategy == "one_program"
+    on_two = two.plan("gpu").predict("grouped")  # devices are counted when predicting
     # planned for a target's devices, not this machine's (train/deviceless.py)
     monkeypatch.setattr(jax, "device_count", lambda *a: 1)
-    planned = make_experiment(tiny_sequence_config(heads=(1, 2)))
-    planned.planned_devices = 2
-    assert planned.auto_strategy("gpu") == "one_program"
-    assert planned.predict("grouped", "gpu") == on_two and on_two["per_device"]["devices"] == 2
+    planned = _auto(heads=(1, 2))
+    assert planned.plan("gpu", 2, planned=True).strategy == "one_program"
+    assert planned.plan("gpu", 2, planned=True).predict("grouped") == on_two and on_two["per_device"]["devices"] == 2
 
 
 def test_one_program_spreads_its_groups_over_the_planned_devices():
     experiment = make_experiment(tiny_sequence_config(heads=(1, 2), seed=(0, 1, 2, 3)))
     [single] = experiment.programs("one_program", "gpu")
     assert single.recipe.model.layout == ((4, 1), (4, 2))
-    experiment.planned_devices = 2  # each device's half holds two members of each head count
-    [spread] = experiment.programs("one_program", "gpu")
+    # each device's half holds two members of each head count
+    [spread] = experiment.plan("gpu", 2, planned=True).programs_for("one_program")
     heads = [experiment.members[i]["heads"] for i in spread.members]
     assert heads == [1, 1, 2, 2, 1, 1, 2, 2] and sorted(spread.members) == sorted(single.members)
     assert spread.recipe.model.layout == ((2, 1), (2, 2), (2, 1), (2, 2))

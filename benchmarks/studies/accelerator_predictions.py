@@ -43,9 +43,9 @@ def stages(corpus: str) -> dict:
 def predict(config_path: str, overrides: dict, devices: int, attention: str) -> dict:
     config = load_config(str(ROOT / config_path), {**overrides, "attention": attention}, validate=False)
     experiment = make_experiment(config)
-    experiment.planned_devices = devices  # as on a machine with that many GPUs (train/deviceless.py)
-    strategy = experiment.resolved_strategy("gpu", devices)
-    p = experiment.predict(strategy, "gpu", devices)
+    plan = experiment.plan("gpu", devices, planned=True)  # as on a machine with that many GPUs
+    strategy = plan.strategy
+    p = plan.predict()
     out = {
         "strategy": strategy,
         "member_steps_per_s": p["member_steps_per_s"],
@@ -55,7 +55,7 @@ def predict(config_path: str, overrides: dict, devices: int, attention: str) -> 
         "members": len(experiment.members),
     }
     if devices > 1:
-        out["one_device_member_steps_per_s"] = experiment.predict(strategy, "gpu", 1)["member_steps_per_s"]
+        out["one_device_member_steps_per_s"] = plan.predict(devices=1)["member_steps_per_s"]
     return out
 
 

@@ -44,6 +44,7 @@ from hlo_parts import KERNELS  # noqa: E402
 from mhjax.experiments.sequence import SequenceExperiment  # noqa: E402
 from mhjax.models import cost  # noqa: E402
 from mhjax.models.flops import train_step_flops  # noqa: E402
+from mhjax.plan import pricing  # noqa: E402
 from mhjax.train.engine import Program, Unrolled  # noqa: E402
 
 DEFAULT_STRATEGIES = (
@@ -104,7 +105,7 @@ def run_strategy(config, spec: str, device: cost.Device) -> dict:
     analytic = train_step_flops(d.batch_size, m.seq_len, m.width, m.num_layers, m.mlp_dim, m.vocab_size)
     hlo = cost.Cost(measured["flops_per_member_step"], measured["bytes_per_member_step"])
     # The analytic model knows the library's own attention paths (JAX, the Pallas kernel), not the variants.
-    groups = experiment.program_groups(programs)
+    groups = pricing.program_groups(programs)
     model = None if variant and not kernel else cost.sweep_cost(cost.Shape.of(config), groups, device, kernel=kernel)
     # the counts are of unrolled layers (experiment_with), as a GPU runs them; scan_layers=on adds the stacks
     scanned = cost.sweep_cost(cost.Shape.of(config), groups, device, kernel=True, scanned=True) if kernel else None

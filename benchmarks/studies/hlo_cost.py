@@ -36,6 +36,7 @@ import numpy as np
 from hlo_parts import bytes_by_part
 
 from mhjax.models import attention, cost, pallas_attention, pallas_block
+from mhjax.plan import pricing
 from mhjax.train import engine
 from mhjax.train.loop import stack_constants
 
@@ -179,7 +180,7 @@ def kernel_cost(experiment, programs) -> tuple[float, float]:
     runs, and per layer the projection's norm_dense and the MLP block (pallas_block)."""
     shape = cost.Shape.of(experiment.config)
     flops = nbytes = 0.0
-    for groups in experiment.program_groups(programs):
+    for groups in pricing.program_groups(programs):
         for members, heads, mixed in groups:
             if mixed:
                 raise ValueError("the Pallas kernel runs static head counts only (not fused over several)")

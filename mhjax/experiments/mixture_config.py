@@ -14,8 +14,8 @@ import math
 from mhjax import config as cfg
 from mhjax.data import mixture_data
 from mhjax.data.mixture import MixtureConfigError, is_int, is_number
-from mhjax.experiments.base import STRATEGIES  # accepted for the CLI's sake: a mixture sweep is always one program
 from mhjax.models import classifier, mixture_parts
+from mhjax.plan import STRATEGIES  # accepted for the CLI's sake: a mixture sweep is always one program
 from mhjax.train import snapshots
 
 INIT_SCHEMES = ("random_decoders", "antisymmetric", "zero_plus_step", "random")

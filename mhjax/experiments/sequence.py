@@ -4,19 +4,15 @@ Attention" (arXiv 2507.02944, Section 4)."""
 
 from __future__ import annotations
 
-import dataclasses
-
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from mhjax.analysis import tags
 from mhjax.analysis.metrics import learned_head_weights
+from mhjax.config import optional
 from mhjax.data import tasks
 from mhjax.experiments import (
     architecture,
     optimizer,
-    path_memory,
     sequence_baselines,
     sequence_programs,
     sequence_results,
@@ -28,14 +24,13 @@ from mhjax.experiments.base import Experiment
 from mhjax.experiments.constants import SequenceConstants
 from mhjax.experiments.sequence_config import DEFAULTS, divergence_factor, requested_attention, validate
 from mhjax.experiments.sequence_recipe import SequenceRecipe, weighted_mean  # noqa: F401 (their old home)
-from mhjax.models import cost, cost_devices, count_params
-from mhjax.models.attention_choice import AUTO, KERNELS, AttentionChoice, resolve_attention
 from mhjax.models.probe import predict
+from mhjax.plan import Group, SweepShapes, devices_of
+from mhjax.plan.shapes import param_count
 from mhjax.train.console import Column, SummaryTable
-from mhjax.train.engine import Program, recipe_groups
+from mhjax.train.engine import Program
 from mhjax.train.members import Member, derive_key, key_names
 
-UNROLL_MIN_STEPS, UNROLL_MAX_MEMBERS = 2000, 16  # when `auto` unrolls on a CPU
 EXAMPLE_SEED = 0  # the fixed evaluation sequence of the end-of-training images (numpy: no compile)
 
 
@@ -47,7 +42,6 @@ class SequenceExperiment(Experiment):
     def __init__(self, config):
         validate(config)
         self.config = config
-        self._kernel_failed: dict[str, str] = {}  # {backend: why}, after kernel_fallback
         self.members: list[Member] = task_params.members(config)
         self.tasks = task_params.bound_tasks(config)
         # Members differing only in learning rate, a task parameter or architecture share their draws
@@ -75,52 +69,29 @@ class SequenceExperiment(Experiment):
             learning_rate=np.float32(member["learning_rate"]),
         )
 
-    def programs(self, strategy: str, backend: str) -> list[Program]:
-        """The compiled programs of the sweep under ``strategy``: per shape group, the
-        strategy's programs (experiments/sequence_programs.py); auto: see auto_strategy."""
-        if strategy == "auto":
-            strategy = self.auto_strategy(backend)
-        choice = self.attention(backend)
-        path_memory.check(self, choice, choice.core(self._traced(strategy)), self._devices())
-        return sequence_programs.programs(self.config, self.members, self.groups, strategy, choice, self._devices())
+    def layout(self, strategy: str, attention, devices: int) -> list[Program]:
+        """Per shape group, ``strategy``'s programs (experiments/sequence_programs.py)."""
+        return sequence_programs.programs(self.config, self.members, self.groups, strategy, attention, devices)
 
-    def _traced(self, strategy: str) -> bool:
-        """Whether ``strategy`` traces head counts (fused over several in one shape group)."""
-        return strategy == "fused" and any(len({self.members[i]["heads"] for i in g.members}) > 1 for g in self.groups)
-
-    def attention(self, backend: str) -> AttentionChoice:
-        """What config.attention runs on ``backend`` (this process's or a target's), and why;
-        after the kernel failed to compile there (kernel_fallback), auto's JAX path."""
-        m = self.config.model
-        choice = resolve_attention(requested_attention(self.config), backend, m.seq_len, m.get("dropout", 0.0))
-        failed = self._kernel_failed.get(choice.backend)
-        if failed and choice.requested == AUTO and choice.implementation in KERNELS:
-            reason = f"auto on {choice.backend}: JAX (the Pallas kernel failed to compile)"
-            return dataclasses.replace(choice, implementation="jax", interpret=False, fallback=failed, reason=reason)
-        return choice
-
-    def kernel_fallback(self, backend: str, reason: str) -> bool:
-        choice = self.attention(backend)
-        if choice.requested != AUTO or choice.implementation not in KERNELS:
-            return False
-        self._kernel_failed[choice.backend] = f"the Pallas kernel failed to compile: {reason}"
-        return True
-
-    def attention_used(self, backend: str) -> str:
-        """What computes the attention core of this sweep's programs: ``fused`` over several
-        head counts traces them (AttentionChoice.core)."""
-        return self.attention(backend).core(traced_heads=self._traced(self.resolved_strategy(backend)))
-
-    def resolved_strategy(self, backend: str, devices: int | None = None) -> str:
-        """config.strategy, with ``auto`` resolved for ``backend`` (auto_strategy)."""
-        return self.auto_strategy(backend, devices) if self.config.strategy == "auto" else self.config.strategy
+    def sweep_shapes(self) -> SweepShapes:
+        """Each member's model and head count, its shape groups, and the settings the planner's
+        attention path, memory and cost depend on."""
+        config, m = self.config, self.config.model
+        return SweepShapes(
+            models=[architecture.member_model(config, member) for member in self.members],
+            heads=[member["heads"] for member in self.members],
+            groups=[Group(*g) for g in self.groups],
+            batch=config.data.batch_size,
+            seq_len=m.seq_len,
+            vocab=m.vocab_size,
+            dtype=optional(m, "dtype", "float32"),
+            dropout=optional(m, "dropout", 0.0),
+            attention=requested_attention(config),
+        )
 
     def results_fields(self, backend: str) -> dict:
-        fallback = self.attention(backend).fallback
         dtype = self.config.model.get("dtype", "float32")  # recorded where not the default float32
-        return {
-            "attention": self.attention_used(backend),
-            **({"attention_fallback": fallback} if fallback else {}),
+        return {  # after the plan's attention fields (train/payload.py)
             "optimizer": self.optimizer.recorded(),
             **({"dtype": dtype} if dtype != "float32" else {}),
             **sequence_baselines.baselines(self),  # text: n-gram baselines on the held-out windows
@@ -136,142 +107,10 @@ class SequenceExperiment(Experiment):
         return sequence_signals.learning_rates(self, indices, first_step, length)
 
     def throughput(self, member_steps_per_s: float) -> dict:
-        return sequence_signals.throughput(self, member_steps_per_s, self._devices())
+        return sequence_signals.throughput(self, member_steps_per_s, devices_of(self.config))
 
     def result_notes(self, payload: dict) -> list[str]:
         return sequence_baselines.bigram_notes(payload)  # text members not below the bigram
-
-    def _kernel_priced(self, backend: str) -> bool | str:
-        """Whether the cost model prices static head counts at a Pallas kernel's cost (True: the
-        GPU's, "tpu": the TPU's): on a CPU it predicts for an H200, so for what a GPU would run."""
-        choice = requested_attention(self.config)
-        if choice == "cpu_kernel":
-            return False
-        target = "gpu" if backend == "cpu" else backend
-        implementation = resolve_attention(choice, target, self.config.model.seq_len).implementation
-        return {"pallas": True, "pallas_tpu": "tpu"}.get(implementation, False)
-
-    def auto_strategy(self, backend: str, devices: int | None = None) -> str:
-        """On a CPU: unrolled for long runs of few members on one device, else fused. Paper
-        model on 2 cores (benchmarks/RESULTS.md): unrolled steps 12-20 % faster than fused,
-        but compiles ~20 s longer per member; a short run would lose the difference.
-        Elsewhere: the strategy the cost model (models/cost.py) predicts fastest; over several
-        devices each device runs its shard of one_program's groups (models/member_layout.py).
-        Ties go to the fewest programs (fused, then one_program, then grouped). ``devices``:
-        default, the planned ones (a target's, ``planned_devices``) or this machine's
-        (config.devices caps them)."""
-        devices = devices or self._devices()
-        if backend == "cpu":
-            long_run = self.config.train.steps >= UNROLL_MIN_STEPS and len(self.members) <= UNROLL_MAX_MEMBERS
-            return "unrolled" if long_run and devices == 1 else "fused"
-        candidates = ("fused", "one_program", "grouped")
-        choice = self.attention(backend)  # a strategy whose JAX path would not fit is no candidate
-        fitting = [s for s in candidates if path_memory.fits(self, choice, choice.core(self._traced(s)), devices)]
-        candidates = tuple(fitting) or candidates  # none fits: programs() says so in one line
-        rate = {s: self.predict(s, backend, devices)["member_steps_per_s"] for s in candidates}
-        return max(candidates, key=rate.__getitem__)  # max keeps the first of equals
-
-    def _devices(self) -> int:
-        """Devices the member axis is sharded over: a compile target's (``planned_devices``), else
-        this machine's (config.devices caps them; 0 = all)."""
-        if self.planned_devices:
-            return self.planned_devices
-        count = int(self.config.get("devices", 0) or 0)
-        return min(count, jax.device_count()) if count else jax.device_count()
-
-    @staticmethod
-    def program_groups(programs: list[Program]) -> list[list[tuple[int, int, bool]]]:
-        """Per program, its groups as (members, fine heads, mixed): what models/cost.py prices."""
-        out = []
-        for program in programs:
-            groups = []
-            for size, recipe in recipe_groups(program):
-                if recipe.model.layout is not None:  # attention at each group's own head count
-                    groups += [(n, h, False) for n, h in recipe.model.layout]
-                else:
-                    groups.append((size, recipe.model.num_heads, not recipe.static_heads))
-            out.append(groups)
-        return out
-
-    def predict(self, strategy: str, backend: str, devices: int | None = None, dtype: str | None = None) -> dict:
-        """models/cost.sweep_cost of ``strategy`` on ``backend``'s device preset (an H200
-        for backends without one) over ``devices`` of them (default: this machine's), in
-        ``dtype`` (default: config.model.dtype)."""
-        return self.price(self.programs(strategy, backend), backend, devices, dtype)
-
-    def price(
-        self, programs: list[Program], backend: str, devices: int | None = None, dtype: str | None = None
-    ) -> dict:
-        """models/cost.sweep_cost of ``programs``, each at its own model's shape."""
-        device = cost.DEVICES[cost.BACKEND_DEVICE.get(backend, "h200")]
-        devices = devices or self._devices()
-        dtype = dtype or self.config.model.get("dtype", "float32")
-        scanned = any(recipe.model.scan_layers for p in programs for _, recipe in recipe_groups(p))
-        kernel, groups = self._kernel_priced(backend), self.program_groups(programs)
-        shapes = []
-        for p in programs:
-            t = recipe_groups(p)[0][1].model
-            sizes = (t.width, t.num_layers, t.mlp_dim, t.vocab_size, t.attention_width)
-            shapes.append(cost.Shape(self.config.data.batch_size, self.config.model.seq_len, *sizes))
-        return {"device": device, **cost.sweep_cost(shapes, groups, device, devices, kernel, scanned, dtype)}
-
-    def step_seconds(self, program: Program, backend: str) -> float:
-        """models/cost.py's seconds per step of ``program`` alone on one ``backend`` device."""
-        return len(program.members) / self.price([program], backend, devices=1)["member_steps_per_s"]
-
-    def estimated_bytes_per_member_step(self, backend: str, devices: int) -> float:  # the compiled program's
-        p = self.predict(self.resolved_strategy(backend, devices), backend, devices)
-        return p["compiled_bytes_per_member_step"]
-
-    def estimated_dot_flops_per_member_step(self, backend: str, devices: int) -> float:
-        return self.predict(self.resolved_strategy(backend, devices), backend, devices)["dot_flops_per_member_step"]
-
-    def estimate_lines(self, backend: str) -> list[str]:
-        """The dry run's cost lines: the estimate (in config.model.dtype), over N devices beside one
-        device's (models/cost_devices.py), and the same sweep in the other dtype."""
-        lines = self._estimate_lines(backend)
-        dtype = self.config.model.get("dtype", "float32")
-        target = backend if backend in cost.BACKEND_DEVICE else "gpu"
-        devices = self._devices() if backend in cost.BACKEND_DEVICE else 1
-        strategy = self.resolved_strategy(target, devices)
-        if devices > 1:
-            p, one = self.predict(strategy, target, devices), self.predict(strategy, target, 1)
-            lines += cost_devices.lines(p, one, p["device"].name)
-        other = "float32" if dtype == "bfloat16" else "bfloat16"
-        p = self.predict(strategy, target, devices, other)
-        if dtype == "bfloat16":
-            lines.append(
-                "  model.dtype=bfloat16: priced in bfloat16 (models/cost_dtype.py: activations and the kernels' rows "
-                "and weights at 2 bytes, dots at the bfloat16 rate)"
-            )
-        lines.append(
-            f"  in {other}: ~{p['member_steps_per_s']:,.0f} member-steps/s, "
-            f"{p['compiled_bytes_per_member_step'] / 1e9:.2f} GB compiled per member-step"
-            + ("" if other == "float32" else " (--config.model.dtype=bfloat16)")
-        )
-        return lines
-
-    def _estimate_lines(self, backend: str) -> list[str]:
-        """An estimate for this machine where models/cost.py has a preset for its backend; else a
-        prediction for one H200, labelled as such."""
-        work = self.config.train.steps * len(self.members)
-        if backend in cost.BACKEND_DEVICE:
-            devices = self._devices()
-            p = self.predict(self.resolved_strategy(backend), backend, devices)
-            machine = "the target" if self.planned_devices else "this machine"  # train/deviceless.py's
-            where = f"{machine} ({devices} x {backend}, priced as {devices} x {p['device'].name})"
-            return [f"estimate for {where}, roofline of models/cost.py: " + cost.prediction_text(p, work)]
-        backends = {}
-        for b, d in sorted(cost.BACKEND_DEVICE.items()):
-            backends.setdefault(cost.DEVICES[d].name, []).append(b)
-        presets = " and ".join(f"{'/'.join(b)} ({name})" for name, b in backends.items())
-        strategy = self.resolved_strategy("gpu", 1)
-        p = self.predict(strategy, "gpu", 1)
-        return [
-            f"estimate for this machine ({backend}): none (models/cost.py has presets for {presets})",
-            f"accelerator prediction, not this machine: on one {p['device'].name} this sweep would run "
-            f"{strategy} (roofline of models/cost.py): " + cost.prediction_text(p, work),
-        ]
 
     def notes(self) -> list[str]:
         return task_params.notice(self.config)  # task_params of tasks not in the sweep: ignored
@@ -289,9 +128,8 @@ class SequenceExperiment(Experiment):
 
     def member_info(self, member: Member) -> dict:
         """Static facts for results.json."""
-        model = architecture.member_model(self.config, member).transformer(member["heads"])
         return {
-            "params": _param_count(model, self.config.model.seq_len),
+            "params": param_count(architecture.member_model(self.config, member), member["heads"]),
             **sequence_programs.step_gflop(self.config, member),
         }
 
@@ -336,35 +174,3 @@ class SequenceExperiment(Experiment):
             combined = np.einsum("lh,lhij->lij", learned_head_weights(params, member["heads"]), attention)
             out[member.name] = (attention, combined)
         return out
-
-    def describe(self, backend: str) -> list[str]:
-        """Programs (by shape group), and per member: parameters, analytic FLOPs per step and
-        estimated memory (experiments/sequence_programs.py)."""
-        config = self.config
-        programs = self.programs(config.strategy, backend)
-        strategy = (
-            config.strategy if config.strategy != "auto" else f"auto ({self.resolved_strategy(backend)} on {backend})"
-        )
-        return [
-            f"strategy: {strategy} -> {len(programs)} program(s): "
-            + ", ".join(f"{p.name} ({len(p.members)} members)" for p in programs),
-            *sequence_programs.group_lines(self, programs, backend),
-            *self.estimate_lines(backend),
-            f"attention: {self.attention_used(backend)} (config.attention={requested_attention(config)} on {backend})"
-            + (f"; {self.attention(backend).fallback}" if self.attention(backend).fallback else ""),
-            *path_memory.lines(self, self.attention_used(backend)),
-            *sequence_programs.member_lines(self, self.attention_used(backend)),
-        ]
-
-
-_PARAM_COUNTS: dict[tuple[str, int], int] = {}  # (the module's repr: every attribute, T) -> count
-
-
-def _param_count(model, seq_len: int) -> int:
-    """The model's parameter count, traced once per distinct module: the dry run asks for every
-    member and attention path (hundreds of calls, a few distinct shapes; ~0.5 s a trace)."""
-    key = (repr(model), seq_len)
-    if key not in _PARAM_COUNTS:
-        shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, seq_len), jnp.int32)))
-        _PARAM_COUNTS[key] = count_params(shapes["params"])
-    return _PARAM_COUNTS[key]

@@ -8,9 +8,9 @@ import math
 from mhjax import config as cfg
 from mhjax.data import sequences
 from mhjax.experiments import architecture, optimizer, sweep_skip, task_params
-from mhjax.experiments.base import STRATEGIES
 from mhjax.models import precision
 from mhjax.models.attention_choice import AUTO, IMPLEMENTATIONS
+from mhjax.plan import STRATEGIES
 from mhjax.train import snapshots
 
 # Optional fields: what a config without them runs with (a sweep field left out: every member

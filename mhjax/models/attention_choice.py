@@ -13,8 +13,9 @@ they run:
 - "jax", plain JAX einsums: everywhere.
 "auto" (the default, experiments/sequence_config.py DEFAULTS): the C++ kernel on a CPU (faster
 than XLA's batched matmuls at every head dim, benchmarks/RESULTS.md) when it builds, the Pallas
-kernel on a GPU (any sequence length), the Pallas TPU kernel on a TPU where model.dropout is 0
-and T >= TPU_KERNEL_MIN_LENGTH (JAX where not, with the reason), JAX else. Under model.dtype=bfloat16 too: the Pallas
+kernel on a GPU (any sequence length), the Pallas TPU kernel on a TPU (any sequence length, dropout
+included), JAX else; the planner takes JAX instead where the backend's kernel does not fit the
+sweep or failed to compile there (plan/attention.py). Under model.dtype=bfloat16 too: the Pallas
 kernels read bfloat16 (float32 accumulation inside); the C++ kernel is float32, cast at its
 boundary (models/precision.py), and on a CPU so cast still beats the JAX path in bfloat16 (1.1x
 to 1.5x, docs/bfloat16.md).

@@ -163,9 +163,9 @@ def compile_all(job_list: list[Job], workers: int = 1, poll_seconds: float = 0.1
 def compile_sweep(sweep, lengths: list[int], init: bool, piece_length: int = 0, log=None) -> Compiled:
     """Compile the sweep's executables and hand them to ``sweep`` (Sweep.use).
 
-    A compile that fails where the experiment chose a kernel itself (attention=auto picking the
-    Pallas kernel on a GPU) is not the end of the run: the experiment falls back to its path
-    without the kernel (Experiment.kernel_fallback, recorded in results.json), ``log`` gets
+    A compile that fails where the plan chose a kernel itself (attention=auto picking the
+    Pallas kernel on a GPU) is not the end of the run: the plan falls back to its path
+    without the kernel (mhjax.plan's Plan.without_kernel, recorded in results.json), ``log`` gets
     one line saying so, and everything is compiled again. Every process of a distributed run
     makes the same decision (a failure on any process counts for all)."""
     failure, start = None, time.perf_counter()
@@ -175,13 +175,14 @@ def compile_sweep(sweep, lengths: list[int], init: bool, piece_length: int = 0, 
         failure = exc
     if _failed_anywhere(failure is not None):
         reason = first_line(failure) if failure is not None else "it failed to compile on another process"
-        if not sweep.experiment.kernel_fallback(sweep.backend, reason):
+        fallen = sweep.plan.without_kernel(reason)
+        if fallen is None:
             if failure is not None:
                 raise failure
             raise RuntimeError("compile-ahead: an executable failed to compile on another process")
         if log is not None:
             log(f"attention: the Pallas kernel failed to compile ({reason}); attention=auto falls back to JAX")
-        sweep.rebuild()
+        sweep.rebuild(fallen)
         executables, _, hits = compile_all(jobs(sweep, lengths, init, piece_length))
     sweep.use(executables)
     return Compiled(executables, time.perf_counter() - start, hits)

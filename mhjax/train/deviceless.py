@@ -7,7 +7,7 @@ length, evaluation: train/ahead.py's jobs) is compiled by the target's compiler,
 another, with JAX's persistent cache off, so that each time is a real compile. Nothing runs.
 
 A target of N devices (``h200x8``) plans the sweep for N (``auto`` strategy and the member
-layout: Experiment.planned_devices) and compiles it for N compile-only devices, the member
+layout: the plan, mhjax.plan) and compiles it for N compile-only devices, the member
 axis split over them where it divides (train/placement.py).
 
 For each executable: compile seconds, memory per device against the target's, whether its
@@ -98,10 +98,10 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
     those of these roles, e.g. ("chunk",)); ``log`` gets a line as each one starts (compiles
     of the paper sweep take minutes on 2 cores)."""
     placement = Placement(targets.devices(target), abstract=True)
-    # Planned for the target's backend and device count: attention=auto resolves to what a GPU
-    # runs, the Pallas kernel lowered through Triton (interpret=False: models/attention_choice.py),
-    # and strategy=auto and one_program's member order to what N of them run.
-    experiment.planned_devices = placement.size
+    # Planned for the target's backend and device count (the abstract placement's: Sweep.plan):
+    # attention=auto resolves to what a GPU runs, the Pallas kernel lowered through Triton
+    # (interpret=False: models/attention_choice.py), and strategy=auto and one_program's member
+    # order to what N of them run.
     sweep = Sweep(experiment, target.backend, placement)
     config = experiment.config
     # The run's plan from step 0, as the host loop makes it (the first chunk cut at early
@@ -138,8 +138,9 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
         chosen = [job for job in ahead.jobs(sweep, lengths, True, pieces) if not only or job.key[0] in only]
         out = [future.result() for future in [pool.submit(build, job) for job in chosen]]
     wall = time.perf_counter() - start
-    flops = experiment.estimated_dot_flops_per_member_step(sweep.backend, sweep.placement.size)
-    return Report(target, description, out, _estimate(experiment, sweep), length, here, flops, wall)
+    flops = sweep.plan.estimate("dot_flops_per_member_step")
+    estimate = sweep.plan.estimate("compiled_bytes_per_member_step")
+    return Report(target, description, out, estimate, length, here, flops, wall)
 
 
 def _describe(key, executable, seconds: float, members: dict, length, target) -> Executable:
@@ -180,10 +181,6 @@ def _cost(executable) -> dict:
     if not isinstance(analysis, dict):
         return {}
     return {k: float(analysis[k]) for k in ("flops", "bytes accessed") if k in analysis}
-
-
-def _estimate(experiment, sweep) -> float | None:
-    return experiment.estimated_bytes_per_member_step(sweep.backend, sweep.placement.size)
 
 
 def _split(e: Executable, devices: int) -> str:

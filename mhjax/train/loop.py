@@ -45,7 +45,9 @@ class Sweep:
         self.backend = backend = backend or jax.default_backend()
         count = int(experiment.config.get("devices", 0) or 0)  # 0: every device
         self.placement = placement or Placement(jax.devices()[:count] if count else None)
-        self.programs = experiment.programs(experiment.config.get("strategy", "auto"), backend)
+        # how the sweep runs here (mhjax.plan): its programs, attention path and cost, made once
+        self.plan = experiment.plan(backend, self.placement.size, planned=self.placement.abstract)
+        self.programs = self.plan.programs
         self.consts = {
             p.name: self.placement.put(stack_constants(experiment, p.members), len(p.members)) for p in self.programs
         }
@@ -66,14 +68,13 @@ class Sweep:
         """Where ``program`` runs per device on its shard of the member axis (engine.per_shard)."""
         return self.placement.mesh_for(len(program.members))
 
-    def rebuild(self) -> None:
-        """The experiment's programs again, after it changed how it computes them (a kernel that
-        failed to compile: train/ahead.py). Members stay in the same programs and order, so
-        constants, records and states stay valid."""
-        programs = self.experiment.programs(self.experiment.config.get("strategy", "auto"), self.backend)
-        if [(p.name, p.members) for p in programs] != [(p.name, p.members) for p in self.programs]:
-            raise RuntimeError("Sweep.rebuild: the experiment's programs changed their members")
-        self.programs = programs
+    def rebuild(self, plan) -> None:
+        """Run ``plan``'s programs, after the plan changed how they compute (a kernel that failed
+        to compile: train/ahead.py). Members stay in the same programs and order, so constants,
+        records and states stay valid."""
+        if [(p.name, p.members) for p in plan.programs] != [(p.name, p.members) for p in self.programs]:
+            raise RuntimeError("Sweep.rebuild: the plan's programs changed their members")
+        self.plan, self.programs = plan, plan.programs
         self._jit()
 
     def use(self, executables: dict) -> None:

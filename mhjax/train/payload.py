@@ -53,6 +53,7 @@ def results_payload(experiment, sweep, states, evaluation, seconds, step, resume
         "steps": step,
         "resumed_from_step": resumed_from,
         "backend": jax.default_backend(),
+        **sweep.plan.results_fields(),  # how attention was computed (and why it fell back)
         **experiment.results_fields(jax.default_backend()),
         "programs": {p.name: [experiment.members[i].name for i in p.members] for p in sweep.programs},
         "members": records,

@@ -6,7 +6,7 @@ The first shard to start plans the shares and records them in mhjax.json's ``swe
 (one part per shard, io/parts.py, marked ``"shard": "I/N"``); every later shard, and every
 rerun, trains the recorded share, so the split never depends on which shard came first or on
 the machine it runs on. Shares are whole programs, balanced by the experiment's cost model
-(``Experiment.step_seconds``, longest first onto the least loaded shard): a member trains beside
+(mhjax.plan's ``Plan.step_seconds``, longest first onto the least loaded shard): a member trains beside
 the same program mates as in the one-job run, and its numbers are the one-job run's. Only with
 more shards than programs is a program split (the costliest one, in halves); its members are
 then computed in a smaller batch, equal to the one-job run's to float rounding (~1e-5), which
@@ -64,8 +64,8 @@ def plan(experiment, count: int, backend: str) -> list[dict]:
         raise ConfigError(
             f"--shard: N must be in [1, {len(members)}]: the sweep has {len(members)} members (got N = {count})"
         )
-    programs = experiment.programs(experiment.config.get("strategy", "auto"), backend)
-    pieces = [(p.name, list(p.members), experiment.step_seconds(p, backend)) for p in programs]
+    plan = experiment.plan(backend)
+    pieces = [(p.name, list(p.members), plan.step_seconds(p)) for p in plan.programs]
     while len(pieces) < count:
         k = max(range(len(pieces)), key=lambda j: (len(pieces[j][1]) > 1, pieces[j][2], -j))
         name, idx, cost = pieces[k]

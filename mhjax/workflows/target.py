@@ -17,9 +17,8 @@ def compile_for(config, target: str, log=print, describe=None) -> deviceless.Rep
     chosen = targets.load(target)
     targets.devices(chosen)  # a missing compiler: one line, before anything else
     experiment = make_experiment(config)
-    experiment.planned_devices = chosen.count  # the plan described is the one compiled (deviceless)
-    if describe is not None:
-        describe("\n".join(experiment.describe(chosen.backend)))
+    if describe is not None:  # the plan described is the one compiled (deviceless: Sweep.plan)
+        describe("\n".join(experiment.plan(chosen.backend, chosen.count, planned=True).lines()))
     return deviceless.compile_for(experiment, chosen, log=log)
 
 

@@ -30,7 +30,7 @@ def describe(experiment, backend: str) -> str:
     machine = f"this machine: {backend}, {count} device{'s' * (count != 1)} ({kinds}{cores})"
     snapshot_steps = snapshots.steps_of(config)
     disk = [snapshots.disk_line(Sweep(experiment), snapshot_steps)] if snapshot_steps else []
-    return "\n".join([header, machine] + experiment.notes() + experiment.describe(backend) + disk)
+    return "\n".join([header, machine] + experiment.notes() + experiment.plan(backend).lines() + disk)
 
 
 def default_workdir(config_path: str) -> str:

@@ -9,26 +9,25 @@ config.model.dtype, the maps, row statistics and logits in float32):
 - Pallas kernel (flash attention, tiled: any T): the block kernels' rows where their weights fit
   (pallas_block.block_parts), else the C++ kernel's, and (heads, T) row statistics.
 Parameters, gradients and Adam's two moments add 16 bytes per parameter.
+Every figure is computed once per distinct model and head count (SweepShapes.alike).
 """
 
 from __future__ import annotations
 
-from mhjax import config as cfg
 from mhjax.config import ConfigError
-from mhjax.experiments import architecture
 from mhjax.models import cost, pallas_block
 from mhjax.models.attention_choice import AUTO
+from mhjax.plan.shapes import SweepShapes
 
 PATHS = {"jax": "JAX path", "cpu_kernel": "C++ CPU kernel", "pallas": "Pallas kernel"}
 TPU_PATH = {"pallas_tpu": "Pallas TPU"}  # listed where it runs: a TPU's kernel (no block kernels, no maps)
 
 
-def activations(config, member, path: str) -> tuple[float, float]:
-    """(bytes ``member`` keeps for its backward on ``path``, of them the (heads, T, T) maps)."""
-    m, d = config.model, config.data
-    model = architecture.member_model(config, member)
-    b, t, heads, dtype = d.batch_size, m.seq_len, member["heads"], cfg.optional(m, "dtype", "float32")
-    shape = cost.Shape(b, t, model.width, model.num_layers, model.mlp_dim, m.vocab_size, model.attention_width)
+def activations(shapes: SweepShapes, index: int, path: str) -> tuple[float, float]:
+    """(bytes member ``index`` keeps for its backward on ``path``, of them the (heads, T, T) maps)."""
+    model, heads = shapes.models[index], shapes.heads[index]
+    b, t, dtype = shapes.batch, shapes.seq_len, shapes.dtype
+    shape = cost.Shape(b, t, model.width, model.num_layers, model.mlp_dim, shapes.vocab, model.attention_width)
     full = cost.activation_bytes(shape, heads, False, dtype)
     maps = 4.0 * model.num_layers * 3 * b * heads * t * t
     stats = 4.0 * model.num_layers * b * heads * t
@@ -39,65 +38,52 @@ def activations(config, member, path: str) -> tuple[float, float]:
     return full - maps + stats, 0.0
 
 
-def member_bytes(experiment, member, path: str) -> float:
+def member_bytes(shapes: SweepShapes, index: int, path: str) -> float:
     """Parameters, gradients, Adam's moments (16 bytes per parameter) and ``path``'s activations."""
-    return 16.0 * experiment.member_info(member)["params"] + activations(experiment.config, member, path)[0]
+    return 16.0 * shapes.params(index) + activations(shapes, index, path)[0]
 
 
-def lines(experiment, running: str) -> list[str]:
+def lines(shapes: SweepShapes, names: list[str], running: str) -> list[str]:
     """The dry run's lines: each path's activations at T for the sweep's largest member, and for
     every member at once; ``running``: the path this run takes (AttentionChoice.core)."""
-    config, members = experiment.config, experiment.members
-    alike = _alike(config, members)
-    largest = max((m for m, _ in alike), key=lambda m: activations(config, m, "jax")[0])
-    out = [
-        f"activation memory at T = {config.model.seq_len} ({largest.name}, the largest; all {len(members)} members):"
-    ]
+    alike = shapes.alike()
+    largest = max((i for i, _ in alike), key=lambda i: activations(shapes, i, "jax")[0])
+    out = [f"activation memory at T = {shapes.seq_len} ({names[largest]}, the largest; all {len(names)} members):"]
     for path, label in {**PATHS, **(TPU_PATH if running in TPU_PATH else {})}.items():
-        one, maps = activations(config, largest, path)
-        every = sum(n * activations(config, m, path)[0] for m, n in alike)
-        square = f", of it (heads, T, T) maps {_size(maps)}" if maps else ""
+        one, maps = activations(shapes, largest, path)
+        every = sum(n * activations(shapes, i, path)[0] for i, n in alike)
+        square = f", of it (heads, T, T) maps {size(maps)}" if maps else ""
         mark = "  <- this run" if path == running else ""
-        out.append(f"  {label:<15} {_size(one)} per member{square}; {_size(every)} in all{mark}")
+        out.append(f"  {label:<15} {size(one)} per member{square}; {size(every)} in all{mark}")
     return out
 
 
-def _need(experiment, devices: int) -> float:
-    total = sum(n * member_bytes(experiment, m, "jax") for m, n in _alike(experiment.config, experiment.members))
-    return total / max(devices, 1)
+def need(shapes: SweepShapes, devices: int, path: str = "jax") -> float:
+    """Every member's bytes on ``path``, per device of ``devices``."""
+    return sum(n * member_bytes(shapes, i, path) for i, n in shapes.alike()) / max(devices, 1)
 
 
-def _alike(config, members) -> list[tuple]:
-    """(one member, how many) per distinct model and head count: a member's memory depends on
-    nothing else, and auto_strategy asks for a sweep of hundreds of members several times."""
-    counts: dict = {}
-    for m in members:
-        counts.setdefault((architecture.member_model(config, m), m["heads"]), [m, 0])[1] += 1
-    return [(m, n) for m, n in counts.values()]
-
-
-def fits(experiment, choice, core: str, devices: int = 1) -> bool:
+def fits(shapes: SweepShapes, choice, core: str, devices: int = 1) -> bool:
     """False where ``attention=auto`` on a GPU would run the JAX path (``core``) and every
     member's predicted memory, over ``devices``, exceeds the device's (models/cost.py's preset)."""
     if choice.requested != AUTO or choice.backend != "gpu" or core != "jax":
         return True
-    return _need(experiment, devices) <= cost.DEVICES[cost.BACKEND_DEVICE["gpu"]].memory_bytes
+    return need(shapes, devices) <= cost.DEVICES[cost.BACKEND_DEVICE["gpu"]].memory_bytes
 
 
-def check(experiment, choice, core: str, devices: int = 1) -> None:
+def check(shapes: SweepShapes, choice, core: str, devices: int = 1) -> None:
     """``fits``, or one line with the figures, before anything compiles: auto on a GPU never
     runs a path whose predicted memory does not fit (the kernel failed to compile, or ``fused``
     traces the head counts, which the kernel cannot take)."""
-    if not fits(experiment, choice, core, devices):
+    if not fits(shapes, choice, core, devices):
         device = cost.DEVICES[cost.BACKEND_DEVICE["gpu"]]
-        need = _need(experiment, devices)
         raise ConfigError(
             f"config.attention: auto on gpu runs the JAX path here ({choice.reason}), whose activations at "
-            f"T = {experiment.config.model.seq_len} need ~{_size(need)} per device for {len(experiment.members)} "
-            f"members, more than the {device.name}'s {_size(device.memory_bytes)}: use fewer members per run "
+            f"T = {shapes.seq_len} need ~{size(need(shapes, devices))} per device for {len(shapes.heads)} "
+            f"members, more than the {device.name}'s {size(device.memory_bytes)}: use fewer members per run "
             "or a strategy whose head counts are static (the Pallas kernel runs them)"
         )
 
 
-def _size(n: float) -> str:
+def size(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

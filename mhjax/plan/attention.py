@@ -1,0 +1,41 @@
+"""The sweep's attention path on a backend: config.attention resolved (models/attention_choice.py),
+whether the backend's kernel fits the sweep's shapes, and ``auto``'s fallback to JAX after its
+kernel failed to compile there (train/ahead.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mhjax.models.attention_choice import AUTO, KERNELS, AttentionChoice, resolve_attention
+from mhjax.plan.shapes import SweepShapes
+
+
+def _gpu_kernel_fits(shapes: SweepShapes) -> str | None:
+    """The GPU's Pallas attention kernel tiles its keys (flash attention): any T fits. The block
+    kernels beside it (pallas_block.fits: their weights within one program's shared memory) are
+    chosen per layer by the model itself, each falling back to JAX on its own."""
+    return None
+
+
+# {backend: check(shapes) -> None where its kernel fits the sweep's shapes, else why not}: the one
+# place auto's kernel choice asks whether a kernel fits. The TPU's VMEM need goes here
+# (models/pallas_tpu_attention.py); a backend without a check: its kernel always fits.
+KERNEL_FITS = {"gpu": _gpu_kernel_fits}
+
+
+def choose(shapes: SweepShapes, backend: str, failed: str | None = None) -> AttentionChoice:
+    """What config.attention runs on ``backend`` (this process's or a target's), and why: auto
+    takes the backend's kernel where it fits (KERNEL_FITS), JAX where it does not or where it
+    failed to compile (``failed``: why, Plan.without_kernel)."""
+    choice = resolve_attention(shapes.attention, backend, shapes.seq_len, shapes.dropout)
+    if choice.requested != AUTO or choice.implementation not in KERNELS:
+        return choice
+    check = KERNEL_FITS.get(choice.backend)
+    too_big = check(shapes) if check is not None else None
+    if too_big:
+        reason = f"auto on {choice.backend}: JAX (the Pallas kernel does not fit: {too_big})"
+        return dataclasses.replace(choice, implementation="jax", interpret=False, fallback=too_big, reason=reason)
+    if failed:
+        reason = f"auto on {choice.backend}: JAX (the Pallas kernel failed to compile)"
+        return dataclasses.replace(choice, implementation="jax", interpret=False, fallback=failed, reason=reason)
+    return choice
