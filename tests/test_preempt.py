@@ -161,3 +161,11 @@ def test_the_stop_line_names_the_signal_step_and_the_command_that_resumes(monkey
     assert str(preempt.interrupted(ctrl_c, 3, "w", saved=False)) == (
         "interrupted at step 3 before training; nothing new to save, run the same command to resume"
     )
+
+
+def test_the_resume_line_of_several_processes_leaves_the_coordinator_and_process_id_to_the_next_launch(monkeypatch):
+    argv = ["mhjax", "train", "--config", "c.py", "--coordinator", "127.0.0.1:51285", "--num-processes", "2"]
+    monkeypatch.setattr(sys, "argv", argv + ["--process-id=1", "--workdir", "w"])
+    assert preempt.resume_command("w") == (
+        "mhjax train --config c.py --coordinator HOST:PORT --num-processes 2 --process-id=I --workdir w"
+    )

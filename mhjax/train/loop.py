@@ -23,7 +23,15 @@ from mhjax.train.console import Console, throughput_text
 from mhjax.train.interrupt import Interrupted, StopOnSignal  # noqa: F401 (Interrupted: its home before)
 from mhjax.train.payload import results_payload
 from mhjax.train.placement import Placement
-from mhjax.train.preempt import SharedStop, StopTimes, grace_seconds, interrupted, jax_preemption_service
+from mhjax.train import peers
+from mhjax.train.preempt import (
+    SharedStop,
+    StopTimes,
+    grace_seconds,
+    interrupted,
+    jax_preemption_service,
+    resume_command,
+)
 from mhjax.train.records import HostRecords
 from mhjax.train.resume_curves import prior_step_seconds, purged_everywhere, rewrite_resumed_step
 from mhjax.train.scalars import log_chunk as _log_chunk
@@ -365,6 +373,10 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             for line in member_status.diverged_lines(written["members"]) + experiment.result_notes(written):
                 log(line)
         return written
+    except Exception as exc:
+        if peers.lost(exc):  # now: the finally's barrier would wait for the lost process, then abort
+            peers.exit_requeue(exc, workdir.checkpoints_dir, resume_command(workdir.path))
+        raise
     finally:
         stop.close()
         console.close()

@@ -153,19 +153,30 @@ def jax_preemption_service() -> bool:
     return distributed.global_state.client is not None and distributed.global_state.preemption_sync_manager is not None
 
 
+# Values that belong to this launch, not the next: a coordinator's port is free now, not then.
+_PER_LAUNCH = {"--coordinator": "HOST:PORT", "--process-id": "I"}
+
+
 def resume_command(workdir: str) -> str:
     """The command that resumes: this ``mhjax train`` command line with ``--workdir`` spelled out
-    (a default workdir is new on every call); outside the command line, words saying so."""
+    (a default workdir is new on every call) and the coordinator's address and process id as
+    placeholders (``--coordinator HOST:PORT``, ``--process-id I``: the next launch's, on every
+    process); outside the command line, words saying so."""
     argv = sys.argv[1:]
     if argv[:1] != ["train"]:
         return f"train again with workdir {workdir}"
-    args, skip = [], False
+    args, skip = [], None
     for arg in argv[1:]:
-        if skip:
-            skip = False
-        elif arg == "--workdir":
-            skip = True
-        elif not arg.startswith("--workdir="):
+        name = arg.split("=", 1)[0]
+        if skip is not None:
+            args += [] if skip == "--workdir" else [_PER_LAUNCH[skip]]
+            skip = None
+        elif arg in ("--workdir", *_PER_LAUNCH):
+            skip = arg
+            args += [] if arg == "--workdir" else [arg]
+        elif name in _PER_LAUNCH:
+            args.append(f"{name}={_PER_LAUNCH[name]}")
+        elif name != "--workdir":
             args.append(arg)
     return shlex.join(["mhjax", "train", *args, "--workdir", os.fspath(workdir)])
 
