@@ -17,13 +17,12 @@ from mhjax.io.trace import NoTrace, TraceWriter
 from mhjax.io.workdir import Workdir
 from mhjax.plotting import draw as draw_figures
 from mhjax.plotting.paired import results_tables
-from mhjax.train import ahead, end_images, engine, snapshot_resume, snapshots
+from mhjax.train import ahead, end_images, engine, peers, snapshot_resume, snapshots
 from mhjax.train import status as member_status
 from mhjax.train.console import Console, throughput_text
 from mhjax.train.interrupt import Interrupted, StopOnSignal  # noqa: F401 (Interrupted: its home before)
 from mhjax.train.payload import results_payload
 from mhjax.train.placement import Placement
-from mhjax.train import peers
 from mhjax.train.preempt import (
     SharedStop,
     StopTimes,
