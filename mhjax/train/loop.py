@@ -24,12 +24,14 @@ from mhjax.train.interrupt import Interrupted, StopOnSignal  # noqa: F401 (Inter
 from mhjax.train.payload import results_payload
 from mhjax.train.placement import Placement
 from mhjax.train.preempt import (
+    MeasuredStop,
     SharedStop,
     StopTimes,
     grace_seconds,
     interrupted,
     jax_preemption_service,
     resume_command,
+    stop_path,
 )
 from mhjax.train.records import HostRecords
 from mhjax.train.resume_curves import prior_step_seconds, purged_everywhere, rewrite_resumed_step
@@ -244,13 +246,16 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         where="after the compile: nothing is trained before the programs are ready",
         own_sigterm=jax.process_count() == 1 or not jax_preemption_service(),  # else JAX's own handler
     )
-    shared, times = SharedStop(stop), StopTimes(grace, chunk)
+    last_stop = MeasuredStop.read(stop_path(workdir))  # its close and exit count in the prediction
+    shared, times = SharedStop(stop), StopTimes(grace, chunk, last_stop=last_stop)
     try:
         stop.start()
         if latest is not None:  # before compiling: a corrupt checkpoint is reported at once
             states, seconds = sweep.restore(checkpointer, latest)
             log(f"resuming from checkpoint at step {latest}")
-            times = StopTimes(grace, chunk, prior_step_seconds(sweep, seconds, latest))
+            times = StopTimes(grace, chunk, prior_step_seconds(sweep, seconds, latest), last_stop)
+            if last_stop and last_stop.get("step") == latest:
+                log(MeasuredStop.line(last_stop))
             if sweep.records.starts_at and sweep.records.wanted.size:
                 log(f"checkpoint {latest} predates recorded loss points: loss_curve starts at step {latest}")
             if sweep.path_from:
@@ -333,11 +338,13 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             snaps.take(step, states)  # before the checkpoint: resumed, a step is taken again or kept
             due = _crossed(previous, step, config.train.checkpoint_every) or step == total
             if due or halt:
-                writers.flush()  # every point up to ``step`` on disk before the checkpoint commits it
                 saving = time.perf_counter()
+                writers.flush()  # every point up to ``step`` on disk before the checkpoint commits it
                 sweep.save(checkpointer, step, states, seconds)
                 times.saved(time.perf_counter() - saving, log)
             if halt and step < total:
+                if primary:  # its times, for the next run's prediction (W/stop.json)
+                    MeasuredStop(stop_path(workdir), stop, step, times)
                 raise interrupted(stop, step, workdir.path, saved=True)
         stop.close()
         console.close()  # the final lines start on a line of their own
