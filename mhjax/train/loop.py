@@ -17,22 +17,13 @@ from mhjax.io.trace import NoTrace, TraceWriter
 from mhjax.io.workdir import Workdir
 from mhjax.plotting import draw as draw_figures
 from mhjax.plotting.paired import results_tables
-from mhjax.train import ahead, end_images, engine, peers, snapshot_resume, snapshots
+from mhjax.train import ahead, end_images, engine, peers, preempt, snapshot_resume, snapshots
 from mhjax.train import status as member_status
 from mhjax.train.console import Console, throughput_text
 from mhjax.train.interrupt import Interrupted, StopOnSignal  # noqa: F401 (Interrupted: its home before)
 from mhjax.train.payload import results_payload
 from mhjax.train.placement import Placement
-from mhjax.train.preempt import (
-    MeasuredStop,
-    SharedStop,
-    StopTimes,
-    grace_seconds,
-    interrupted,
-    jax_preemption_service,
-    resume_command,
-    stop_path,
-)
+from mhjax.train.preempt import SharedStop, StopTimes, grace_seconds, interrupted, jax_preemption_service
 from mhjax.train.records import HostRecords
 from mhjax.train.resume_curves import prior_step_seconds, purged_everywhere, rewrite_resumed_step
 from mhjax.train.scalars import log_chunk as _log_chunk
@@ -246,7 +237,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         where="after the compile: nothing is trained before the programs are ready",
         own_sigterm=jax.process_count() == 1 or not jax_preemption_service(),  # else JAX's own handler
     )
-    last_stop = MeasuredStop.read(stop_path(workdir))  # its close and exit count in the prediction
+    last_stop = preempt.MeasuredStop.read(preempt.stop_path(workdir))  # its close and exit count in the prediction
     shared, times = SharedStop(stop), StopTimes(grace, chunk, last_stop=last_stop)
     try:
         stop.start()
@@ -255,7 +246,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             log(f"resuming from checkpoint at step {latest}")
             times = StopTimes(grace, chunk, prior_step_seconds(sweep, seconds, latest), last_stop)
             if last_stop and last_stop.get("step") == latest:
-                log(MeasuredStop.line(last_stop))
+                log(preempt.MeasuredStop.line(last_stop))
             if sweep.records.starts_at and sweep.records.wanted.size:
                 log(f"checkpoint {latest} predates recorded loss points: loss_curve starts at step {latest}")
             if sweep.path_from:
@@ -344,7 +335,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                 times.saved(time.perf_counter() - saving, log)
             if halt and step < total:
                 if primary:  # its times, for the next run's prediction (W/stop.json)
-                    MeasuredStop(stop_path(workdir), stop, step, times)
+                    preempt.MeasuredStop(preempt.stop_path(workdir), stop, step, times)
                 raise interrupted(stop, step, workdir.path, saved=True)
         stop.close()
         console.close()  # the final lines start on a line of their own
@@ -381,7 +372,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         return written
     except Exception as exc:
         if peers.lost(exc):  # now: the finally's barrier would wait for the lost process, then abort
-            peers.exit_requeue(exc, workdir.checkpoints_dir, resume_command(workdir.path))
+            peers.exit_requeue(exc, workdir.checkpoints_dir, preempt.resume_command(workdir.path))
         raise
     finally:
         stop.close()
