@@ -232,6 +232,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     checkpointer = workdir.checkpointer()
     latest = checkpointer.latest_step() if resuming else None
     step = int(latest or 0)
+    Progress(workdir, [m.name for m in members], total, step, write=primary).starting()  # for mhjax status
     writers, snaps = NoWriters(), snapshots.Snapshots(sweep, workdir, snapshots.steps_of(config))
     stop = StopOnSignal(
         where="after the compile: nothing is trained before the programs are ready",
