@@ -171,7 +171,7 @@ class Run:
 
     @property
     def member_names(self) -> list[str]:
-        return self._files.member_names()
+        return self._files.recorded_names()  # while it trains (no results.json yet): its latest checkpoint's
 
     @python_errors
     def status(self) -> dict:
