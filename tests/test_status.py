@@ -301,13 +301,12 @@ def test_status_reads_files_only_jax_is_never_imported(stopped):
 
 def test_a_run_follows_its_sweep_before_results_json(stopped):
     """A sweep stopped (or training) before its end has no results.json: the Run still names its
-    members, their curves and parameters; results says when it comes (before: no member names)."""
+    members and their curves; results says when it comes (before: no member names)."""
     run = mhjax.load(stopped)
     names = [m.name for m in make_experiment(config()).members]
     assert run.member_names == names
     steps, _ = run.curves(names[0])["train/loss"]
     assert len(steps) and max(steps) < 3  # the points up to the checkpoint at 3
-    assert run.params(names[0]) is not None
     with pytest.raises(
         mhjax.ConfigError, match=r"has no results.json; it is written when training ends .*\.status\(\)"
     ):

@@ -219,7 +219,7 @@ class Workdir(CachedReads):
         results = self._json(
             self.results_path,
             f"it is written when training ends (mhjax train --config ... --workdir {self.path}); while the sweep "
-            "trains, mhjax.load(W).status(), .member_names, .curves(name) and .params(name) follow it",
+            "trains, mhjax.load(W).status(), .member_names and .curves(name) follow it",
         )
         if not isinstance(results.get("members"), list):
             raise ConfigError(f"--workdir: {self.results_path} has no member list")
