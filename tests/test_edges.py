@@ -17,3 +17,16 @@ def test_a_prompt_of_bytes_that_are_not_utf8_is_those_bytes():
     assert decode(encode(argv, True, None), True, None) == "ab\ufffd\ufffd"
     with pytest.raises(ConfigError, match=r"^--prompt: '\\ud800' at 1 is no text of bytes \(a lone surrogate\)$"):
         encode("a\ud800", True, None)
+
+
+def test_shard_with_dry_run_is_refused_in_one_line(tmp_path, capsys):
+    """Before: --shard was ignored and the whole sweep described."""
+    from mhjax import cli
+    from tests.conftest import config_source, tiny_sequence_config
+
+    (tmp_path / "c.py").write_text(config_source(tiny_sequence_config()))
+    assert cli.main(["train", "--config", str(tmp_path / "c.py"), "--dry-run", "--shard", "0/2"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "mhjax: error: --shard: not with --dry-run, which describes the whole sweep (drop --shard)"
+    ]
