@@ -30,3 +30,17 @@ def test_shard_with_dry_run_is_refused_in_one_line(tmp_path, capsys):
     assert err.strip().splitlines() == [
         "mhjax: error: --shard: not with --dry-run, which describes the whole sweep (drop --shard)"
     ]
+
+
+def test_sweep_trains_one_shard_with_the_shard_argument(tmp_path):
+    """mhjax.sweep(config, W, shard="I/N") is ``mhjax train --shard I/N`` (before: no such argument)."""
+    import mhjax
+    from tests.conftest import tiny_sequence_config, tiny_train
+
+    config = tiny_train(tiny_sequence_config(heads=(1, 2)), 3, 3, 3, 3)  # two programs: two whole shards
+    first = mhjax.sweep(config, tmp_path / "w", progress=False, shard="0/2")
+    assert len(first.missing_members) == 1 and len(first.results) == 1
+    with pytest.raises(mhjax.ConfigError, match=r"^shard: I must be in \[0, 2\) in I/2"):
+        mhjax.sweep(config, tmp_path / "w", progress=False, shard="2/2")
+    second = mhjax.sweep(config, tmp_path / "w", progress=False, shard="1/2")
+    assert second.missing_members == [] and len(second.results) == 2
