@@ -44,3 +44,31 @@ def test_sweep_trains_one_shard_with_the_shard_argument(tmp_path):
         mhjax.sweep(config, tmp_path / "w", progress=False, shard="2/2")
     second = mhjax.sweep(config, tmp_path / "w", progress=False, shard="1/2")
     assert second.missing_members == [] and len(second.results) == 2
+
+
+@pytest.mark.parametrize(
+    "tasks, said",
+    [
+        (["text"], "40 sequences per task (text: the same held-out windows for every seed)"),
+        (["copy"], "40 sequences per task and seed"),
+    ],
+)
+def test_analyze_says_text_shares_its_held_out_windows_across_seeds(tmp_path, tasks, said):
+    """Before: "per task and seed" for text too, whose held-out windows are drawn once for every seed."""
+    import json
+
+    from mhjax.workflows.analyze import held_out_note
+
+    config = {"sweep": {"task": tasks, "seed": [0, 1]}, "data": {"num_eval": 40}, "train": {"steps": 1}}
+    (tmp_path / "mhjax.json").write_text(json.dumps({"config": config}))
+    assert f"held-out set, {said}: other samples" in held_out_note(str(tmp_path))
+
+
+def test_readme_says_when_train_loss_at_step_s_is_theta_s():
+    """README's train/loss sentence names the chunk length up to which every step is logged."""
+    from mhjax.io.curves import TRAIN_POINTS_PER_CHUNK, train_window
+
+    text = " ".join(open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")).read().split())
+    assert f"theta_s's where chunks are of at most {TRAIN_POINTS_PER_CHUNK} steps" in text
+    assert f"ceil(chunk_steps / {TRAIN_POINTS_PER_CHUNK}) steps, their mean" in text
+    assert train_window(TRAIN_POINTS_PER_CHUNK) == 1 and train_window(TRAIN_POINTS_PER_CHUNK + 1) == 2
