@@ -72,3 +72,27 @@ def test_readme_says_when_train_loss_at_step_s_is_theta_s():
     assert f"theta_s's where chunks are of at most {TRAIN_POINTS_PER_CHUNK} steps" in text
     assert f"ceil(chunk_steps / {TRAIN_POINTS_PER_CHUNK}) steps, their mean" in text
     assert train_window(TRAIN_POINTS_PER_CHUNK) == 1 and train_window(TRAIN_POINTS_PER_CHUNK + 1) == 2
+
+
+def test_a_sharded_workdir_refuses_to_grow_in_one_line_naming_why(tmp_path):
+    """Before: "holds a run of another config ... only added sweep values grow it", which they do not here."""
+    from mhjax.experiments import make_experiment
+    from mhjax.workflows import shards
+    from tests.conftest import tiny_sequence_config, tiny_train
+
+    workdir = str(tmp_path / "w")
+    shards.train_shard(
+        make_experiment(tiny_train(tiny_sequence_config(heads=(1, 2)), 3, 3, 3, 3)),
+        workdir,
+        0,
+        2,
+        progress=False,
+        log=lambda m: None,
+    )
+    before = open(os.path.join(workdir, "mhjax.json")).read()
+    grown = make_experiment(tiny_train(tiny_sequence_config(heads=(1, 2, 4)), 3, 3, 3, 3))
+    with pytest.raises(
+        ConfigError, match=r"^--shard: .* was started as 2 shards, which do not grow \(added sweep values\)"
+    ):
+        shards.train_shard(grown, workdir, 1, 2, progress=False, log=lambda m: None)
+    assert open(os.path.join(workdir, "mhjax.json")).read() == before

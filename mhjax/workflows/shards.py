@@ -34,6 +34,7 @@ from mhjax.io.results import json_ready
 from mhjax.io.shared_write import SharedWrite
 from mhjax.io.workdir import Workdir
 from mhjax.train.loop import run
+from mhjax.workflows import growth
 from mhjax.workflows.growth import Part
 from mhjax.workflows.train import check_sources, library_logs
 
@@ -99,7 +100,14 @@ def prepare(experiment, workdir: Workdir, index: int, count: int, backend: str) 
     divide the workdir's, another config, or a workdir trained as one job is refused in one line
     before anything is written."""
     # checked before the lock too, whose file a refusal would leave behind
-    shares = plan(experiment, count, backend) if _check_count(workdir, index, count) is None else None
+    recorded_count = _check_count(workdir, index, count)
+    if recorded_count is not None and growth.grows(experiment, workdir):
+        raise ConfigError(
+            f"--shard: {workdir.path} was started as {recorded_count} shards, which do not grow (added sweep values): "
+            "the shares are planned once, when the first shard starts, and each shard trains its recorded share; "
+            "train the added values in a new workdir"
+        )
+    shares = plan(experiment, count, backend) if recorded_count is None else None
     with SharedWrite(workdir.path):
         count_then = _check_count(workdir, index, count)  # again: another shard may have just planned
         recorded = (experiment.config.to_dict(), experiment.kind, experiment.metadata(), experiment.cannot_extend)
