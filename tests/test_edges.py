@@ -69,8 +69,8 @@ def test_readme_says_when_train_loss_at_step_s_is_theta_s():
     from mhjax.io.curves import TRAIN_POINTS_PER_CHUNK, train_window
 
     text = " ".join(open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")).read().split())
-    assert f"theta_s's where chunks are of at most {TRAIN_POINTS_PER_CHUNK} steps" in text
-    assert f"ceil(chunk_steps / {TRAIN_POINTS_PER_CHUNK}) steps, their mean" in text
+    said = f"theta_s's (chunks over {TRAIN_POINTS_PER_CHUNK} steps: the mean of the ceil(chunk_steps / "
+    assert said + f"{TRAIN_POINTS_PER_CHUNK}) steps up to s)" in text
     assert train_window(TRAIN_POINTS_PER_CHUNK) == 1 and train_window(TRAIN_POINTS_PER_CHUNK + 1) == 2
 
 

@@ -4,7 +4,6 @@ SIGTERM reaches the batch shell and the step mid-run (as SLURM sends it at the t
 preemption, tests/signal_driver.py's MHJAX_TEST_ALSO), the script requeues on mhjax's 75, and the
 requeued run ends as the straight run. launch/k8s_indexed_job.yaml is read as YAML and checked."""
 
-import json
 import os
 import socket
 import subprocess
@@ -15,10 +14,10 @@ import pytest
 from mhjax import cli
 from mhjax.train.interrupt import EXIT_REQUEUE
 from tests.conftest import ROOT, config_source, tiny_sequence_config, tiny_train
+from tests.test_chaos import _results  # results.json less the measured times
 
 STEPS = 9  # chunks of 3, a checkpoint every 3: the signal at the 2nd chunk stops at step 6
 CONFIG = tiny_train(tiny_sequence_config(heads=(1, 2)), STEPS, 3, 3, 3)  # two programs (grouped): two whole shards
-MEASURED = ("program_wall_time_s", "wall_time_s", "member_steps_per_s", "tokens_per_s", "mfu", "resumed_from_step")
 
 SRUN = """#!/bin/sh
 echo "srun $*" >> "$SHIM_LOG"
@@ -84,13 +83,6 @@ def sbatch(cluster, script, args, slurm: dict, signal_at: str | None = None, fak
         timeout=600,
     )
     return proc.returncode, proc.stdout + proc.stderr, log.read_text().splitlines()
-
-
-def _results(workdir) -> dict:
-    with open(os.path.join(workdir, "results.json")) as f:
-        results = json.load(f)
-    members = [{k: v for k, v in m.items() if k not in MEASURED} for m in results["members"]]
-    return {**{k: v for k, v in results.items() if k not in MEASURED}, "members": members}
 
 
 def _straight(cluster, name, *overrides) -> str:
