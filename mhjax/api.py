@@ -190,7 +190,7 @@ class Run:
         """Where the sweep is, read while it may be training: {"workdir", "holder_pid", "total_steps",
         "members": [{name, part, state, step, checkpoint_step, checkpoint_age_s, member_steps_per_s,
         eta_s}], "shards": [{shard, folder, state, step, holder_pid, members, eta_s}] (a sweep in
-        shards; [] otherwise)}, state one of starting, training, done, diverged, stopped, missing (io/sweep_state.py)."""
+        shards; [] otherwise)}, state: starting, training, done, diverged, stopped or missing (io/sweep_state.py)."""
         from mhjax.io.sweep_state import sweep_status
 
         return sweep_status(self._files)
