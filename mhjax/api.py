@@ -88,29 +88,20 @@ def load_config(path_or_name, overrides: dict | None = None) -> ml_collections.C
 
 
 @python_errors
-def sweep(
-    config,
-    workdir,
-    progress: bool = True,
-    fail_on_divergence: bool = False,
-    allow_changed_task: bool = False,
-    shard: str | None = None,
-) -> Run:
+def sweep(config, workdir, progress=True, fail_on_divergence=False, allow_changed_task=False, shard=None) -> Run:
     """Train (or resume) every member of ``config`` (a ConfigDict, a path or a bundled name) in
     ``workdir``, as ``mhjax train --config ... --workdir workdir``; returns its Run.
     ``fail_on_divergence``: raise ``mhjax.DivergedError`` when a member diverged, once
     everything is written (``mhjax train --fail-on-divergence``). ``allow_changed_task``: resume
     even if a plug-in's source file changed since the workdir's run (``--allow-changed-task``).
-    ``shard``: "I/N", train shard I of N only (``--shard I/N``, docs/shards.md); the Run then
-    names the members still missing (``Run.missing_members``)."""
+    ``shard``: "I/N", shard I of N only (``--shard I/N``; ``Run.missing_members``, docs/shards.md)."""
     if not isinstance(config, ml_collections.ConfigDict):
         config = load_config(config)
     workdir = os.fspath(workdir)
     log = lambda message: print(message, file=sys.stderr)
     changed = dict(progress=progress, log=log, allow_changed_task=allow_changed_task)
-    if shard is not None:
-        index, count = shards.parse(shard)
-        payload = shards.train_shard(make_experiment(config), workdir, index, count, interface="python", **changed)
+    if shard is not None:  # --shard I/N
+        payload = shards.train_shard(make_experiment(config), workdir, *shards.parse(shard), **changed)
     else:
         payload = train(make_experiment(config), workdir, **changed)
     check_fail(payload["members"], fail_on_divergence, "fail_on_divergence=True")
