@@ -16,6 +16,9 @@ from mhjax.io import plugin_log as _plugin_log  # noqa: E402  (logging only: sta
 
 _plugin_log.hold()
 
+# Before JAX registers its atexit hooks: a stop's measured exit includes their teardown (train/preempt.py).
+from mhjax.io import exit_clock as _exit_clock  # noqa: E402,F401
+
 _LAZY = {
     "load_config": ("mhjax.api", "load_config"),
     "sweep": ("mhjax.api", "sweep"),

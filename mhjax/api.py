@@ -20,7 +20,7 @@ from mhjax.experiments import make_experiment
 from mhjax.experiments.architecture import FIELDS as ARCHITECTURE
 from mhjax.io.lock import WorkdirLock
 from mhjax.train.status import check_fail
-from mhjax.workflows import members
+from mhjax.workflows import members, shards
 from mhjax.workflows import target as _target
 from mhjax.workflows.analyze import analyze_workdir
 from mhjax.workflows.configs import load_config as _load_config
@@ -88,19 +88,22 @@ def load_config(path_or_name, overrides: dict | None = None) -> ml_collections.C
 
 
 @python_errors
-def sweep(
-    config, workdir, progress: bool = True, fail_on_divergence: bool = False, allow_changed_task: bool = False
-) -> Run:
+def sweep(config, workdir, progress=True, fail_on_divergence=False, allow_changed_task=False, shard=None) -> Run:
     """Train (or resume) every member of ``config`` (a ConfigDict, a path or a bundled name) in
     ``workdir``, as ``mhjax train --config ... --workdir workdir``; returns its Run.
     ``fail_on_divergence``: raise ``mhjax.DivergedError`` when a member diverged, once
     everything is written (``mhjax train --fail-on-divergence``). ``allow_changed_task``: resume
-    even if a plug-in's source file changed since the workdir's run (``--allow-changed-task``)."""
+    even if a plug-in's source file changed since the workdir's run (``--allow-changed-task``).
+    ``shard``: "I/N", shard I of N only (``--shard I/N``; ``Run.missing_members``, docs/shards.md)."""
     if not isinstance(config, ml_collections.ConfigDict):
         config = load_config(config)
     workdir = os.fspath(workdir)
     log = lambda message: print(message, file=sys.stderr)
-    payload = train(make_experiment(config), workdir, progress=progress, log=log, allow_changed_task=allow_changed_task)
+    changed = dict(progress=progress, log=log, allow_changed_task=allow_changed_task)
+    if shard is not None:  # --shard I/N
+        payload = shards.train_shard(make_experiment(config), workdir, *shards.parse(shard), **changed)
+    else:
+        payload = train(make_experiment(config), workdir, **changed)
     check_fail(payload["members"], fail_on_divergence, "fail_on_divergence=True")
     return load(workdir)
 
@@ -171,14 +174,14 @@ class Run:
 
     @property
     def member_names(self) -> list[str]:
-        return self._files.member_names()
+        return self._files.recorded_names()  # while it trains (no results.json yet): its latest checkpoint's
 
     @python_errors
     def status(self) -> dict:
         """Where the sweep is, read while it may be training: {"workdir", "holder_pid", "total_steps",
         "members": [{name, part, state, step, checkpoint_step, checkpoint_age_s, member_steps_per_s,
         eta_s}], "shards": [{shard, folder, state, step, holder_pid, members, eta_s}] (a sweep in
-        shards; [] otherwise)}, state one of training, done, diverged, stopped, missing (io/sweep_state.py)."""
+        shards; [] otherwise)}, state: starting, training, done, diverged, stopped or missing (io/sweep_state.py)."""
         from mhjax.io.sweep_state import sweep_status
 
         return sweep_status(self._files)

@@ -12,7 +12,9 @@ Environment:
   - ``save:FOLDER:STEP``: orbax has written FOLDER/STEP (``checkpoints`` or ``snapshots``) to its
     temporary folder and is about to rename it into place;
   - ``flush:N``: inside the N-th TensorBoard flush of the training loop (MemberWriters.flush
-    called from train/loop.py: before every checkpoint commit), before the events are written out.
+    called from train/loop.py: before every checkpoint commit), before the events are written out;
+* ``MHJAX_TEST_ALSO``: optional, a pid that gets the same signal just before this process (the
+  SLURM batch shell, which SLURM signals with the step at the time limit: tests/test_launch.py).
 """
 
 import os
@@ -27,6 +29,8 @@ sent = [False]
 def send() -> None:
     if not sent[0]:  # once: a second signal would exit at once
         sent[0] = True
+        if os.environ.get("MHJAX_TEST_ALSO"):
+            os.kill(int(os.environ["MHJAX_TEST_ALSO"]), SIGNAL)
         os.kill(os.getpid(), SIGNAL)
 
 

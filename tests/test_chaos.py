@@ -13,6 +13,7 @@ CPU device, so the numbers agree bit for bit.
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -95,7 +96,7 @@ def assert_same_run(reference: str, workdir: str) -> None:
     assert_same_scalars(reference, workdir, want.member_names)
 
 
-def test_sigterm_in_the_tensorboard_flush_before_a_checkpoint_resumes_as_the_straight_run(straight, tmp_path):
+def test_sigterm_in_the_tensorboard_flush_before_a_checkpoint_resumes_as_the_straight_run(straight, tmp_path, capfd):
     """The fast representative: SIGTERM while the points up to checkpoint 6 are flushed; the run
     stops at the next chunk end (9) with a checkpoint there; run again, it is the straight run."""
     config_path, reference = straight
@@ -104,6 +105,13 @@ def test_sigterm_in_the_tensorboard_flush_before_a_checkpoint_resumes_as_the_str
     assert proc.returncode == 75 and "SIGTERM: stopped at step 9, checkpoint written" in proc.stderr
     assert mhjax.load(tmp_path / "w").checkpoint_steps == [6, 9]
     rerun(args)
+    # the stop's measured time, from the signal to the exit, beside what the run predicted
+    # (train/preempt.py MeasuredStop); the resumed run counts its close and exit in its prediction
+    err = capfd.readouterr().err
+    assert re.search(r"last stop \(SIGTERM at step 9\): [\d.]+ s from the signal to the exit \([\d.]+ s of it", err), (
+        err
+    )
+    assert re.search(r"\+ close and exit [\d.]+ s\) against train.preempt_grace_s", err), err
     assert_same_run(reference, str(tmp_path / "w"))
 
 

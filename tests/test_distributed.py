@@ -327,3 +327,42 @@ def test_two_processes_signalled_in_a_chunk_resume_as_their_straight_run(tmp_pat
         assert_trees_close(want[name], got[name], tol=0)
     assert_results_close(str(tmp_path / "straight"), workdir, tol=0)
     assert_same_scalars(str(tmp_path / "straight"), workdir, sorted(want))
+
+
+# ---------------------------------------------------------------------------------------------- #
+# A lost process (kill -9, a node that dies): the survivor exits with the requeue code at once
+# ---------------------------------------------------------------------------------------------- #
+# ~25 s (two processes starting): the error classification alone is test_peers.py
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [1, 0])  # 0: the process that hosts the coordination service
+def test_a_killed_process_ends_the_other_with_the_requeue_code_and_one_line_its_checkpoint_intact(tmp_path, victim):
+    (tmp_path / "long.py").write_text(
+        config_source(tiny_train(fused(tiny_sequence_config(task=("copy",), heads=(1, 2))), 100000, 5, 0, 5))
+    )
+    args = ["--config", str(tmp_path / "long.py"), "--workdir", str(tmp_path / "w")]
+    args += ["--coordinator", f"127.0.0.1:{_free_port()}", "--num-processes", "2"]
+    procs = [_train(args + ["--process-id", str(i)]) for i in range(2)]
+    survivor = procs[1 - victim]
+    try:
+        for proc in procs:
+            _read_until(proc, "graceful stop on SIGTERM/SIGUSR1/SIGUSR2")
+        checkpoints = tmp_path / "w" / "checkpoints"
+        deadline = time.monotonic() + 120
+        while not any(d.isdigit() for d in os.listdir(checkpoints)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        procs[victim].kill()
+        killed = time.monotonic()
+        _, err = survivor.communicate(timeout=60)
+        took = time.monotonic() - killed
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert survivor.returncode == 75 and took < 15, (took, err[-3000:])
+    assert "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if "another process of this run is gone" in line]
+    assert len(lines) == 1 and lines[0].startswith("mhjax: "), err[-3000:]
+    step = int(re.search(r"the latest checkpoint \(step (\d+)\) holds the run", lines[0])[1])
+    saved = [int(d) for d in os.listdir(checkpoints) if d.isdigit()]
+    assert step == max(saved) > 0
+    assert set(_final_params(str(tmp_path / "w"))) == {"copy-h1-s0", "copy-h2-s0"}  # it restores

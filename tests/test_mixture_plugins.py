@@ -113,6 +113,38 @@ def test_own_data_squared_loss_linear_phi_read_back_in_a_new_process(trained):
         assert r["margin_loss_product"] is None and r["grad_norm_over_loss"] is None
 
 
+def test_a_changed_plugin_source_is_refused_before_it_runs_again(trained):
+    """run.data, run.ntk, run.analyze(steps=) rebuild from the run's plug-ins: with the data
+    generator's file changed since training, each is refused in one line before the file runs
+    (before: re-registered and rebuilt from the new code, silently); params need no plug-in."""
+    config_path, workdir, env = trained
+    original = config_path.read_text()
+    code = (
+        "import sys, mhjax\n"
+        "from mhjax.data.mixture_data import GENERATORS\n"
+        "run = mhjax.load(sys.argv[1])\n"
+        "assert run.params('h1-s0') is not None\n"
+        "for read in (lambda: run.data(0), lambda: run.ntk('h1-s0', 0), lambda: run.analyze(steps=[0])):\n"
+        "    try:\n"
+        "        read()\n"
+        "    except mhjax.ConfigError as exc:\n"
+        "        print(exc)\n"
+        "print('registered' if 'signal_at' in GENERATORS._plugins else 'not run')\n"
+    )
+    try:
+        config_path.write_text(original + "\nprint('the changed file ran')\n")
+        done = subprocess.run([sys.executable, "-c", code, str(workdir)], env=env, capture_output=True, text=True)
+    finally:
+        config_path.write_text(original)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    want = (
+        f"mixture.data.signal_at: its source {config_path} changed since training (sha256 differs); what is rebuilt "
+        "from it would not be the run's: put it back as it was"
+    )
+    assert lines == [want, want, want, "not run"]
+
+
 def test_run_params_at_steps_analyze_and_kept_checkpoints(trained):
     import mhjax
 

@@ -139,3 +139,40 @@ def test_load_config_takes_python_none_for_a_field_whose_default_is_none(tmp_pat
     assert config.train.clip_norm is None and config.train.snapshot_steps is None
     with pytest.raises(ConfigError, match=r"config.train.steps: expected an integer"):
         mhjax.load_config("text", {"data.path": str(corpus), "train.steps": None})  # its default is not None
+
+
+def test_a_decay_horizon_apart_from_the_steps_lets_a_warmup_cosine_run_train_longer(tmp_path):
+    """train.decay_steps (nanoGPT's lr_decay_iters): the cosine ends there, whatever train.steps
+    is, so a 6-step run trains on to 9 on the schedule of a 9-step run from the start (before: refused,
+    "use a new workdir"); a resumed run's numbers are the straight run's (test_chaos, test_resume_records)."""
+    import mhjax
+
+    def config(steps):
+        c = tiny_sequence_config(heads=(1, 2))
+        c.train.update(dict(schedule="warmup_cosine", warmup_steps=2, min_learning_rate=1e-4, decay_steps=9))
+        c.train.steps = steps
+        return c
+
+    short = train(make_experiment(config(6)), str(tmp_path / "w"), progress=False, log=lambda m: None)
+    assert short["optimizer"]["decay_steps"] == 9
+    longer = train(make_experiment(config(9)), str(tmp_path / "w"), progress=False, log=lambda m: None)
+    assert longer["steps"] == 9 and all(m["status"] == "ok" for m in longer["members"])
+    steps, rates = mhjax.load(tmp_path / "w").curves("copy-h1-s0")["train/learning_rate"]
+    want = optax.warmup_cosine_decay_schedule(0.0, 3e-3, 2, 9, end_value=1e-4)(np.arange(9))
+    assert list(steps) == list(range(9))
+    np.testing.assert_allclose(rates, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(schedule="warmup_cosine", decay_steps=0), r"^config.train.decay_steps: must be None or an integer >= 1"),
+        (dict(schedule="warmup_cosine", warmup_steps=4, decay_steps=4), r"\[0, train.decay_steps = 4\); got 4$"),
+        (dict(decay_steps=10), r"^config.train.decay_steps: applies to train.schedule 'warmup_cosine' only"),
+    ],
+)
+def test_decay_steps_is_checked_in_one_line(fields, message):
+    config = tiny_sequence_config(heads=(1,))
+    config.train.update(fields)
+    with pytest.raises(ConfigError, match=message):
+        optimizer.validate(config)

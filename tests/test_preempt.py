@@ -13,6 +13,7 @@ import ml_collections
 import pytest
 
 from mhjax.config import ConfigError
+from mhjax.io import exit_clock
 from mhjax.train import preempt
 from mhjax.train.interrupt import EXIT_REQUEUE, EXIT_STATUS, StopOnSignal, exits_at_once
 
@@ -131,11 +132,22 @@ def test_stop_times_predict_chunk_plus_checkpoint_and_name_a_chunk_steps_that_fi
     times.saved(21.0, lines.append)
     assert len(lines) == 1  # said once
     resumed = preempt.StopTimes(grace=30, chunk_steps=100, step_seconds=0.05)
-    assert "~5.0 s (chunk of 100 steps 5.0 s + checkpoint write not yet measured)" in resumed.start_line()
+    assert (
+        "~5.0 s (chunk of 100 steps 5.0 s + flush and checkpoint write not yet measured + close and exit not yet "
+        "measured)" in resumed.start_line()
+    )
+    after_a_stop = preempt.StopTimes(
+        grace=30, chunk_steps=100, step_seconds=0.05, last_stop={"exit_s": 2.5, "save_s": 1.0}
+    )
+    assert after_a_stop.predicted == 8.5  # 5 + 1 + 2.5
+    assert "(chunk of 100 steps 5.0 s + flush and checkpoint write 1.0 s + close and exit 2.5 s)" in (
+        after_a_stop.start_line()
+    )
+    assert after_a_stop.suggested_chunk_steps() == 100  # (30 - 1 - 2.5) / 0.05 = 530, capped at 100
     slow = preempt.StopTimes(grace=10, chunk_steps=10)
     slow.chunk(1.0, 10)
     slow.saved(12.0)
-    assert slow.suggested_chunk_steps() is None and "checkpoint write alone does not fit" in slow.warning()
+    assert slow.suggested_chunk_steps() is None and "checkpoint write and exit alone do not fit" in slow.warning()
 
 
 @pytest.mark.parametrize("value", [0, -1, "30", True, float("inf")])
@@ -161,3 +173,29 @@ def test_the_stop_line_names_the_signal_step_and_the_command_that_resumes(monkey
     assert str(preempt.interrupted(ctrl_c, 3, "w", saved=False)) == (
         "interrupted at step 3 before training; nothing new to save, run the same command to resume"
     )
+
+
+def test_the_resume_line_of_several_processes_leaves_the_coordinator_and_process_id_to_the_next_launch(monkeypatch):
+    argv = ["mhjax", "train", "--config", "c.py", "--coordinator", "127.0.0.1:51285", "--num-processes", "2"]
+    monkeypatch.setattr(sys, "argv", argv + ["--process-id=1", "--workdir", "w"])
+    assert preempt.resume_command("w") == (
+        "mhjax train --config c.py --coordinator HOST:PORT --num-processes 2 --process-id=I --workdir w"
+    )
+
+
+def test_a_measured_stop_is_kept_for_the_next_run_with_its_exit(tmp_path):
+    stop = StopOnSignal()
+    stop.note(signal.SIGTERM)
+    path = str(tmp_path / "stop.json")
+    times = preempt.StopTimes(grace=30, chunk_steps=10, step_seconds=0.25)
+    times.saved(1.0)
+    measured = preempt.MeasuredStop(path, stop, 120, times)
+    exit_clock.cancel(measured._exited)
+    assert preempt.MeasuredStop.read(path) is None  # not exited yet: nothing measured to the end
+    measured._exited()
+    record = preempt.MeasuredStop.read(path)
+    assert record["step"] == 120 and record["signal"] == "SIGTERM" and record["save_s"] == 1.0
+    assert record["total_s"] == pytest.approx(record["exited_at"] - stop.first_at)
+    assert record["exit_s"] == pytest.approx(record["exited_at"] - record["stopped_at"])
+    assert preempt.MeasuredStop.line(record).startswith("last stop (SIGTERM at step 120): ")
+    assert preempt.MeasuredStop.line(record).endswith("after the checkpoint), predicted ~3.5 s")

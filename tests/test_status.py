@@ -216,3 +216,98 @@ def test_status_names_the_process_holding_a_shards_lock_and_its_step(sharded, ca
     assert (row["state"], row["step"], row["checkpoint_step"]) == ("training", 5, 3)
     assert f"1/3    training  5     pid {holder.pid}" in out
     assert "1 done, 1 training, 1 missing" in out
+
+
+# A run that holds the workdir (or a shard's lock) and has only written its start: restoring and compiling
+STARTING_HOLDER = textwrap.dedent(
+    """
+    import json, sys
+    from mhjax.io.lock import WorkdirLock
+    from mhjax.io.progress import Progress, read
+    from mhjax.io.workdir import Workdir
+    workdir, folder, shard = sys.argv[1], sys.argv[2], sys.argv[3]
+    wd = Workdir(workdir)
+    view = wd.part(folder, []) if folder else wd
+    lock = wd.shard_lock_path(int(shard)) if shard else None
+    with WorkdirLock(workdir, "train", path=lock):
+        before = read(view)
+        Progress(view, before["members"], before["total_steps"], before["step"]).starting()
+        print("starting", flush=True)
+        sys.stdin.read()  # until the test is done
+    """
+)
+
+
+def _while_starting(workdir: str, folder: str = "", shard: str = ""):
+    """(status dict, status text) while another process holds the lock and is starting; the
+    progress file as it was afterwards."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    wd = Workdir(workdir)
+    path = progress.path_of(wd.part(folder, []) if folder else wd)
+    saved = open(path).read()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", STARTING_HOLDER, workdir, folder, shard],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "starting"
+        status = mhjax.load(workdir).status()
+        out = subprocess.run(
+            [sys.executable, "-m", "mhjax", "status", "--workdir", workdir], env=env, capture_output=True, text=True
+        ).stdout
+    finally:
+        holder.kill()
+        holder.wait()
+        with open(path, "w") as f:
+            f.write(saved)
+    return holder.pid, status, out
+
+
+def test_a_held_workdir_with_no_chunk_since_its_start_is_starting_not_stopped(stopped):
+    pid, status, out = _while_starting(stopped)
+    rows = _rows(status)
+    assert {row["state"] for row in rows.values()} == {"starting"}
+    assert all(row["step"] == row["checkpoint_step"] == 3 and row["eta_s"] is None for row in rows.values())
+    assert f"held by pid {pid}: starting (restoring/compiling), no chunk trained since it started" in out
+    assert f"{len(rows)} starting" in out
+
+
+def test_a_shard_restoring_or_compiling_is_starting_with_its_checkpoint_step(sharded):
+    workdir, members = sharded
+    pid, status, out = _while_starting(workdir, "shards/1", "1")
+    shards = {s["shard"]: s for s in status["shards"]}
+    assert (shards["1/3"]["state"], shards["1/3"]["step"], shards["1/3"]["holder_pid"]) == ("starting", 3, pid)
+    assert [shards[f"{i}/3"]["state"] for i in (0, 2)] == ["done", "missing"]
+    row = _rows(status)[members[1][0]]
+    assert (row["state"], row["step"]) == ("starting", 3)
+
+
+def test_status_reads_files_only_jax_is_never_imported(stopped):
+    code = (
+        "import sys\n"
+        "from mhjax import cli\n"
+        f"assert cli.main(['status', '--workdir', {stopped!r}]) == 0\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'orbax', 'flax', 'optax'))\n"
+        "print('imported:', heavy)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "imported: []" in out.stdout
+
+
+def test_a_run_follows_its_sweep_before_results_json(stopped):
+    """A sweep stopped (or training) before its end has no results.json: the Run still names its
+    members and their curves; results says when it comes (before: no member names)."""
+    run = mhjax.load(stopped)
+    names = [m.name for m in make_experiment(config()).members]
+    assert run.member_names == names
+    steps, _ = run.curves(names[0])["train/loss"]
+    assert len(steps) and max(steps) < 3  # the points up to the checkpoint at 3
+    with pytest.raises(
+        mhjax.ConfigError, match=r"has no results.json; it is written when training ends .*\.status\(\)"
+    ):
+        _ = run.results

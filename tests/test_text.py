@@ -503,3 +503,20 @@ def test_baselines_curves_and_throughput_of_a_text_run(docs_run):
     assert results["mfu"] is None and "perf/tokens_per_s" in curves
     line = next(line for line in run.console.splitlines() if line.startswith("trained 150 steps"))
     assert f"{results['tokens_per_s']:,.0f} tokens/s, MFU n/a" in line
+
+
+def test_perplexity_beside_bits_in_results_tensorboard_and_the_table(docs_run):
+    """(issue 56) eval_perplexity = 2 ** eval_bits_per_byte = exp(held-out loss), at the end and at every evaluation."""
+    run, _ = docs_run
+    results = json.load(open(os.path.join(run.workdir, "results.json")))
+    for member in results["members"]:
+        assert member["eval_perplexity"] == pytest.approx(2 ** member["eval_bits_per_byte"], rel=1e-12)
+        assert member["eval_perplexity"] == pytest.approx(math.exp(member["eval_loss"]), rel=1e-4)
+        steps, perplexity = run.curves(member["name"])["eval/perplexity"]
+        _, loss = run.curves(member["name"])["eval/loss"]
+        np.testing.assert_allclose(perplexity, np.exp(loss), rtol=1e-5)
+    from mhjax.experiments import make_experiment
+    from mhjax.train.console import summary_lines
+
+    table = summary_lines(make_experiment(run.config).summary_table(), results["members"])  # mhjax train's end table
+    assert "held-out perplexity" in table[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from mhjax.io.sweep_state import sweep_status
+from mhjax.io.sweep_state import STARTING, sweep_status
 
 
 def command(args, overrides) -> int:
@@ -22,6 +22,8 @@ def status_lines(status: dict) -> list[str]:
     held = f"held by pid {holder}" if holder else "no command holds it"
     if shards and not holder:  # shards hold their own locks, never the workdir's while they train
         held = f"{len(shards)} shards, each held by the process that trains it (below)"
+    if any(row["state"] == "starting" for row in status["members"]):
+        held += f": {STARTING}, no chunk trained since it started"
     lines = [f"{status['workdir']}: {status['total_steps']} steps per member; {held}"]
     header = ("member", "state", "step", "checkpoint", "age", "member-steps/s", "to finish")
     rows = [header]

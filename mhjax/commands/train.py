@@ -28,6 +28,8 @@ def command(args, overrides) -> int:
     shard = shards.parse(args.shard) if getattr(args, "shard", None) is not None else None
     if shard and (args.distributed or args.coordinator or args.num_processes is not None):
         raise ConfigError("--shard: one independent process per shard; not with --distributed or --coordinator")
+    if shard and args.dry_run:  # the shares are planned by the first shard to train, for its machine
+        raise ConfigError("--shard: not with --dry-run, which describes the whole sweep (drop --shard)")
     config = load_config(args.config, overrides, validate=False)
     if args.target:
         if not args.dry_run:

@@ -58,6 +58,19 @@ def file_sha256(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def changed_sources(recorded, where: tuple = ()) -> list[str]:
+    """Lines naming each plug-in source in ``recorded`` (a part of W/mhjax.json: records with a
+    "function" and a "sha256", ``pinned``) whose file's sha256 differs now, found before anything
+    runs it again (a file that is gone is ``restore``'s to report)."""
+    if not isinstance(recorded, dict):
+        return []
+    path = recorded.get("config") or recorded.get("file")
+    if "function" in recorded and recorded.get("sha256") and path:
+        changed = os.path.isfile(path) and file_sha256(path) != recorded["sha256"]
+        return [f"{'.'.join(where)}: its source {path} changed since training (sha256 differs)"] if changed else []
+    return [line for key, value in recorded.items() for line in changed_sources(value, (*where, str(key)))]
+
+
 def pinned(source: dict) -> dict:
     """``source`` with its file's ``sha256`` when it is a plug-in's (defined outside mhjax: mhjax's
     own are pinned by its version), so that a later command sees the file changed."""

@@ -3,8 +3,11 @@ papers'), or a language-model optimizer with a warmup-cosine schedule, decoupled
 (AdamW) and gradient clipping, from config.train:
 
     schedule          "constant" (default) or "warmup_cosine": linear warmup from 0 over
-                      warmup_steps, then cosine decay to min_learning_rate at train.steps
-    warmup_steps      int >= 0 (default 0), < train.steps
+                      warmup_steps, then cosine decay to min_learning_rate at decay_steps
+    decay_steps       None (default: train.steps) or an int > warmup_steps: where the cosine
+                      ends, flat at min_learning_rate after (nanoGPT's lr_decay_iters); set
+                      apart from train.steps, a run can be trained longer
+    warmup_steps      int >= 0 (default 0), < decay_steps
     min_learning_rate float >= 0 (default 0), the schedule's end value (below each learning rate)
     weight_decay      float >= 0 (default 0): AdamW's decoupled decay, learning rate times decay
                       times the weight, on matrices and embeddings (ndim >= 2), not on biases
@@ -14,7 +17,8 @@ papers'), or a language-model optimizer with a warmup-cosine schedule, decoupled
 
 Each member runs the schedule at its own learning rate (sweep.learning_rate stays an axis).
 With every default the optimizer is the papers' ``inject_hyperparams(adam)``, state and numbers
-unchanged. A schedule that ends at train.steps cannot be trained longer (``cannot_extend``)."""
+unchanged. A schedule that ends at train.steps cannot be trained longer (``cannot_extend``);
+one whose decay_steps is set can."""
 
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ SCHEDULES = ("constant", "warmup_cosine")
 DEFAULTS = {
     "train.schedule": "constant",
     "train.warmup_steps": 0,
+    "train.decay_steps": None,
     "train.min_learning_rate": 0.0,
     "train.weight_decay": 0.0,
     "train.clip_norm": None,
@@ -45,13 +50,19 @@ class Settings(NamedTuple):
     min_learning_rate: float = 0.0
     weight_decay: float = 0.0
     clip_norm: float | None = None
-    steps: int = 1  # train.steps: where the cosine ends
+    decay_steps: int | None = None  # where the cosine ends (None: train.steps)
+    steps: int = 1  # train.steps
 
     @classmethod
     def from_config(cls, config) -> Settings:
         train = config.train
         values = {f: train.get(f, DEFAULTS[f"train.{f}"]) for f in FIELDS}
         return cls(**values, steps=int(train.steps))
+
+    @property
+    def horizon(self) -> int:
+        """Where the cosine ends: decay_steps, else train.steps."""
+        return self.steps if self.decay_steps is None else self.decay_steps
 
     @property
     def plain(self) -> bool:
@@ -61,7 +72,8 @@ class Settings(NamedTuple):
     def recorded(self) -> dict:
         """results.json's ``optimizer``: what every member ran with."""
         name = "adam" if self.weight_decay == 0 else "adamw"
-        return {"name": name, **{f: getattr(self, f) for f in FIELDS}}
+        fields = [f for f in FIELDS if f != "decay_steps" or self.decay_steps is not None]  # older runs' records
+        return {"name": name, **{f: getattr(self, f) for f in fields}}
 
 
 def validate(config) -> None:
@@ -69,9 +81,14 @@ def validate(config) -> None:
     s = Settings.from_config(config)
     if s.schedule not in SCHEDULES:
         raise cfg.ConfigError(f"config.train.schedule: must be one of {', '.join(SCHEDULES)}; got {s.schedule!r}")
-    if isinstance(s.warmup_steps, bool) or not isinstance(s.warmup_steps, int) or not 0 <= s.warmup_steps < s.steps:
+    if s.decay_steps is not None and (
+        isinstance(s.decay_steps, bool) or not isinstance(s.decay_steps, int) or s.decay_steps < 1
+    ):
+        raise cfg.ConfigError(f"config.train.decay_steps: must be None or an integer >= 1; got {s.decay_steps!r}")
+    if isinstance(s.warmup_steps, bool) or not isinstance(s.warmup_steps, int) or not 0 <= s.warmup_steps < s.horizon:
+        end = "train.steps" if s.decay_steps is None else "train.decay_steps"
         raise cfg.ConfigError(
-            f"config.train.warmup_steps: must be an integer in [0, train.steps = {s.steps}); got {s.warmup_steps!r}"
+            f"config.train.warmup_steps: must be an integer in [0, {end} = {s.horizon}); got {s.warmup_steps!r}"
         )
     for field in ("min_learning_rate", "weight_decay"):
         value = getattr(s, field)
@@ -91,7 +108,7 @@ def validate(config) -> None:
                 f"got {s.min_learning_rate!r}"
             )
     else:
-        for field in ("warmup_steps", "min_learning_rate"):
+        for field in ("warmup_steps", "min_learning_rate", "decay_steps"):
             if getattr(s, field):
                 raise cfg.ConfigError(
                     f"config.train.{field}: applies to train.schedule 'warmup_cosine' only (the schedule is "
@@ -101,10 +118,11 @@ def validate(config) -> None:
 
 def cannot_extend(settings: Settings) -> str | None:
     """Why a finished run of these settings cannot train longer (None: it can)."""
-    if settings.schedule == "warmup_cosine":
+    if settings.schedule == "warmup_cosine" and settings.decay_steps is None:
         return (
             "train.schedule 'warmup_cosine' decays to min_learning_rate at train.steps, so more steps would change "
-            "the schedule of the steps already taken; use a new workdir"
+            "the schedule of the steps already taken; use a new workdir, with train.decay_steps set apart from "
+            "train.steps to train longer later"
         )
     return None
 
@@ -119,7 +137,7 @@ def schedule(settings: Settings, learning_rate):
         init_value=0.0,
         peak_value=1.0,
         warmup_steps=settings.warmup_steps,
-        decay_steps=settings.steps,
+        decay_steps=settings.horizon,
         end_value=settings.min_learning_rate / learning_rate,
     )
     return lambda count: learning_rate * unit(count)
@@ -128,11 +146,11 @@ def schedule(settings: Settings, learning_rate):
 def host_rates(settings: Settings, learning_rate: float, steps) -> np.ndarray:
     """``schedule``'s rates at ``steps`` in numpy (float64), for logging on the host without a
     compile: optax's warmup_cosine_decay_schedule written out (linear from 0 to the rate over
-    warmup_steps, then a cosine to min_learning_rate at train.steps, flat after)."""
+    warmup_steps, then a cosine to min_learning_rate at the horizon, flat after)."""
     steps = np.asarray(steps, np.float64)
     if settings.schedule == "constant":
         return np.full(steps.shape, float(learning_rate))
-    warmup, decay = settings.warmup_steps, max(settings.steps - settings.warmup_steps, 1)
+    warmup, decay = settings.warmup_steps, max(settings.horizon - settings.warmup_steps, 1)
     rising = learning_rate * np.minimum(steps, warmup) / max(warmup, 1)
     alpha = settings.min_learning_rate / learning_rate
     done = np.clip(steps - warmup, 0, decay) / decay

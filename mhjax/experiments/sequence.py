@@ -152,6 +152,7 @@ class SequenceExperiment(Experiment):
             per = "byte" if set(text) == {"bytes"} else "token"
             columns += (
                 Column(f"held-out bits/{per}", f"eval_bits_per_{per}"),
+                Column("held-out perplexity", "eval_perplexity", fmt="{:.3f}"),
                 Column("held-out unigram bits", "heldout_unigram_entropy_bits"),
             )
         if architecture.swept(self.config):  # sizes differ between rows

@@ -3,7 +3,8 @@ accuracy per position (``eval_loss_by_position``, ``eval_accuracy_by_position``)
 the same held-out sequences as the loop's scalar evaluation, with the plain eval-mode model at
 each member's own head count; a text member's bits (``eval_bits_per_byte`` for a byte file,
 ``eval_bits_per_token`` for a .bin: the mean of its per-position held-out loss over ln 2, the
-loop's eval_loss up to float32 rounding) beside its ``heldout_unigram_entropy_bits``; and a
+loop's eval_loss up to float32 rounding) and its perplexity (``eval_perplexity``, 2 ** bits) beside
+its ``heldout_unigram_entropy_bits``; and a
 member's model rebuilt from its results entry.
 
 Besides, per member: ``eval_loss_se`` (and ``eval_bits_per_byte_se`` / ``_per_token_se``), the
@@ -68,6 +69,7 @@ def position_metrics(experiment, member, params) -> dict:
         bits = float(np.mean(out["eval_loss_by_position"])) / math.log(2)
         per = "byte" if facts.get("text_format") == "bytes" else "token"
         out.update({f"eval_bits_per_{per}": bits, f"eval_bits_per_{per}_se": out["eval_loss_se"] / math.log(2)})
+        out["eval_perplexity"] = 2.0**bits if bits < 1000 else math.inf  # per byte (token): beside the bits
         out.update(facts)
     return out
 

@@ -15,13 +15,20 @@ from mhjax.models import flops, mfu
 
 def bits_fields(experiment, index: int, metrics: dict) -> dict:
     """``metrics`` of member ``index``'s evaluation with its held-out loss in bits (text only:
-    ``eval_bits_per_byte``, per token for a .bin)."""
+    ``eval_bits_per_byte``, per token for a .bin) and as a perplexity (``eval_perplexity``, per
+    byte or token alike: 2 ** bits, exp of the loss)."""
     member = experiment.members[index]
     facts = experiment.tasks[int(experiment.member_constants(member).task_id)].facts
     if "text_format" not in facts or "eval_loss" not in metrics:
         return metrics
     per = "byte" if facts["text_format"] == "bytes" else "token"
-    return {**metrics, f"eval_bits_per_{per}": metrics["eval_loss"] / math.log(2)}
+    loss = metrics["eval_loss"]
+    return {**metrics, f"eval_bits_per_{per}": loss / math.log(2), "eval_perplexity": _perplexity(loss)}
+
+
+def _perplexity(loss: float) -> float:
+    """exp(loss): the held-out perplexity; inf past float range (a loss above ~709 nats), never an error."""
+    return math.exp(loss) if loss < 709 else math.inf
 
 
 def learning_rates(experiment, indices, first_step: int, length: int) -> np.ndarray:

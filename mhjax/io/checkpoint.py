@@ -18,14 +18,10 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from mhjax.config import ConfigError
+from mhjax.io.checkpoint_names import member_key, stored_member_keys  # noqa: F401 (their home before)
 from mhjax.io.results import WriteFailed, os_error_in
 
 RECORDS = "records"  # the host records' item in a step directory, beside the states ("default")
-
-
-def member_key(member_name: str) -> str:
-    """Checkpoint key of a member: orbax joins nested keys with '.', so none may contain one."""
-    return member_name.replace(".", "_")
 
 
 class SweepCheckpointer:
@@ -127,18 +123,6 @@ class SweepCheckpointer:
 
     def close(self) -> None:
         self.manager.close()
-
-
-def stored_member_keys(directory: str, step: int) -> list[str]:
-    """The member keys a checkpoint step folder holds, from orbax's metadata alone: no
-    CheckpointManager, whose creation is a barrier every process of a distributed run must reach."""
-    where = epath.Path(directory) / str(step) / "default"
-    try:
-        stored = ocp.StandardCheckpointHandler().metadata(where)
-    except Exception as exc:
-        raise ConfigError(f"checkpoint {where}: unreadable, corrupt or truncated ({_one_line(exc)})") from None
-    members = getattr(stored, "tree", stored).get("members", {})
-    return list(members) if isinstance(members, dict) else []
 
 
 def _one_line(exc: BaseException) -> str:

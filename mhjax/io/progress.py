@@ -1,10 +1,11 @@
 """W/progress.json: where a training run is, for ``mhjax status`` to read while it runs.
 
     {"pid", "host", "members": [...], "total_steps", "step", "started_step", "updated",
-     "member_steps_per_s", "diverged": [...]}
+     "member_steps_per_s", "diverged": [...], "phase"}
 
-The run's process 0 rewrites it (atomically: io/results.write_json) when training starts and
-at every chunk end: the step reached (beyond the latest checkpoint), the sweep's member-steps/s
+The run's process 0 writes it (atomically: io/results.write_json) when the run starts, before its
+restore and compile (``"phase": "starting"``, no rate), then when training starts and at every
+chunk end (``"phase": "training"``): the step reached (beyond the latest checkpoint), the sweep's member-steps/s
 over this run so far (logging and evaluation included, so a time to finish from it holds), and
 the members that diverged so far. A sweep that grew writes one per part, beside the part's
 checkpoints. It is a view, never read back by training: a killed run's file stays behind, and
@@ -36,12 +37,17 @@ class Progress:
         self.members, self.total, self.started_step = list(members), int(total), int(step)
         self.started = time.time()
 
-    def update(self, step: int, diverged=()) -> None:
+    def starting(self) -> None:
+        """Written as the run starts, before its restore and compile: ``mhjax status`` tells it
+        from the stopped run whose file it replaces (io/sweep_state.py)."""
+        self.update(self.started_step, phase="starting")
+
+    def update(self, step: int, diverged=(), phase: str = "training") -> None:
         if not self.write or self.started_step >= self.total:  # a run that trains nothing leaves it as it was
             return
         now = time.time()
         trained = (int(step) - self.started_step) * len(self.members)
-        rate = trained / (now - self.started) if trained and now > self.started else None
+        rate = trained / (now - self.started) if trained and now > self.started and phase == "training" else None
         payload = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -52,6 +58,7 @@ class Progress:
             "updated": now,
             "member_steps_per_s": rate,
             "diverged": sorted(diverged),
+            "phase": phase,
         }
         try:
             write_json(self.path, payload)

@@ -7,6 +7,9 @@ Each member's state:
 * ``training``: the process holding its lock trains it: the workdir's lock (W/.mhjax.lock) held by
   the run that writes the part's progress, or, of a sweep in shards (``--shard I/N``), its shard's
   lock (W/shards/<I>/.mhjax.lock), which only the process training that shard holds;
+* ``starting``: the process holding its lock has started a run that trains it and is restoring
+  and compiling: no chunk since its start (its progress.json says ``"phase": "starting"``), so
+  the step shown is its latest checkpoint's;
 * ``done``: results.json holds it at the configured number of steps, status ok;
 * ``diverged``: results.json says so, or the progress of its run (training or stopped) does;
 * ``stopped``: a checkpoint holds it, below the configured steps, and no run trains it now
@@ -26,12 +29,13 @@ import os
 import time
 
 from mhjax.io import parts, progress
-from mhjax.io.checkpoint import member_key, stored_member_keys
+from mhjax.io.checkpoint_names import member_key, stored_member_keys
 from mhjax.io.lock import holder_pid
 from mhjax.io.metadata import HISTORY
 from mhjax.io.workdir import Workdir
 
-STATES = ("training", "done", "diverged", "stopped", "missing")
+STATES = ("starting", "training", "done", "diverged", "stopped", "missing")
+STARTING = "starting (restoring/compiling)"  # what the table's top line says of a run in that state
 
 
 def sweep_status(workdir) -> dict:
@@ -52,6 +56,7 @@ def sweep_status(workdir) -> dict:
         # a shard's lock is held only by the process training it; the workdir's also by analyze/report
         live = part_holder is not None and (shard is not None or (run is not None and run.get("pid") == part_holder))
         current = run is not None and part_holder is not None and run.get("pid") == part_holder
+        starting = current and run.get("phase") == "starting"
         steps = parts.steps_in(view.checkpoints_dir)
         saved = steps[-1] if steps else None
         held = _checkpoint_members(view, saved)  # checkpoint keys (io/checkpoint.member_key)
@@ -67,7 +72,7 @@ def sweep_status(workdir) -> dict:
             rows[name] = {
                 "name": name,
                 "part": folder,
-                "state": _state(name, live, kept, run),
+                "state": "starting" if starting and name in run.get("members", []) else _state(name, live, kept, run),
                 "step": step,
                 "checkpoint_step": saved if kept else None,
                 "checkpoint_age_s": age if kept else None,
@@ -109,6 +114,8 @@ def _shard_state(members: list[dict], holder: int | None) -> dict:
     """A shard's state, step and time to finish from its members' rows."""
     if members and all(m["state"] in ("done", "diverged") for m in members):
         state = "done"
+    elif any(m["state"] == "starting" for m in members):
+        state = "starting"
     elif holder is not None:
         state = "training"
     else:

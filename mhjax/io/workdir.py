@@ -216,7 +216,11 @@ class Workdir(CachedReads):
 
     def results(self) -> dict:
         """W/results.json, with its ``members`` list."""
-        results = self._json(self.results_path, f"train it first (mhjax train --config ... --workdir {self.path})")
+        results = self._json(
+            self.results_path,
+            f"it is written when training ends (mhjax train --config ... --workdir {self.path}); while the sweep "
+            "trains, mhjax.load(W).status(), .member_names and .curves(name) follow it",
+        )
         if not isinstance(results.get("members"), list):
             raise ConfigError(f"--workdir: {self.results_path} has no member list")
         return results

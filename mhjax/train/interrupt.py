@@ -32,6 +32,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 
 EXIT_STATUS = 130  # 128 + SIGINT, what a shell reports for a run stopped by Ctrl-C
 EXIT_REQUEUE = 75  # EX_TEMPFAIL: stopped on a scheduler's signal, state saved; run the same command again
@@ -85,6 +86,7 @@ class StopOnSignal:
         self.where = where
         self.preparing = True
         self.received: list[int] = []  # distinct signal numbers, the first first
+        self.first_at: float | None = None  # time.time() of the first signal (the stop's measured time)
         self._count = 0  # signals the watcher thread saw
         self._stream = stream
         self._active = False
@@ -110,6 +112,8 @@ class StopOnSignal:
     def note(self, signum: int) -> None:
         """Record ``signum`` (idempotent): from the handlers, or a stop asked for by another
         process (shared at a chunk end, train/preempt.py)."""
+        if self.first_at is None:
+            self.first_at = time.time()
         if int(signum) not in self.received:
             self.received.append(int(signum))
         self.raised = True

@@ -17,7 +17,7 @@ from mhjax.io.trace import NoTrace, TraceWriter
 from mhjax.io.workdir import Workdir
 from mhjax.plotting import draw as draw_figures
 from mhjax.plotting.paired import results_tables
-from mhjax.train import ahead, end_images, engine, snapshot_resume, snapshots
+from mhjax.train import ahead, end_images, engine, peers, preempt, snapshot_resume, snapshots
 from mhjax.train import status as member_status
 from mhjax.train.console import Console, throughput_text
 from mhjax.train.interrupt import Interrupted, StopOnSignal  # noqa: F401 (Interrupted: its home before)
@@ -233,18 +233,22 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     checkpointer = workdir.checkpointer()
     latest = checkpointer.latest_step() if resuming else None
     step = int(latest or 0)
+    Progress(workdir, [m.name for m in members], total, step, write=primary).starting()  # for mhjax status
     writers, snaps = NoWriters(), snapshots.Snapshots(sweep, workdir, snapshots.steps_of(config))
     stop = StopOnSignal(
         where="after the compile: nothing is trained before the programs are ready",
         own_sigterm=jax.process_count() == 1 or not jax_preemption_service(),  # else JAX's own handler
     )
-    shared, times = SharedStop(stop), StopTimes(grace, chunk)
+    last_stop = preempt.MeasuredStop.read(preempt.stop_path(workdir))  # its close and exit count in the prediction
+    shared, times = SharedStop(stop), StopTimes(grace, chunk, last_stop=last_stop)
     try:
         stop.start()
         if latest is not None:  # before compiling: a corrupt checkpoint is reported at once
             states, seconds = sweep.restore(checkpointer, latest)
             log(f"resuming from checkpoint at step {latest}")
-            times = StopTimes(grace, chunk, prior_step_seconds(sweep, seconds, latest))
+            times = StopTimes(grace, chunk, prior_step_seconds(sweep, seconds, latest), last_stop)
+            if last_stop and last_stop.get("step") == latest:
+                log(preempt.MeasuredStop.line(last_stop))
             if sweep.records.starts_at and sweep.records.wanted.size:
                 log(f"checkpoint {latest} predates recorded loss points: loss_curve starts at step {latest}")
             if sweep.path_from:
@@ -327,11 +331,13 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             snaps.take(step, states)  # before the checkpoint: resumed, a step is taken again or kept
             due = _crossed(previous, step, config.train.checkpoint_every) or step == total
             if due or halt:
-                writers.flush()  # every point up to ``step`` on disk before the checkpoint commits it
                 saving = time.perf_counter()
+                writers.flush()  # every point up to ``step`` on disk before the checkpoint commits it
                 sweep.save(checkpointer, step, states, seconds)
                 times.saved(time.perf_counter() - saving, log)
             if halt and step < total:
+                if primary:  # its times, for the next run's prediction (W/stop.json)
+                    preempt.MeasuredStop(preempt.stop_path(workdir), stop, step, times)
                 raise interrupted(stop, step, workdir.path, saved=True)
         stop.close()
         console.close()  # the final lines start on a line of their own
@@ -366,6 +372,10 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             for line in member_status.diverged_lines(written["members"]) + experiment.result_notes(written):
                 log(line)
         return written
+    except Exception as exc:
+        if peers.lost(exc):  # now: the finally's barrier would wait for the lost process, then abort
+            peers.exit_requeue(exc, workdir.checkpoints_dir, preempt.resume_command(workdir.path))
+        raise
     finally:
         stop.close()
         console.close()

@@ -14,6 +14,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from mhjax.models.member_layout import MEMBER_AXIS as AXIS
+from mhjax.train import peers
 
 
 class Placement:
@@ -74,9 +75,10 @@ class Placement:
 def maybe_initialize_distributed(
     coordinator: str | None, num_processes: int | None, process_id: int | None, auto: bool
 ) -> None:
-    """jax.distributed.initialize: explicit (coordinator/num/id) or auto-detected (SLURM, TPU pods)."""
+    """jax.distributed.initialize: explicit (coordinator/num/id) or auto-detected (SLURM, TPU pods);
+    a lost process ends the others with the requeue code (train/peers.py)."""
     if coordinator or auto:
-        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+        peers.initialize(coordinator, num_processes, process_id)
 
 
 def to_host(tree):

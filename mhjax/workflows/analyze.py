@@ -377,9 +377,15 @@ def sequences_text(source: dict, count: int, length: int, drawn: bool = False) -
 
 def held_out_note(workdir: Workdir) -> str:
     """Why these accuracies differ from train's eval_accuracy (results.json, report)."""
-    data = Workdir.of(workdir).config().get("data", {})
+    config = Workdir.of(workdir).config()
+    data, tasks = config.get("data", {}), (config.get("sweep") or {}).get("task", ())
     held_out = f"{data['num_eval']} sequences" if "num_eval" in data else "sequences"
+    tasks = [tasks] if isinstance(tasks, str) else list(tasks or ())
+    if "text" in tasks:  # the corpus's held-out windows, drawn once: every seed is scored on the same ones
+        which = f"{held_out} per task (text: the same held-out windows for every seed)"
+    else:
+        which = f"{held_out} per task and seed"
     return (
         f"train's eval_accuracy ({Workdir.RESULTS}, report) is the same token accuracy on the run's own held-out set, "
-        f"{held_out} per task and seed: other samples, so the numbers differ a little"
+        f"{which}: other samples, so the numbers differ a little"
     )

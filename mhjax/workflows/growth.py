@@ -64,6 +64,17 @@ def plan(experiment, workdir: Workdir, primary: bool = True, log=print) -> list[
     return _parts(experiment, workdir, history)
 
 
+def grows(experiment, workdir: Workdir) -> bool:
+    """Whether ``experiment`` would grow the sweep ``workdir`` holds: the same config but for added
+    sweep values (``plan`` would add a part)."""
+    if not os.path.isfile(workdir.metadata_path):
+        return False
+    metadata = workdir.metadata()
+    stored, now = metadata.get("config", {}), json.loads(json.dumps(experiment.config.to_dict()))
+    full_stored, full_now = resolved(stored, experiment.config_defaults), resolved(now, experiment.config_defaults)
+    return _same_but_sweep(full_stored, full_now) and what(full_stored) != what(full_now)
+
+
 def done(part: Part) -> bool:
     """Whether a part holds its last step and its members' results (nothing to train)."""
     latest, total = part.workdir.latest_step(), part.experiment.config.train.steps

@@ -49,11 +49,17 @@ def read_vocab(path) -> list[str]:
 
 def encode(prompt, byte_text: bool, vocab: list[str] | None) -> np.ndarray:
     """``prompt`` as token ids: ids given as a sequence kept; text: UTF-8 bytes for a byte file's
-    members, else ids written out (space or comma separated), or tokens of ``vocab``."""
+    members (bytes of the command line that are not UTF-8, such as ``$'\\xff\\xfe'``, as
+    themselves), else ids written out (space or comma separated), or tokens of ``vocab``."""
     if not isinstance(prompt, str):
         return np.asarray(prompt)
     if byte_text:
-        return np.frombuffer(prompt.encode("utf-8"), np.uint8).astype(np.int32)
+        try:  # the command line's bytes that are not UTF-8 arrive as surrogate escapes: the same bytes again
+            data = prompt.encode("utf-8", errors="surrogateescape")
+        except UnicodeEncodeError as exc:  # a lone surrogate given in Python, of no byte
+            bad = exc.object[exc.start : exc.end]
+            raise ConfigError(f"--prompt: {bad!r} at {exc.start} is no text of bytes (a lone surrogate)") from None
+        return np.frombuffer(data, np.uint8).astype(np.int32)
     ids = {token: i for i, token in reversed(list(enumerate(vocab)))} if vocab else {}
     out = []
     for piece in prompt.replace(",", " ").split():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ml_collections
 
 from mhjax.config import ConfigError
-from mhjax.data import tasks
+from mhjax.data import plugins, tasks
 from mhjax.experiments import experiment_class, make_experiment
 from mhjax.io.workdir import Workdir
 from mhjax.workflows import growth
@@ -63,9 +63,15 @@ class Opened:
     def restore_plugins(self) -> None:
         """Register again the plug-ins W/mhjax.json says the sweep used (its tasks; a mixture
         sweep's data generator, phi, loss and step rule), from where they came (a source that is
-        gone: a one-line ConfigError naming it)."""
+        gone: a one-line ConfigError naming it). A plug-in other than a task (whose check is
+        ``restore_tasks``'s caller's to ask for) whose source file changed since training is
+        refused before it runs: the data, theta_0 and NTK rebuilt would not be the run's."""
         self.restore_tasks()
-        self.kind.restore_plugins(self.files.metadata(), self.files.metadata_path)
+        metadata = self.files.metadata()
+        changed = plugins.changed_sources({k: v for k, v in metadata.items() if k != "tasks"})
+        if changed:
+            raise ConfigError(f"{changed[0]}; what is rebuilt from it would not be the run's: put it back as it was")
+        self.kind.restore_plugins(metadata, self.files.metadata_path)
 
     def experiment(self):
         """The sweep's Experiment, made once (its plug-ins restored first)."""
