@@ -45,7 +45,8 @@ def inputs():
 
 def _assert_close(a, b, rtol=(VALUE_RTOL, GRAD_RTOL), atol=GRAD_ATOL):
     (va, ga), (vb, gb) = a, b
-    np.testing.assert_allclose(va, vb, rtol=rtol[0])
+    # members' losses (sums of sines, some near 0 by cancellation) against the largest's scale
+    np.testing.assert_allclose(va, vb, rtol=rtol[0], atol=rtol[0] * float(np.abs(vb).max()))
     for x, y in zip(jax.tree_util.tree_leaves(ga), jax.tree_util.tree_leaves(gb)):
         # absolute error against the array's scale: summation order differs (the gradients sum
         # 300 rows of up to 16 heads; entries near 0 among entries of 100)
@@ -104,7 +105,9 @@ def vmapped_grids(monkeypatch):
 FAST = [(1, 100, 0, True), (4, 100, 2, True), (16, 100, 0, False), (16, 300, 0, True), (4, 1024, 0, True)]
 FAST += [(4, 37, 0, True), (2, 600, 0, True)]  # an odd T in one tile; one padded to three tiles
 SLOW = [(16, 100, 0, True), (1, 300, 0, True), (4, 300, 2, False), (4, 600, 2, False)]
-SLOW += [(heads, length, 0, dropout) for heads in (1, 16) for length in (1021, 2048) for dropout in (False, True)]  # (heads, T, members vmapped (0: one), dropout)
+SLOW += [
+    (heads, length, 0, dropout) for heads in (1, 16) for length in (1021, 2048) for dropout in (False, True)
+]  # (heads, T, members vmapped (0: one), dropout)
 
 
 @pytest.mark.parametrize(

@@ -92,7 +92,11 @@ class SequenceExperiment(Experiment):
         """What config.attention runs on ``backend`` (this process's or a target's), and why;
         after the kernel failed to compile there (kernel_fallback), auto's JAX path."""
         m = self.config.model
-        choice = resolve_attention(requested_attention(self.config), backend, m.seq_len, m.get("dropout", 0.0))
+        models = [(architecture.member_model(self.config, x), x["heads"]) for x in self.members]
+        shapes = {(model.attention_width or model.width, heads) for model, heads in models}  # the TPU kernel's
+        itemsize = 2 if m.get("dtype", "float32") == "bfloat16" else 4  # VMEM need (models/tpu_vmem.py)
+        requested = requested_attention(self.config)
+        choice = resolve_attention(requested, backend, m.seq_len, m.get("dropout", 0.0), shapes, itemsize)
         failed = self._kernel_failed.get(choice.backend)
         if failed and choice.requested == AUTO and choice.implementation in KERNELS:
             reason = f"auto on {choice.backend}: JAX (the Pallas kernel failed to compile)"

@@ -13,11 +13,11 @@ they run:
 - "jax", plain JAX einsums: everywhere.
 "auto" (the default, experiments/sequence_config.py DEFAULTS): the C++ kernel on a CPU (faster
 than XLA's batched matmuls at every head dim, benchmarks/RESULTS.md) when it builds, the Pallas
-kernel on a GPU (any sequence length), the Pallas TPU kernel on a TPU where model.dropout is 0
-and T >= TPU_KERNEL_MIN_LENGTH (JAX where not, with the reason), JAX else. Under model.dtype=bfloat16 too: the Pallas
-kernels read bfloat16 (float32 accumulation inside); the C++ kernel is float32, cast at its
-boundary (models/precision.py), and on a CPU so cast still beats the JAX path in bfloat16 (1.1x
-to 1.5x, docs/bfloat16.md).
+kernel on a GPU (any sequence length), the Pallas TPU kernel on a TPU where it fits the chip's
+VMEM (models/tpu_vmem.py; JAX where not, with the reason and what would fit), JAX else.
+Under model.dtype=bfloat16 too: the Pallas kernels read bfloat16 (float32 accumulation
+inside); the C++ kernel is float32, cast at its boundary (models/precision.py), and on a CPU
+so cast still beats the JAX path in bfloat16 (1.1x to 1.5x, docs/bfloat16.md).
 
 The backend is an argument, not this process's: resolving for a target ("gpu") from a CPU
 machine gives what that target runs (interpret=False), e.g. to compile for it ahead of time.
@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 from mhjax.config import ConfigError
+from mhjax.models import tpu_vmem
 
 AUTO = "auto"
 IMPLEMENTATIONS = (AUTO, "jax", "cpu_kernel", "pallas")
@@ -72,9 +73,14 @@ def backend_name(backend: str) -> str:
     return _PLATFORMS.get(backend, backend)
 
 
-def resolve_attention(requested: str, backend: str, seq_len: int, dropout: float = 0.0) -> AttentionChoice:
+def resolve_attention(
+    requested: str, backend: str, seq_len: int, dropout: float = 0.0, kernel_shapes=(), itemsize: int = 4
+) -> AttentionChoice:
     """What ``config.attention = requested`` runs on ``backend`` (this process's or a target's)
     for sequences of ``seq_len`` under attention dropout ``dropout`` (config.model.dropout).
+    ``kernel_shapes``: the (attention width, heads) the TPU kernel would run, q/k/v of
+    ``itemsize`` bytes: where it would not fit the chip's VMEM (models/tpu_vmem.py), auto on a
+    TPU takes the JAX path (path_memory checks that fits) and pallas is refused.
     An implementation that cannot run there: ConfigError naming config.attention and what can."""
     from mhjax.models import cpu_attention  # the C++ kernel builds on first use
 
@@ -92,6 +98,9 @@ def resolve_attention(requested: str, backend: str, seq_len: int, dropout: float
         if backend == "gpu":
             return choice("pallas", "auto on gpu: the Pallas kernel")
         if backend == "tpu":
+            refused = tpu_vmem.refusal(seq_len, kernel_shapes, itemsize)
+            if refused:
+                return choice("jax", "auto on tpu: JAX (the Pallas TPU kernel does not fit VMEM)", refused)
             return choice("pallas_tpu", "auto on tpu: the Pallas TPU kernel")
         return choice("jax", f"auto on {backend}: JAX (no kernel for {backend})")
     if requested not in IMPLEMENTATIONS:
@@ -102,6 +111,9 @@ def resolve_attention(requested: str, backend: str, seq_len: int, dropout: float
             "use auto, jax or pallas"
         )
     if requested == "pallas" and backend == "tpu":
+        refused = tpu_vmem.refusal(seq_len, kernel_shapes, itemsize)
+        if refused:
+            raise ConfigError(f"config.attention: pallas on tpu: {refused}; use auto or jax")
         return choice("pallas_tpu", "pallas on tpu: the Pallas TPU kernel, asked for")
     if requested == "pallas" and backend not in ("cpu", "gpu"):
         raise ConfigError(

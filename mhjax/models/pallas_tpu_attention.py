@@ -143,7 +143,9 @@ def _forward_kernel(seeds_ref, q_ref, kv_ref, out_ref, lse_ref, acc_ref, max_ref
             before = _lane(top, head)
             now = jnp.maximum(before, jnp.max(s, axis=1, keepdims=True))
             e, rescale = jnp.exp(s - now), jnp.exp(before - now)
-            total = jnp.where(stat_lanes == head, rescale * _lane(total, head) + jnp.sum(e, axis=1, keepdims=True), total)
+            total = jnp.where(
+                stat_lanes == head, rescale * _lane(total, head) + jnp.sum(e, axis=1, keepdims=True), total
+            )
             top = jnp.where(stat_lanes == head, now, top)
             if threshold < NO_DROPOUT:  # the normaliser counts every probability; dropout scales what meets v
                 e = jnp.where(frame.keep(seeds_ref, head), e * inv_keep, 0.0)

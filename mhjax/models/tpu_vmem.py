@@ -32,6 +32,7 @@ VMEM_BYTES = {  # device_kind -> physical VMEM per TensorCore (tpu_info.py, jax 
     "TPU v6e": 128 * MIB,
     "TPU7x": 64 * MIB,
 }
+DEFAULT_CHIP = "TPU v5 lite"  # a TPU backend whose chip is not known here: the preset auto assumes (cost.py)
 HEADROOM = 0.75  # of the physical VMEM, the scoped limit asked for (v5e: 96 MiB)
 # (rows, cols) float32 temporaries of one grid step the compiler keeps live at once (scores,
 # exponentials, hash bits, keep mask, dp, ds; calibrated on Mosaic's own scoped-allocation
@@ -94,8 +95,9 @@ def physical(device_kind: str | None) -> int | None:
 
 def limit(device_kind: str | None = None) -> int | None:
     """The scoped VMEM limit the kernel asks for on ``device_kind`` (default: the chip being
-    compiled for, chip()); None where the chip is unknown (the compiler's default applies)."""
-    size = physical(device_kind or chip())
+    compiled for, chip(), else DEFAULT_CHIP); None for a kind the table lacks (the compiler's
+    default applies)."""
+    size = physical(device_kind or chip() or DEFAULT_CHIP)
     return None if size is None else int(size * HEADROOM)
 
 
@@ -133,3 +135,28 @@ def longest_fitting(width: int, heads: int, itemsize: int, device_kind: str | No
         middle = (low + high) // 2 // TILE * TILE
         low, high = (middle, high) if fits(middle, width, heads, itemsize, device_kind) else (low, middle)
     return low
+
+
+DTYPE_NAMES = {4: "float32", 2: "bfloat16"}
+
+
+def refusal(length: int, shapes, itemsize: int, device_kind: str | None = None) -> str | None:
+    """None where the kernel fits ``device_kind``'s VMEM at ``length`` for every (attention
+    width, heads) of ``shapes``; else why not, with what fits: the longest T at that head count
+    in this dtype, and in bfloat16 where this is float32."""
+    kind = device_kind or chip() or DEFAULT_CHIP
+    for width, heads in sorted(set(shapes), key=lambda s: -max(need(length, *s, itemsize).values())):
+        if fits(length, width, heads, itemsize, kind):
+            continue
+        needed = max(need(length, width, heads, itemsize).values())
+        other = (
+            f", T <= {longest_fitting(width, heads, 2, kind):,} in bfloat16"
+            if itemsize == 4 and longest_fitting(width, heads, 2, kind) > longest_fitting(width, heads, 4, kind)
+            else ""
+        )
+        return (
+            f"the TPU kernel needs {needed / MIB:.1f} MiB of VMEM at T = {length:,}, {heads} heads, "
+            f"{DTYPE_NAMES.get(itemsize, itemsize)} (limit {limit(kind) / MIB:.0f} MiB on {kind}); it fits "
+            f"T <= {longest_fitting(width, heads, itemsize, kind):,} at {heads} heads{other}"
+        )
+    return None

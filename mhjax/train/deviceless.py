@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import re
 import threading
 import time
 from typing import NamedTuple
 
 import jax
 
+from mhjax.models import tpu_vmem
 from mhjax.train import ahead, hlo, hlo_flops, snapshots
 from mhjax.train import target as targets
 from mhjax.train.loop import Sweep
@@ -121,9 +123,14 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
         try:
             executables, seconds, _ = ahead.compile_all([job])
         except Exception as exc:  # noqa: BLE001 -- once in ~6 paper dry runs: "Failed to launch ptxas"
+            if out_of_memory(exc):  # it would fail again, as slowly
+                raise CompileFailed(failure_line(name, target, exc)) from None
             log(f"compiling {name} again ({ahead.first_line(exc)})")
-            with alone:
-                executables, seconds, _ = ahead.compile_all([job])
+            try:
+                with alone:
+                    executables, seconds, _ = ahead.compile_all([job])
+            except Exception as again:  # noqa: BLE001 -- one line, never a traceback
+                raise CompileFailed(failure_line(name, target, again)) from None
         described = _describe(job.key, executables[job.key], seconds, here, length, target)
         return described._replace(replicated=placement.size > 1 and not placement.sharded(members[job.key[1]]))
 
@@ -134,12 +141,40 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
     # a failed compile is tried once more (a real error fails again and is raised), under a lock
     # so that two retries do not run side by side
     start, alone = time.perf_counter(), threading.Lock()
-    with persistent_cache_off(), concurrent.futures.ThreadPoolExecutor(COMPILERS, "mhjax-target") as pool:
+    # the TPU kernel's scoped VMEM limit for the target's chip, not this machine's (tpu_vmem.limit)
+    chip = tpu_vmem.for_chip(target.device_kind) if target.backend == "tpu" else contextlib.nullcontext()
+    with persistent_cache_off(), chip, concurrent.futures.ThreadPoolExecutor(COMPILERS, "mhjax-target") as pool:
         chosen = [job for job in ahead.jobs(sweep, lengths, True, pieces) if not only or job.key[0] in only]
         out = [future.result() for future in [pool.submit(build, job) for job in chosen]]
     wall = time.perf_counter() - start
     flops = experiment.estimated_dot_flops_per_member_step(sweep.backend, sweep.placement.size)
     return Report(target, description, out, _estimate(experiment, sweep), length, here, flops, wall)
+
+
+class CompileFailed(RuntimeError):
+    """A target's compiler refused an executable: one line (the command prints it, exit 1)."""
+
+
+# what the compiler reports of an allocation that did not fit (Mosaic's scoped VMEM, XLA's HBM)
+ALLOCATION = re.compile(r"Scoped allocation with size \S+ and limit \S+|Ran out of memory in memory space \w+")
+OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "CompileTimeScopedVmemOom", "Ran out of memory")
+CUSTOM_CALL = re.compile(r"(mhjax_tpu_attention_(?:fwd|bwd)|flash_\w+)")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    return any(word in str(exc) for word in OUT_OF_MEMORY)
+
+
+def failure_line(name: str, target, exc: BaseException) -> str:
+    """One line naming the executable, the kernel and the allocation where the message has
+    them (the compiler's own message is many lines of HLO), else its first line."""
+    text = str(exc)
+    found = [m.group(0).rstrip(".") for m in ALLOCATION.finditer(text)]
+    kernel = CUSTOM_CALL.search(text)
+    if not found:
+        return f"compiling {name} for {target.device} failed: {ahead.first_line(exc)}"
+    where = f" in {kernel.group(1)}" if kernel else ""
+    return f"compiling {name} for {target.device} failed{where}: {'; '.join(dict.fromkeys(found))}"
 
 
 def _describe(key, executable, seconds: float, members: dict, length, target) -> Executable:
