@@ -142,7 +142,7 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
     # so that two retries do not run side by side
     start, alone = time.perf_counter(), threading.Lock()
     # the TPU kernel's scoped VMEM limit for the target's chip, not this machine's (tpu_vmem.limit)
-    chip = tpu_vmem.for_chip(target.device_kind) if target.backend == "tpu" else contextlib.nullcontext()
+    chip = tpu_vmem.for_chip(target.device) if target.backend == "tpu" else contextlib.nullcontext()
     with persistent_cache_off(), chip, concurrent.futures.ThreadPoolExecutor(COMPILERS, "mhjax-target") as pool:
         chosen = [job for job in ahead.jobs(sweep, lengths, True, pieces) if not only or job.key[0] in only]
         out = [future.result() for future in [pool.submit(build, job) for job in chosen]]
