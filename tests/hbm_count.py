@@ -4,12 +4,12 @@ from what the hardware moves, and no use of a kernel's stated bytes. Only the lo
 counts come from train/hlo.py (hlo.runs).
 
 Every top-level instruction (loop bodies once per trip) reads its operands and writes its
-results where they lie in HBM (a value in VMEM, layout S(1), moves nothing); an async copy
-or slice once, reading the bytes it copies; a fusion reads an operand it only dynamic-slices
-at the slices, and a stack it updates in place (a dynamic-update-slice output) neither read
-nor written whole, its update written; a buffer set aside (AllocateBuffer) moves nothing; a Pallas call reads and writes its group's
-members of the member-axis arrays (the group: its row statistics' leading dimension), the
-statistics and seeds whole, and not the aliased buffer it writes into."""
+results where they lie in HBM (a value in VMEM, layout S(1), moves nothing); an async copy or
+slice once, reading the bytes it copies; a fusion reads an operand it only dynamic-slices at the
+slices, and a stack it updates in place (a dynamic-update-slice output) neither read nor written
+whole, its update written; a buffer set aside (AllocateBuffer) moves nothing; a Pallas call
+reads and writes its group's members of the member-axis arrays (the group: its row statistics'
+leading dimension), the statistics and seeds whole, and not the aliased buffer it writes into."""
 
 import re
 
