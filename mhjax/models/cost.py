@@ -96,16 +96,19 @@ DEVICES = {
         compiled_bytes=(GPU_REST, GPU_JAX_CORE),
         bf16_dot_flops=989.5e12,
     ),
-    # TPUs run fp32 matmuls as bf16 passes at JAX's default precision, so the bf16 MXU peak.
-    # Bytes calibrated to the TPU compiler's program (models/cost_tpu.py); the bandwidth is the
-    # datasheet's: no TPU has run a step yet.
+    # XLA runs fp32 matmuls as one bf16 pass at JAX's default precision, so the bf16 MXU peak;
+    # the elementwise rest at the vector unit's rate; mhjax's kernel by unit (models/cost_tpu.py).
+    # Bytes calibrated to the TPU compiler's program; the bandwidth is the datasheet's: no TPU
+    # has run a step yet.
     "tpu-v5e": Device(
         "Google TPU v5e",
-        197e12,
-        819e9,
+        cost_tpu.VECTOR_RATE,
+        cost_tpu.HBM_BYTES_PER_S,
         16e9,
-        "Cloud TPU v5e docs: 197 TFLOP/s bf16, 819 GB/s HBM2, 16 GiB; bytes calibrated to the TPU compiler's "
-        "program (models/cost_tpu.py), bandwidth not (no TPU measurement)",
+        "Cloud TPU v5e docs: 197 TFLOP/s bf16 (MXU), 819 GB/s HBM2, 16 GiB; vector unit 3.1 TFLOP/s derived, "
+        "grid steps 0.35 us (models/cost_tpu.py); bytes calibrated to the TPU compiler's program on the paper "
+        "sweep only, bandwidth not (no TPU measurement)",
+        dot_flops=cost_tpu.MXU_BF16,
         compiled_bytes=cost_tpu.COMPILED_BYTES,
     ),
 }
@@ -185,6 +188,10 @@ class Cost(NamedTuple):
     kernel_bytes: float = 0.0
     scan_bytes: float = 0.0  # the scanned layers' stack copies, in the compiled GPU program's bytes
     dtype: str = "float32"
+    # the TPU kernel (kernel="tpu"): its seconds by unit (cost_tpu.KernelTime), and its FLOPs
+    # (dots, all) within flops and dot_flops, which ``times`` prices through the seconds instead
+    kernel_time: tuple = ()
+    kernel_flops: tuple = (0.0, 0.0)
 
 
 def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = False, dtype: str = "float32") -> Cost:
@@ -196,7 +203,10 @@ def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = Fal
     a, half = shape.attention, cost_dtype.activation_factor(dtype)
     kernel = False if mixed else kernel
     if kernel == "tpu":  # mhjax's TPU kernel; the block's norms and MLP as XLA runs them
-        return _attention_kernel_cost(shape, fine, dtype, pallas_tpu_attention.kernel_cost)
+        priced = _attention_kernel_cost(shape, fine, dtype, pallas_tpu_attention.kernel_cost)
+        k = pallas_tpu_attention.kernel_cost(b, t, a, fine, cost_dtype.element_bytes(dtype))
+        seconds = cost_tpu.kernel_time(b, t, a, fine, dtype).scaled(layers)
+        return priced._replace(kernel_time=seconds, kernel_flops=(layers * k.dot_flops, layers * k.flops))
     if kernel and not all(pallas_block.block_parts(d, m, a, dtype)):
         return _attention_kernel_cost(shape, fine, dtype)
     if kernel:  # XLA's matmuls: the output projection and the readout; the kernels count their own
@@ -280,9 +290,30 @@ def device_bytes(cost: Cost, device: Device) -> float:
 
 def times(cost: Cost, device: Device) -> tuple[float, float]:
     """(compute seconds, memory seconds) of a step: dots at the dot rate of the cost's dtype, the
-    rest of the arithmetic at the fp32 rate, bytes at the calibrated bandwidth."""
-    compute = cost.dot_flops / device.dot_rate(cost.dtype) + (cost.flops - cost.dot_flops) / device.peak_flops
-    return compute, device_bytes(cost, device) / device.bandwidth()
+    rest of the arithmetic at the fp32 rate, the TPU kernel by unit (its terms added), bytes at the
+    calibrated bandwidth."""
+    return sum(terms(cost, device)[:3]), terms(cost, device)[3]
+
+
+def terms(cost: Cost, device: Device) -> tuple[float, float, float, float]:
+    """(matmul seconds, other arithmetic's seconds, grid steps' seconds, memory seconds)."""
+    dots, flops = cost.kernel_flops
+    kernel = cost.kernel_time or (0.0, 0.0, 0.0)
+    matmul = (cost.dot_flops - dots) / device.dot_rate(cost.dtype) + kernel[0]
+    other = (cost.flops - cost.dot_flops - (flops - dots)) / device.peak_flops + kernel[1]
+    return matmul, other, kernel[2], device_bytes(cost, device) / device.bandwidth()
+
+
+TERMS = ("matmuls", "vector work", "grid steps", "memory")
+
+
+def bound_by(cost: Cost, device: Device) -> str:
+    """What bounds the step: memory where its seconds exceed the compute terms' sum, else the
+    largest compute term (on a GPU, without the kernel's terms: "compute")."""
+    parts = terms(cost, device)
+    if parts[3] >= sum(parts[:3]):
+        return "memory"
+    return TERMS[max(range(3), key=parts.__getitem__)] if cost.kernel_time else "compute"
 
 
 def step_seconds(cost: Cost, device: Device) -> float:
@@ -330,11 +361,9 @@ def sweep_cost(
             compiled, dots = compiled + n * device_bytes(cost, device), dots + n * cost.dot_flops
             rest += n * (cost.bytes - cost.core_bytes - cost.kernel_bytes)
             compute, memory = times(cost, device)
-            bound[fine] = {
-                "compute_s": compute,
-                "memory_s": memory,
-                "bound": "compute" if compute > memory else "memory",
-            }
+            bound[fine] = {"compute_s": compute, "memory_s": memory, "bound": bound_by(cost, device)}
+            if cost.kernel_time:  # the TPU's terms, each named
+                bound[fine].update(zip(("matmul_s", "vector_s", "grid_s"), terms(cost, device)[:3]))
             acts = activation_bytes(shape, fine, False if mixed else kernel, dtype)
             priced[(fine, mixed)] = (max(compute, memory), cost.flops, device_bytes(cost, device), acts)
         if devices > 1 and sum(n for n, _, _ in groups) % devices:

@@ -67,6 +67,7 @@ class Report(NamedTuple):
     members: dict = {}  # {program: members one device computes}
     estimate_flops: float | None = None  # models/cost.py's matmul FLOPs per member-step, where it has them
     wall: float | None = None  # seconds from the first compile's start to the last one's end
+    fitted: bool = False  # the model's byte ratios were fitted on this sweep: its error is not shown
 
 
 COMPILERS = 2  # programs compiled side by side for a target
@@ -148,7 +149,16 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
         out = [future.result() for future in [pool.submit(build, job) for job in chosen]]
     wall = time.perf_counter() - start
     flops = experiment.estimated_dot_flops_per_member_step(sweep.backend, sweep.placement.size)
-    return Report(target, description, out, _estimate(experiment, sweep), length, here, flops, wall)
+    estimate = _estimate(experiment, sweep)
+    fitted = target.backend == "tpu" and estimate is not None and _fitted(experiment.config)
+    return Report(target, description, out, estimate, length, here, flops, wall, fitted)
+
+
+def _fitted(config) -> bool:
+    """Whether models/cost_tpu.py's byte ratios were fitted on a sweep of this one's shape."""
+    from mhjax.models import cost, cost_tpu
+
+    return cost_tpu.fitted(cost.Shape.of(config), config.model.get("dtype", "float32"))
 
 
 class CompileFailed(RuntimeError):
@@ -304,13 +314,14 @@ def lines(report: Report) -> list[str]:
                 + _against(report.estimate_flops, e.flops_per_member_step, "GFLOP of matmuls")
             )
         if e.bytes_per_member_step is not None:
-            out.append(_bytes_line(e, key, t.backend == "tpu", report.estimate_bytes))
+            out.append(_bytes_line(e, key, t.backend == "tpu", report.estimate_bytes, report.fitted))
     return out
 
 
-def _bytes_line(e: Executable, key: str, tpu: bool, estimate: float | None) -> str:
+def _bytes_line(e: Executable, key: str, tpu: bool, estimate: float | None, fitted: bool = False) -> str:
     """A chunk's bytes per member-step. A TPU's Pallas calls state their bytes, so the total is
-    a count and models/cost.py's error is printed; a GPU's Triton calls are charged every
+    a count and models/cost.py's error is printed (not where the model was fitted on this
+    sweep: that "error" could not come out otherwise); a GPU's Triton calls are charged every
     member's operands (an upper bound), so the rest is given beside them and the model's total
     without an error."""
     where = "HBM: values kept in VMEM move none" if tpu else "the compiled program's top-level kernels"
@@ -323,7 +334,10 @@ def _bytes_line(e: Executable, key: str, tpu: bool, estimate: float | None) -> s
         )
     moved = e.bytes_per_member_step + kernels
     stated = f", of it the Pallas kernels' calls {kernels / 1e9:.3f} GB (their stated bytes)" if kernels else ""
-    return f"bytes per member-step ({key}, {where}): {moved / 1e9:.3f} GB{stated}" + _against(estimate, moved, "GB")
+    line = f"bytes per member-step ({key}, {where}): {moved / 1e9:.3f} GB{stated}"
+    if fitted and estimate:
+        return line + f"; models/cost.py: {estimate / 1e9:.3f} GB (its byte ratios were fitted on this sweep)"
+    return line + _against(estimate, moved, "GB")
 
 
 def _against(estimate: float | None, counted: float, unit: str) -> str:
