@@ -92,3 +92,57 @@ def test_a_compile_that_fails_anyway_is_one_line_naming_the_executable_and_the_a
     assert cli.main(["train", "--config", "quick", "--dry-run", "--target", "v5e-8"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == f"mhjax: {line}" and not any("Traceback" in e for e in err)
+
+
+def _compiles_within(limit: int, length: int, heads: int, dtype, backward: bool) -> bool:
+    """Whether the kernel's forward (or forward and backward) compiles for one v5e chip under a
+    scoped VMEM limit of ``limit`` bytes (B = 50, D = 64)."""
+    import os
+
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import topologies
+    from jax.sharding import SingleDeviceSharding
+
+    from mhjax.models import pallas_tpu_attention
+
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-8")
+    chip = SingleDeviceSharding(topologies.get_topology_desc(topology_name="v5e:2x4", platform="tpu").devices[0])
+    qkv = jax.ShapeDtypeStruct((1, 50, length, 192), dtype, sharding=chip)
+    seeds = jax.ShapeDtypeStruct((1, heads, 2), jnp.uint32, sharding=chip)
+
+    def loss(q, s):
+        out = pallas_tpu_attention.members_attention(q, s, ((1, heads),), int(0.9 * (1 << 24)), 1 / 0.9, False)
+        return jnp.sum(out.astype(jnp.float32))
+
+    with pytest.MonkeyPatch.context() as patch, tpu_vmem.for_chip("TPU v5 lite"):
+        patch.setattr(tpu_vmem, "limit", lambda device_kind=None: limit)
+        try:
+            jax.jit(jax.grad(loss) if backward else loss).lower(qkv, seeds).compile()
+        except Exception as exc:  # noqa: BLE001
+            if not deviceless.out_of_memory(exc):
+                raise
+            return False
+    return True
+
+
+@pytest.mark.slow  # ~40 deviceless compiles of the kernel alone (~2 minutes on 2 cores); needs libtpu, not in CI
+@pytest.mark.skipif(not targets.tpu_compiler_available(), reason=f"no TPU compiler here; {targets.install_hint('tpu')}")
+@pytest.mark.parametrize("length,heads,dtype", [(1021, 16, "float32"), (8192, 16, "float32")])
+def test_the_need_bounds_what_mosaic_allocates(length, heads, dtype):
+    """The smallest scoped limit at which each call compiles (bisected to 64 KiB) is at most
+    tpu_vmem.need's, and not far below it where T is long (the resident blocks dominate)."""
+    import jax.numpy as jnp
+
+    need = tpu_vmem.need(length, 64, heads, jnp.dtype(dtype).itemsize)
+    for call, backward in (("forward", False), ("backward", True)):
+        low, high = 64 << 10, need[call]
+        assert _compiles_within(high, length, heads, jnp.dtype(dtype), backward)
+        while high - low > 64 << 10:
+            middle = (low + high) // 2
+            low, high = (
+                (low, middle) if _compiles_within(middle, length, heads, jnp.dtype(dtype), backward) else (middle, high)
+            )
+        print(f"T = {length} {heads} heads {dtype} {call}: Mosaic {high / MIB:.2f} MiB, need {need[call] / MIB:.2f}")
+        assert high <= need[call] and (length < 4096 or need[call] < 1.2 * high)
