@@ -209,7 +209,7 @@ def test_on_a_tpu_the_kernel_is_priced_by_its_stated_work_and_calibrated_to_the_
     writes (T, D) and the (T, heads) float32 log-sum-exp; backward reads q/k/v twice, dout, out
     and the statistics and writes (T, 3D). The v5e device's ratios are what make the paper sweep
     cost what the TPU compiler's program moves (models/cost_tpu.py: 0.3375 GB per member-step
-    besides the kernel, 1.456 on the JAX path), and the kernel path saves no maps."""
+    besides the kernel, 1.264 on the JAX path), and the kernel path saves no maps."""
     from mhjax.models import cost_tpu
 
     shape = cost.Shape(batch=50, length=100, width=64, num_layers=4, mlp_dim=128, vocab=256)
@@ -226,7 +226,7 @@ def test_on_a_tpu_the_kernel_is_priced_by_its_stated_work_and_calibrated_to_the_
     kernel = cost.sweep_cost(shape, groups, v5e, kernel="tpu", scanned=True)
     stated = sum(by_hand(h) for h in (1, 4, 8, 16)) / 4
     assert kernel["compiled_bytes_per_member_step"] == pytest.approx(0.3375e9 + stated, rel=2e-3)
-    assert cost.sweep_cost(shape, groups, v5e)["compiled_bytes_per_member_step"] == pytest.approx(1.456e9, rel=2e-3)
+    assert cost.sweep_cost(shape, groups, v5e)["compiled_bytes_per_member_step"] == pytest.approx(1.264e9, rel=2e-3)
     jax_acts = cost.activation_bytes(shape, 16)
     assert cost.activation_bytes(shape, 16, "tpu") == jax_acts - 4 * 4 * 3 * 50 * 16 * 100 * 100
 

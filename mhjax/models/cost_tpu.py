@@ -30,7 +30,7 @@ bytes in the share of its operands in HBM) over the model's XLA:CPU count of the
 fitted on FITTED only (deviceless v5e-8 compiles, jax[tpu] 0.10.2, benchmarks/tpu_bytes.py,
 the paper sweep at 8 seeds, 2026-12-06):
   attention=auto (mhjax's TPU kernel), T = 100, float32: 0.3375 GB besides the kernel calls;
-  attention=jax, T = 100, float32: JAX_PATH_BYTES.
+  attention=jax, T = 100, float32: 1.264 GB (JAX_PATH_BYTES; 1.456 when AllocateBuffer counted).
 The model's XLA:CPU count besides the kernel (WIDTH, ATTENTION_KERNEL_WIDTH, MLP, VOCAB, PARAM
 at the paper's shape): 0.711 GB; on the JAX path 0.913 GB besides the core's 1.341 GB.
 A dry run of a fitted sweep prints the model's figure without an error; other sweeps (T =
@@ -57,10 +57,8 @@ HBM_BYTES_PER_S = 819e9  # Cloud TPU v5e docs
 VECTOR_OPS = {"forward": 10, "backward": 14, "dropout": 16}
 
 KERNEL_REST = 0.3375 / 0.711  # 0.47: the step around the attention kernel
-JAX_PATH_BYTES = (
-    1.456e9  # the JAX path's compiled bytes per member-step (issue 49's count, before AllocateBuffer was free)
-)
-JAX_CORE = (JAX_PATH_BYTES - KERNEL_REST * 0.913e9) / 1.341e9  # the JAX attention core
+JAX_PATH_BYTES = 1.264e9  # the JAX path's compiled bytes per member-step (attention=jax, T = 100)
+JAX_CORE = (JAX_PATH_BYTES - KERNEL_REST * 0.913e9) / 1.341e9  # 0.62: the JAX attention core
 COMPILED_BYTES = (KERNEL_REST, JAX_CORE)
 # (batch, T, width, layers, mlp, vocab, dtype): the sweeps the ratios were fitted on (the paper's)
 FITTED = {(50, 100, 64, 4, 128, 256, "float32")}

@@ -333,7 +333,9 @@ def _bytes_line(e: Executable, key: str, tpu: bool, estimate: float | None, fitt
             f"Pallas kernels' calls ({kernels / 1e9:.3f} GB at most: their whole operands){model}"
         )
     moved = e.bytes_per_member_step + kernels
-    stated = f", of it the Pallas kernels' calls {kernels / 1e9:.3f} GB (their stated bytes)" if kernels else ""
+    stated = (
+        f", of it the Pallas kernels' calls {kernels / 1e9:.3f} GB (their stated bytes, HBM's share)" if kernels else ""
+    )
     line = f"bytes per member-step ({key}, {where}): {moved / 1e9:.3f} GB{stated}"
     if fitted and estimate:
         return line + f"; models/cost.py: {estimate / 1e9:.3f} GB (its byte ratios were fitted on this sweep)"
