@@ -97,3 +97,15 @@ def kernel_time(batch: int, length: int, width: int, heads: int, dtype: str = "f
 def fitted(shape, dtype: str) -> bool:
     """Whether the byte ratios were fitted on a sweep of this shape and dtype (cost.Shape)."""
     return (*shape[:6], dtype) in FITTED and not shape.attention_width
+
+
+TERMS = ("matmuls", "vector work", "grid steps", "memory")
+
+
+def bound(parts, by_unit: bool) -> str:
+    """What bounds a step of (matmul, other arithmetic, grid step, memory) seconds (cost.terms):
+    memory where its seconds reach the compute terms' sum, else the largest compute term where
+    they are priced by unit (the TPU kernel), else "compute"."""
+    if parts[3] >= sum(parts[:3]):
+        return "memory"
+    return TERMS[max(range(3), key=parts.__getitem__)] if by_unit else "compute"
