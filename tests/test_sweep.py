@@ -162,11 +162,14 @@ def test_auto_strategy_on_accelerators_follows_the_cost_model(monkeypatch):
     config = tiny_sequence_config(heads=(1, 2, 4))
     experiment = make_experiment(config)
     monkeypatch.setattr(jax, "device_count", lambda *a: 1)
-    for backend in ("gpu", "tpu"):
-        # fused pays 4 fine heads and their mixing for every member: one vmapped group per H instead
-        assert experiment.auto_strategy(backend) == "one_program"
-        rates = {s: experiment.predict(s, backend)["member_steps_per_s"] for s in ("fused", "grouped", "one_program")}
-        assert rates["one_program"] == rates["grouped"] > rates["fused"]
+    # fused pays 4 fine heads and their mixing for every member: one vmapped group per H instead
+    assert experiment.auto_strategy("gpu") == "one_program"
+    rates = {s: experiment.predict(s, "gpu")["member_steps_per_s"] for s in ("fused", "grouped", "one_program")}
+    assert rates["one_program"] == rates["grouped"] > rates["fused"]
+    # on a TPU the kernel's grid steps (0.35 us each, models/cost_tpu.py) outweigh this tiny
+    # model's whole attention: fused's JAX path is predicted faster, and auto follows the rates
+    rates = {s: experiment.predict(s, "tpu")["member_steps_per_s"] for s in ("fused", "grouped", "one_program")}
+    assert rates["one_program"] == rates["grouped"] < rates["fused"] and experiment.auto_strategy("tpu") == "fused"
     shape = cost.Shape.of(config)
     device = cost.DEVICES["h200"]
     fused = cost.member_cost(shape, 4, mixed=True)
