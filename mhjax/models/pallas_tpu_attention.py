@@ -345,8 +345,9 @@ def _forward(qkv, seeds, layout, static, interpret):
     return out, stats
 
 
-def _static(qkv, threshold, inv_keep):
-    return {"threshold": threshold, "inv_keep": inv_keep, "length": qkv.shape[2]}
+def _static(length: int, threshold: int, inv_keep: float) -> dict:
+    """The kernels' static arguments besides the head count: dropout, and the UNPADDED T."""
+    return {"threshold": threshold, "inv_keep": inv_keep, "length": length}
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
@@ -361,7 +362,7 @@ def members_attention(qkv, seeds, layout: Layout, threshold: int, inv_keep: floa
 
 
 def _members_fwd(qkv, seeds, layout, threshold, inv_keep, interpret):
-    static = _static(qkv, threshold, inv_keep)
+    static = _static(qkv.shape[2], threshold, inv_keep)
     padded = _pad(qkv, tiles(static["length"])[1])
     out, stats = _forward(padded, seeds, layout, static, interpret)
     return out[:, :, : static["length"]], (padded, seeds, out, stats)
@@ -370,7 +371,7 @@ def _members_fwd(qkv, seeds, layout, threshold, inv_keep, interpret):
 def _members_bwd(layout, threshold, inv_keep, interpret, residuals, dout):
     padded, seeds, out, stats = residuals
     length = dout.shape[2]
-    static = {"threshold": threshold, "inv_keep": inv_keep, "length": length}
+    static = _static(length, threshold, inv_keep)
     dout = _pad(_as(dout, padded.dtype), padded.shape[2])
     dqkv = None
     for group, lse in zip(_groups(layout), stats):
