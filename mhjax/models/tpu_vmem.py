@@ -101,13 +101,18 @@ def limit(device_kind: str | None = None) -> int | None:
     return None if size is None else int(size * HEADROOM)
 
 
-def chip() -> str | None:
+def chip(probe: bool = True) -> str | None:
     """The TPU being compiled for: a deviceless compile's target (for_chip), else this
-    process's default device where it is a TPU."""
+    process's default device where it is a TPU. Without ``probe`` (planning) only where jax's
+    backend has started already: asking for devices starts it, which must wait for
+    jax.distributed.initialize."""
     if _target:
         return _target[-1]
     import jax
+    from jax._src import xla_bridge
 
+    if not probe and not xla_bridge.backends_are_initialized():
+        return None
     kind = jax.devices()[0].device_kind
     return kind if kind in VMEM_BYTES else None
 
@@ -141,10 +146,11 @@ DTYPE_NAMES = {4: "float32", 2: "bfloat16"}
 
 
 def refusal(length: int, shapes, itemsize: int, device_kind: str | None = None) -> str | None:
-    """None where the kernel fits ``device_kind``'s VMEM at ``length`` for every (attention
-    width, heads) of ``shapes``; else why not, with what fits: the longest T at that head count
+    """None where the kernel fits ``device_kind``'s VMEM (default: a deviceless compile's
+    target, else DEFAULT_CHIP, the preset models/cost.py prices a TPU as) at ``length`` for every
+    (attention width, heads) of ``shapes``; else why not, with what fits: the longest T at that head count
     in this dtype, and in bfloat16 where this is float32."""
-    kind = device_kind or chip() or DEFAULT_CHIP
+    kind = device_kind or chip(probe=False) or DEFAULT_CHIP
     for width, heads in sorted(set(shapes), key=lambda s: -max(need(length, *s, itemsize).values())):
         if fits(length, width, heads, itemsize, kind):
             continue
