@@ -171,12 +171,16 @@ def test_auto_strategy_on_accelerators_follows_the_cost_model(monkeypatch):
     config.strategy = "auto"  # the plan's strategy is auto's choice
     experiment = make_experiment(config)
     monkeypatch.setattr(jax, "device_count", lambda *a: 1)
-    for backend in ("gpu", "tpu"):
-        # fused pays 4 fine heads and their mixing for every member: one vmapped group per H instead
-        plan = experiment.plan(backend)
-        assert plan.strategy == "one_program"
-        rates = {s: plan.predict(s)["member_steps_per_s"] for s in ("fused", "grouped", "one_program")}
-        assert rates["one_program"] == rates["grouped"] > rates["fused"]
+    # fused pays 4 fine heads and their mixing for every member: one vmapped group per H instead
+    plan = experiment.plan("gpu")
+    assert plan.strategy == "one_program"
+    rates = {s: plan.predict(s)["member_steps_per_s"] for s in ("fused", "grouped", "one_program")}
+    assert rates["one_program"] == rates["grouped"] > rates["fused"]
+    # on a TPU the kernel's grid steps (0.35 us each, models/cost_tpu.py) outweigh this tiny
+    # model's whole attention: fused's JAX path is predicted faster, and auto follows the rates
+    plan = experiment.plan("tpu")
+    rates = {s: plan.predict(s)["member_steps_per_s"] for s in ("fused", "grouped", "one_program")}
+    assert rates["one_program"] == rates["grouped"] < rates["fused"] and plan.strategy == "fused"
     shape = cost.Shape.of(config)
     device = cost.DEVICES["h200"]
     fused = cost.member_cost(shape, 4, mixed=True)

@@ -339,5 +339,5 @@ def test_the_bytes_line_prints_the_models_error_only_against_a_count():
 
     gpu, tpu = line("h200"), line("v5e-8")
     assert "0.150 GB besides the Pallas kernels' calls (0.600 GB at most" in gpu and "error" not in gpu
-    assert "0.750 GB, of it the Pallas kernels' calls 0.600 GB (their stated bytes)" in tpu
+    assert "0.750 GB, of it the Pallas kernels' calls 0.600 GB (their stated bytes, HBM's share)" in tpu
     assert tpu.endswith("models/cost.py: 0.300 GB, error -60.0%")

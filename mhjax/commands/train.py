@@ -13,6 +13,7 @@ from mhjax.io.parts import MISSING
 from mhjax.io.results import WriteFailed
 from mhjax.io.workdir import Workdir
 from mhjax.train.console import next_commands, summary_lines
+from mhjax.train.deviceless import CompileFailed
 from mhjax.train.interrupt import exits_at_once
 from mhjax.train.loop import Interrupted
 from mhjax.train.placement import maybe_initialize_distributed
@@ -34,7 +35,11 @@ def command(args, overrides) -> int:
     if args.target:
         if not args.dry_run:
             raise ConfigError("--target: only with --dry-run (it compiles for a device that is not here; nothing runs)")
-        report = compile_for(config, args.target, log=lambda m: print(m, file=sys.stderr), describe=print)
+        try:
+            report = compile_for(config, args.target, log=lambda m: print(m, file=sys.stderr), describe=print)
+        except CompileFailed as exc:  # the target's compiler refused an executable: one line, exit 1
+            print(f"mhjax: {exc}", file=sys.stderr)
+            return 1
         print("\n".join(report_lines(report)))
         return 0
     if args.coordinator and (args.num_processes is None or args.process_id is None):

@@ -13,9 +13,10 @@ they run:
 - "jax", plain JAX einsums: everywhere.
 "auto" (the default, experiments/sequence_config.py DEFAULTS): the C++ kernel on a CPU (faster
 than XLA's batched matmuls at every head dim, benchmarks/RESULTS.md) when it builds, the Pallas
-kernel on a GPU (any sequence length), the Pallas TPU kernel on a TPU (any sequence length, dropout
-included), JAX else; the planner takes JAX instead where the backend's kernel does not fit the
-sweep or failed to compile there (plan/attention.py). Under model.dtype=bfloat16 too: the Pallas
+kernel on a GPU (any sequence length), the Pallas TPU kernel on a TPU (dropout included), JAX
+else; the planner takes JAX instead where the backend's kernel does not fit the sweep (the TPU
+kernel's VMEM, models/tpu_vmem.py) or failed to compile there (plan/attention.py). ``pallas`` on a
+TPU where the kernel does not fit VMEM is refused here, with what would fit. Under model.dtype=bfloat16 too: the Pallas
 kernels read bfloat16 (float32 accumulation inside); the C++ kernel is float32, cast at its
 boundary (models/precision.py), and on a CPU so cast still beats the JAX path in bfloat16 (1.1x
 to 1.5x, docs/bfloat16.md).
@@ -29,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 
 from mhjax.config import ConfigError
+from mhjax.models import tpu_vmem
 
 AUTO = "auto"
 IMPLEMENTATIONS = (AUTO, "jax", "cpu_kernel", "pallas")
@@ -73,9 +75,14 @@ def backend_name(backend: str) -> str:
     return _PLATFORMS.get(backend, backend)
 
 
-def resolve_attention(requested: str, backend: str, seq_len: int, dropout: float = 0.0) -> AttentionChoice:
+def resolve_attention(
+    requested: str, backend: str, seq_len: int, dropout: float = 0.0, kernel_shapes=(), itemsize: int = 4
+) -> AttentionChoice:
     """What ``config.attention = requested`` runs on ``backend`` (this process's or a target's)
     for sequences of ``seq_len`` under attention dropout ``dropout`` (config.model.dropout).
+    ``kernel_shapes``: the (attention width, heads) the TPU kernel would run, q/k/v of
+    ``itemsize`` bytes: where it would not fit the chip's VMEM (models/tpu_vmem.py), ``pallas``
+    on a TPU is refused (auto's fallback for the same reason: plan/attention.py).
     An implementation that cannot run there: ConfigError naming config.attention and what can."""
     from mhjax.models import cpu_attention  # the C++ kernel builds on first use
 
@@ -92,7 +99,7 @@ def resolve_attention(requested: str, backend: str, seq_len: int, dropout: float
             return choice("jax", "auto on cpu: JAX", "the C++ kernel is unavailable (see its warning)")
         if backend == "gpu":
             return choice("pallas", "auto on gpu: the Pallas kernel")
-        if backend == "tpu":
+        if backend == "tpu":  # where it fits VMEM: the planner's check (plan/attention.KERNEL_FITS)
             return choice("pallas_tpu", "auto on tpu: the Pallas TPU kernel")
         return choice("jax", f"auto on {backend}: JAX (no kernel for {backend})")
     if requested not in IMPLEMENTATIONS:
@@ -103,6 +110,9 @@ def resolve_attention(requested: str, backend: str, seq_len: int, dropout: float
             "use auto, jax or pallas"
         )
     if requested == "pallas" and backend == "tpu":
+        refused = tpu_vmem.refusal(seq_len, kernel_shapes, itemsize)
+        if refused:
+            raise ConfigError(f"config.attention: pallas on tpu: {refused}; use auto or jax")
         return choice("pallas_tpu", "pallas on tpu: the Pallas TPU kernel, asked for")
     if requested == "pallas" and backend not in ("cpu", "gpu"):
         raise ConfigError(

@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from mhjax.models import cost_devices, cost_dtype, cost_tpu, pallas_block, pallas_tpu_attention
+from mhjax.models.cost_memory import activation_bytes
 from mhjax.models.pallas_attention import KernelCost, kernel_cost
 
 
@@ -96,16 +97,17 @@ DEVICES = {
         compiled_bytes=(GPU_REST, GPU_JAX_CORE),
         bf16_dot_flops=989.5e12,
     ),
-    # TPUs run fp32 matmuls as bf16 passes at JAX's default precision, so the bf16 MXU peak.
-    # Bytes calibrated to the TPU compiler's program (models/cost_tpu.py); the bandwidth is the
-    # datasheet's: no TPU has run a step yet.
+    # XLA's fp32 matmuls: one bf16 pass at JAX's default precision; elementwise work at the vector
+    # unit's rate; the kernel by unit, byte ratios and every rate's source: models/cost_tpu.py.
     "tpu-v5e": Device(
         "Google TPU v5e",
-        197e12,
-        819e9,
+        cost_tpu.VECTOR_RATE,
+        cost_tpu.HBM_BYTES_PER_S,
         16e9,
-        "Cloud TPU v5e docs: 197 TFLOP/s bf16, 819 GB/s HBM2, 16 GiB; bytes calibrated to the TPU compiler's "
-        "program (models/cost_tpu.py), bandwidth not (no TPU measurement)",
+        "Cloud TPU v5e docs: 197 TFLOP/s bf16 (MXU), 819 GB/s HBM2, 16 GiB; vector unit 3.1 TFLOP/s derived, "
+        "grid steps 0.35 us (models/cost_tpu.py); bytes calibrated to the TPU compiler's program on the paper "
+        "sweep only, bandwidth not (no TPU measurement)",
+        dot_flops=cost_tpu.MXU_BF16,
         compiled_bytes=cost_tpu.COMPILED_BYTES,
     ),
 }
@@ -185,6 +187,8 @@ class Cost(NamedTuple):
     kernel_bytes: float = 0.0
     scan_bytes: float = 0.0  # the scanned layers' stack copies, in the compiled GPU program's bytes
     dtype: str = "float32"
+    kernel_time: tuple = ()  # the TPU kernel's seconds by unit (cost_tpu.KernelTime), priced instead of
+    kernel_flops: tuple = (0.0, 0.0)  # its (dot, all) FLOPs within flops and dot_flops
 
 
 def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = False, dtype: str = "float32") -> Cost:
@@ -196,7 +200,10 @@ def member_cost(shape: Shape, fine: int, mixed: bool = False, kernel: bool = Fal
     a, half = shape.attention, cost_dtype.activation_factor(dtype)
     kernel = False if mixed else kernel
     if kernel == "tpu":  # mhjax's TPU kernel; the block's norms and MLP as XLA runs them
-        return _attention_kernel_cost(shape, fine, dtype, pallas_tpu_attention.kernel_cost)
+        priced = _attention_kernel_cost(shape, fine, dtype, pallas_tpu_attention.kernel_cost)
+        k = pallas_tpu_attention.kernel_cost(b, t, a, fine, cost_dtype.element_bytes(dtype))
+        seconds = cost_tpu.kernel_time(b, t, a, fine, dtype).scaled(layers)
+        return priced._replace(kernel_time=seconds, kernel_flops=(layers * k.dot_flops, layers * k.flops))
     if kernel and not all(pallas_block.block_parts(d, m, a, dtype)):
         return _attention_kernel_cost(shape, fine, dtype)
     if kernel:  # XLA's matmuls: the output projection and the readout; the kernels count their own
@@ -279,10 +286,20 @@ def device_bytes(cost: Cost, device: Device) -> float:
 
 
 def times(cost: Cost, device: Device) -> tuple[float, float]:
-    """(compute seconds, memory seconds) of a step: dots at the dot rate of the cost's dtype, the
-    rest of the arithmetic at the fp32 rate, bytes at the calibrated bandwidth."""
-    compute = cost.dot_flops / device.dot_rate(cost.dtype) + (cost.flops - cost.dot_flops) / device.peak_flops
-    return compute, device_bytes(cost, device) / device.bandwidth()
+    """(compute seconds, memory seconds) of a step (terms: compute is the first three's sum)."""
+    parts = terms(cost, device)
+    return sum(parts[:3]), parts[3]
+
+
+def terms(cost: Cost, device: Device) -> tuple[float, float, float, float]:
+    """(matmul, other arithmetic, grid step, memory) seconds of a step: dots at the dot rate of
+    the cost's dtype, the rest at the fp32 rate, the TPU kernel by unit (cost_tpu.KernelTime),
+    bytes at the calibrated bandwidth."""
+    dots, flops = cost.kernel_flops
+    kernel = cost.kernel_time or (0.0, 0.0, 0.0)
+    matmul = (cost.dot_flops - dots) / device.dot_rate(cost.dtype) + kernel[0]
+    other = (cost.flops - cost.dot_flops - (flops - dots)) / device.peak_flops + kernel[1]
+    return matmul, other, kernel[2], device_bytes(cost, device) / device.bandwidth()
 
 
 def step_seconds(cost: Cost, device: Device) -> float:
@@ -330,11 +347,10 @@ def sweep_cost(
             compiled, dots = compiled + n * device_bytes(cost, device), dots + n * cost.dot_flops
             rest += n * (cost.bytes - cost.core_bytes - cost.kernel_bytes)
             compute, memory = times(cost, device)
-            bound[fine] = {
-                "compute_s": compute,
-                "memory_s": memory,
-                "bound": "compute" if compute > memory else "memory",
-            }
+            bound[fine] = {"compute_s": compute, "memory_s": memory}
+            bound[fine]["bound"] = cost_tpu.bound(terms(cost, device), bool(cost.kernel_time))
+            if cost.kernel_time:  # the TPU's terms, each named
+                bound[fine].update(zip(("matmul_s", "vector_s", "grid_s"), terms(cost, device)[:3]))
             acts = activation_bytes(shape, fine, False if mixed else kernel, dtype)
             priced[(fine, mixed)] = (max(compute, memory), cost.flops, device_bytes(cost, device), acts)
         if devices > 1 and sum(n for n, _, _ in groups) % devices:
@@ -355,23 +371,6 @@ def sweep_cost(
         "dtype": dtype,
         "bound_by_heads": dict(sorted(bound.items())),
     }
-
-
-def activation_bytes(shape: Shape, fine: int, kernel: bool = False, dtype: str = "float32") -> float:
-    """Activations one member keeps for its backward pass: per layer the residual stream,
-    norms, q/k/v and MLP rows (in ``dtype``) and the (F, T, T) scores, probabilities and dropout
-    mask (float32; with the kernels, which recompute norms and the MLP: the block's input, q/k/v,
-    the attention output and the MLP's input, and (F, T) float32 row statistics); plus the
-    logits and their gradient (float32)."""
-    b, t, d, layers, m, v = shape[:6]
-    a, size = shape.attention, cost_dtype.element_bytes(dtype)
-    if kernel == "tpu":  # the JAX path's rows, no maps: the TPU kernel saves nothing of its own
-        rows, maps = b * t * (5 * d + 3 * a + 2 * m), 0
-    elif kernel:  # the block's input, q/k/v, the attention output and its row statistics, the MLP's input
-        rows, maps = b * t * (2 * d + 4 * a), b * fine * t
-    else:
-        rows, maps = b * t * (5 * d + 3 * a + 2 * m), 3 * b * fine * t * t
-    return layers * (size * rows + 4.0 * maps) + 4.0 * 2 * b * t * v
 
 
 def prediction_text(p: dict, member_steps: int) -> str:

@@ -1,5 +1,5 @@
 """Each attention path's activation memory at the run's sequence length (``--dry-run``), and the
-check that ``attention=auto`` on a GPU never runs a path whose predicted memory does not fit.
+check that ``attention=auto`` on a GPU or a TPU never runs a path whose predicted memory does not fit.
 
 What a member keeps for its backward pass, per path (models/cost.activation_bytes: rows in
 config.model.dtype, the maps, row statistics and logits in float32):
@@ -64,11 +64,11 @@ def need(shapes: SweepShapes, devices: int, path: str = "jax") -> float:
 
 
 def fits(shapes: SweepShapes, choice, core: str, devices: int = 1) -> bool:
-    """False where ``attention=auto`` on a GPU would run the JAX path (``core``) and every
+    """False where ``attention=auto`` on a GPU or a TPU would run the JAX path (``core``) and every
     member's predicted memory, over ``devices``, exceeds the device's (models/cost.py's preset)."""
-    if choice.requested != AUTO or choice.backend != "gpu" or core != "jax":
+    if choice.requested != AUTO or choice.backend not in ("gpu", "tpu") or core != "jax":
         return True
-    return need(shapes, devices) <= cost.DEVICES[cost.BACKEND_DEVICE["gpu"]].memory_bytes
+    return need(shapes, devices) <= cost.DEVICES[cost.BACKEND_DEVICE[choice.backend]].memory_bytes
 
 
 def check(shapes: SweepShapes, choice, core: str, devices: int = 1) -> None:
@@ -76,12 +76,17 @@ def check(shapes: SweepShapes, choice, core: str, devices: int = 1) -> None:
     runs a path whose predicted memory does not fit (the kernel failed to compile, or ``fused``
     traces the head counts, which the kernel cannot take)."""
     if not fits(shapes, choice, core, devices):
-        device = cost.DEVICES[cost.BACKEND_DEVICE["gpu"]]
+        device = cost.DEVICES[cost.BACKEND_DEVICE[choice.backend]]
+        why = f"{choice.reason}: {choice.fallback}" if choice.fallback else choice.reason
+        advice = (  # the TPU kernel refused for its VMEM (models/tpu_vmem.py): why says what T fits
+            "use what the kernel fits, or fewer members per run"
+            if choice.backend == "tpu" and choice.fallback
+            else "use fewer members per run or a strategy whose head counts are static (the Pallas kernel runs them)"
+        )
         raise ConfigError(
-            f"config.attention: auto on gpu runs the JAX path here ({choice.reason}), whose activations at "
+            f"config.attention: auto on {choice.backend} runs the JAX path here ({why}), whose activations at "
             f"T = {shapes.seq_len} need ~{size(need(shapes, devices))} per device for {len(shapes.heads)} "
-            f"members, more than the {device.name}'s {size(device.memory_bytes)}: use fewer members per run "
-            "or a strategy whose head counts are static (the Pallas kernel runs them)"
+            f"members, more than the {device.name}'s {size(device.memory_bytes)}: {advice}"
         )
 
 

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import re
 import threading
 import time
 from typing import NamedTuple
 
 import jax
 
+from mhjax.models import tpu_vmem
 from mhjax.train import ahead, hlo, hlo_flops, snapshots
 from mhjax.train import target as targets
 from mhjax.train.loop import Sweep
@@ -65,6 +67,7 @@ class Report(NamedTuple):
     members: dict = {}  # {program: members one device computes}
     estimate_flops: float | None = None  # models/cost.py's matmul FLOPs per member-step, where it has them
     wall: float | None = None  # seconds from the first compile's start to the last one's end
+    fitted: bool = False  # the model's byte ratios were fitted on this sweep: its error is not shown
 
 
 COMPILERS = 2  # programs compiled side by side for a target
@@ -121,9 +124,14 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
         try:
             executables, seconds, _ = ahead.compile_all([job])
         except Exception as exc:  # noqa: BLE001 -- once in ~6 paper dry runs: "Failed to launch ptxas"
+            if out_of_memory(exc):  # it would fail again, as slowly
+                raise CompileFailed(failure_line(name, target, exc)) from None
             log(f"compiling {name} again ({ahead.first_line(exc)})")
-            with alone:
-                executables, seconds, _ = ahead.compile_all([job])
+            try:
+                with alone:
+                    executables, seconds, _ = ahead.compile_all([job])
+            except Exception as again:  # noqa: BLE001 -- one line, never a traceback
+                raise CompileFailed(failure_line(name, target, again)) from None
         described = _describe(job.key, executables[job.key], seconds, here, length, target)
         return described._replace(replicated=placement.size > 1 and not placement.sharded(members[job.key[1]]))
 
@@ -134,13 +142,49 @@ def compile_for(experiment, target: targets.Target, log=print, only: tuple[str, 
     # a failed compile is tried once more (a real error fails again and is raised), under a lock
     # so that two retries do not run side by side
     start, alone = time.perf_counter(), threading.Lock()
-    with persistent_cache_off(), concurrent.futures.ThreadPoolExecutor(COMPILERS, "mhjax-target") as pool:
+    # the TPU kernel's scoped VMEM limit for the target's chip, not this machine's (tpu_vmem.limit)
+    chip = tpu_vmem.for_chip(target.device) if target.backend == "tpu" else contextlib.nullcontext()
+    with persistent_cache_off(), chip, concurrent.futures.ThreadPoolExecutor(COMPILERS, "mhjax-target") as pool:
         chosen = [job for job in ahead.jobs(sweep, lengths, True, pieces) if not only or job.key[0] in only]
         out = [future.result() for future in [pool.submit(build, job) for job in chosen]]
     wall = time.perf_counter() - start
     flops = sweep.plan.estimate("dot_flops_per_member_step")
     estimate = sweep.plan.estimate("compiled_bytes_per_member_step")
-    return Report(target, description, out, estimate, length, here, flops, wall)
+    fitted = target.backend == "tpu" and estimate is not None and _fitted(experiment.config)
+    return Report(target, description, out, estimate, length, here, flops, wall, fitted)
+
+
+def _fitted(config) -> bool:
+    """Whether models/cost_tpu.py's byte ratios were fitted on a sweep of this one's shape."""
+    from mhjax.models import cost, cost_tpu
+
+    return cost_tpu.fitted(cost.Shape.of(config), config.model.get("dtype", "float32"))
+
+
+class CompileFailed(RuntimeError):
+    """A target's compiler refused an executable: one line (the command prints it, exit 1)."""
+
+
+# what the compiler reports of an allocation that did not fit (Mosaic's scoped VMEM, XLA's HBM)
+ALLOCATION = re.compile(r"Scoped allocation with size \S+ and limit \S+|Ran out of memory in memory space \w+")
+OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "CompileTimeScopedVmemOom", "Ran out of memory")
+CUSTOM_CALL = re.compile(r"(mhjax_tpu_attention_(?:fwd|bwd)|flash_\w+)")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    return any(word in str(exc) for word in OUT_OF_MEMORY)
+
+
+def failure_line(name: str, target, exc: BaseException) -> str:
+    """One line naming the executable, the kernel and the allocation where the message has
+    them (the compiler's own message is many lines of HLO), else its first line."""
+    text = str(exc)
+    found = [m.group(0).rstrip(".") for m in ALLOCATION.finditer(text)]
+    kernel = CUSTOM_CALL.search(text)
+    if not found:
+        return f"compiling {name} for {target.device} failed: {ahead.first_line(exc)}"
+    where = f" in {kernel.group(1)}" if kernel else ""
+    return f"compiling {name} for {target.device} failed{where}: {'; '.join(dict.fromkeys(found))}"
 
 
 def _describe(key, executable, seconds: float, members: dict, length, target) -> Executable:
@@ -266,13 +310,14 @@ def lines(report: Report) -> list[str]:
                 + _against(report.estimate_flops, e.flops_per_member_step, "GFLOP of matmuls")
             )
         if e.bytes_per_member_step is not None:
-            out.append(_bytes_line(e, key, t.backend == "tpu", report.estimate_bytes))
+            out.append(_bytes_line(e, key, t.backend == "tpu", report.estimate_bytes, report.fitted))
     return out
 
 
-def _bytes_line(e: Executable, key: str, tpu: bool, estimate: float | None) -> str:
+def _bytes_line(e: Executable, key: str, tpu: bool, estimate: float | None, fitted: bool = False) -> str:
     """A chunk's bytes per member-step. A TPU's Pallas calls state their bytes, so the total is
-    a count and models/cost.py's error is printed; a GPU's Triton calls are charged every
+    a count and models/cost.py's error is printed (not where the model was fitted on this
+    sweep: that "error" could not come out otherwise); a GPU's Triton calls are charged every
     member's operands (an upper bound), so the rest is given beside them and the model's total
     without an error."""
     where = "HBM: values kept in VMEM move none" if tpu else "the compiled program's top-level kernels"
@@ -284,8 +329,13 @@ def _bytes_line(e: Executable, key: str, tpu: bool, estimate: float | None) -> s
             f"Pallas kernels' calls ({kernels / 1e9:.3f} GB at most: their whole operands){model}"
         )
     moved = e.bytes_per_member_step + kernels
-    stated = f", of it the Pallas kernels' calls {kernels / 1e9:.3f} GB (their stated bytes)" if kernels else ""
-    return f"bytes per member-step ({key}, {where}): {moved / 1e9:.3f} GB{stated}" + _against(estimate, moved, "GB")
+    stated = (
+        f", of it the Pallas kernels' calls {kernels / 1e9:.3f} GB (their stated bytes, HBM's share)" if kernels else ""
+    )
+    line = f"bytes per member-step ({key}, {where}): {moved / 1e9:.3f} GB{stated}"
+    if fitted and estimate:
+        return line + f"; models/cost.py: {estimate / 1e9:.3f} GB (its byte ratios were fitted on this sweep)"
+    return line + _against(estimate, moved, "GB")
 
 
 def _against(estimate: float | None, counted: float, unit: str) -> str:

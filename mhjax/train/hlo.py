@@ -7,7 +7,10 @@
   (its root, or its root tuple's elements, through bitcasts) are dynamic-update-slices of a
   parameter (in place), those updates' bytes written and the buffer not read, an operand
   a fusion reads only through dynamic-slices, those slices' bytes (a scan's stacked buffers),
-  and a Pallas call that states its bytes (a cost estimate: mhjax's TPU kernel), those.
+  and a Pallas call that states its bytes (a cost estimate: mhjax's TPU kernel), those in the
+  share of its operands' and results' bytes that lie in HBM (none where the TPU compiler keeps
+  them all in VMEM: a value in VMEM moves nothing); an ``AllocateBuffer`` (a buffer set aside)
+  moves nothing.
   Approximate (a fusion that reads a static slice of an operand is charged the whole
   operand). On a GPU target, where ``cost_analysis()`` is None, this is the only count there is.
 - ``triton_kernels``: the Pallas/Triton kernels in the program, by name (``tpu_kernels``: the
@@ -45,6 +48,12 @@ def type_bytes(type_text: str) -> int:
     """HBM bytes of an HLO type, a tuple's summed: "f32[8,64]{1,0}" -> 2048; a TPU value in
     VMEM (layout memory space S(1)): 0."""
     return sum(_bytes(dtype, dims) for dtype, dims, layout in SHAPE.findall(type_text) if ON_CHIP not in layout)
+
+
+def _all_bytes(line: str) -> int:
+    """An instruction's result bytes wherever it lies (VMEM too): the type before its op."""
+    match = INSTRUCTION.match(line.split(" = ", 1)[1]) if " = " in line else None
+    return sum(_bytes(dtype, dims) for dtype, dims, _ in SHAPE.findall(match.group(1))) if match else 0
 
 
 def _bytes(dtype: str, dims: str) -> int:
@@ -131,6 +140,7 @@ def runs(comps: dict[str, list[str]], entry: str, unknown_trips: int = 1, inside
     return out
 
 
+ALLOCATE = 'custom_call_target="AllocateBuffer"'  # the TPU compiler's scratch buffer: no data moves
 # A Pallas call's own statement of its traffic (pl.CostEstimate, in its backend_config): what a
 # group's call reads and writes of its members, where its operands are every member's arrays
 KERNEL_BYTES = re.compile(r'"cost_estimate":\{[^}]*"bytes_accessed":"(\d+)"')
@@ -198,9 +208,9 @@ def kernels(text: str, weighted: bool = False):
     comps, entry = computations(text)
     counts = runs(comps, entry) if weighted else dict.fromkeys(top_level(comps, entry), 1)
     for name, count in counts.items():
-        sizes = {}
+        sizes, everywhere = {}, {}
         for line, result, size, op, names in _instructions(comps[name]):
-            sizes[result] = size
+            sizes[result], everywhere[result] = size, _all_bytes(line)
             if op in FREE or op in DONE:  # an async copy is charged at its start
                 continue
             if op in ASYNC:  # read what is copied where it lies, write the destination
@@ -218,8 +228,15 @@ def kernels(text: str, weighted: bool = False):
             if place:  # in place: the updates written, the buffers neither read nor written whole
                 sliced, size = {**sliced, **place[0]}, place[1]
             operands = sum(sliced.get(i, sizes.get(name, 0)) for i, name in enumerate(names))
+            if op == "custom-call" and ALLOCATE in line:  # a buffer set aside: no data moves
+                continue
             stated = KERNEL_BYTES.search(line) if op == "custom-call" else None
-            yield line, op, (int(stated.group(1)) if stated else size + operands) * count
+            if stated:  # the kernel's own count, for the share of its operands and results in HBM
+                whole = _all_bytes(line) + sum(everywhere.get(name, 0) for name in names)
+                moved = int(stated.group(1)) * (size + operands) / whole if whole else 0
+                yield line, op, moved * count
+                continue
+            yield line, op, (size + operands) * count
 
 
 def split_bytes(text: str, weighted: bool = False) -> tuple[int, int]:
