@@ -3,6 +3,8 @@ does with them before anything compiles: auto on a TPU takes the JAX path where 
 would not fit (and only where that path fits HBM), pallas is refused, and a compile that fails
 anyway is one line, exit 1 (train/deviceless.py)."""
 
+import types
+
 import pytest
 
 import mhjax
@@ -11,6 +13,8 @@ from mhjax.config import ConfigError
 from mhjax.experiments import make_experiment
 from mhjax.models import tpu_vmem
 from mhjax.models.attention_choice import resolve_attention
+from mhjax.plan import attention
+from mhjax.plan.shapes import SweepShapes
 from mhjax.train import deviceless
 from mhjax.train import target as targets
 
@@ -49,9 +53,12 @@ def test_what_fits_is_the_longest_t_whose_need_is_under_the_limit():
 
 def test_auto_on_a_tpu_takes_jax_where_the_kernel_would_not_fit_and_pallas_is_refused():
     too_long = 4 * tpu_vmem.longest_fitting(64, 16, 4, "TPU v5 lite")
-    fits = resolve_attention("auto", "tpu", 8192, 0.1, [(64, 16)], 4)
+    # auto's choice is the planner's (plan/attention.KERNEL_FITS), from the sweep's shapes
+    model = types.SimpleNamespace(width=64, attention_width=None)
+    shapes = SweepShapes([model], [16], [], 50, 8192, 256, "float32", 0.1, "auto")
+    fits = attention.choose(shapes, "tpu")
     assert (fits.implementation, fits.fallback) == ("pallas_tpu", None)
-    refused = resolve_attention("auto", "tpu", too_long, 0.1, [(64, 16)], 4)
+    refused = attention.choose(shapes._replace(seq_len=too_long), "tpu")
     assert refused.implementation == "jax" and "it fits T <=" in refused.fallback
     with pytest.raises(ConfigError, match=r"config.attention: pallas on tpu: the TPU kernel needs .* use auto or jax"):
         resolve_attention("pallas", "tpu", too_long, 0.1, [(64, 16)], 4)
