@@ -60,7 +60,8 @@ class Task:
     source: dict = dataclasses.field(default_factory=dict)  # {"module"|"config": ..., "function": ...}
     params: dict = dataclasses.field(default_factory=dict)  # declared parameters and their defaults
     values: dict = dataclasses.field(default_factory=dict)  # bound values (with_params)
-    heldout: Callable | None = None  # (key, num, length, vocab_size) -> held-out sequences
+    heldout: Callable | None = None  # (key, num, length, vocab_size) -> held-out sequences (the test set)
+    validation: Callable | None = None  # the same, apart from heldout's (text: other blocks; data/text.py)
     bind: Callable | None = None  # config -> the Task over the config's data
     facts: dict = dataclasses.field(default_factory=dict)  # a bound task's facts, in its members' results
     host_reads: bool = False  # its training forms read the host (text above its on-device limit): prefetched per chunk
@@ -109,6 +110,13 @@ class Task:
         if self.heldout is not None:
             return Batch(*self.heldout(key, num, length, vocab_size, **self.kwargs))
         return self.draw(key, num, length, vocab_size)
+
+    def draw_validation(self, key, num: int, length: int, vocab_size: int) -> Batch:
+        """``num`` validation sequences from ``key`` (a key apart from the evaluation key): the
+        validation form, else ``draw_eval``'s draws (generated tasks: a fresh draw)."""
+        if self.validation is not None:
+            return Batch(*self.validation(key, num, length, vocab_size, **self.kwargs))
+        return self.draw_eval(key, num, length, vocab_size)
 
     def dataset(self, dataset_key, indices, length: int, vocab_size: int) -> Batch:
         """Sequences of a fixed dataset by index: row i is sample(fold_in(dataset_key, i)) alone."""

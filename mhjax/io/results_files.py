@@ -9,15 +9,18 @@ from mhjax.io import parts, window_files
 from mhjax.io.results import WriteFailed, json_ready, kept_results, markdown_table, write_json, write_text
 
 
-def write(workdir, payload: dict, tables=None) -> dict:
+def write(workdir, payload: dict, tables=None, summary=None) -> dict:
     """results.json, results.md (``tables(payload, workdir)``'s Markdown after the members, when given) and
-    W/eval_windows (taken out of ``payload``); returns what they hold: a part's payload merged with
+    W/eval_windows (taken out of ``payload``); ``summary(payload, workdir)``: top-level fields computed
+    once the windows are written (the ``comparisons``); returns what they hold: a part's payload merged with
     the other parts' entries (io/parts.merge), else ``payload``."""
     if workdir.order is not None:
         stored = workdir.results() if os.path.isfile(workdir.results_path) else None
         payload = parts.merge(stored, payload, workdir.folder, workdir.order, workdir.program_names)
     try:
         window_files.save(workdir.file(window_files.FOLDER), payload)
+        if summary is not None:
+            payload.update(summary(payload, workdir))
         members = [{k: json_ready(v) for k, v in m.items()} for m in payload["members"]]
         # unless results.json and results.md both say it already (io/results.kept_results)
         if kept := kept_results(

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from mhjax.analysis.comparisons import results_comparisons
 from mhjax.io.checkpoint import member_key
 from mhjax.io.progress import Progress
 from mhjax.io.tensorboard import MemberWriters, NoWriters
@@ -351,7 +352,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         payload = results_payload(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
         payload.update(throughput)  # with logging and evaluation
         # with any other part's members; results.md with head counts paired on held-out windows
-        written = workdir.write_results(payload, tables=results_tables) if primary else payload
+        # results.json's "comparisons": head counts at their selected settings (analysis/comparisons.py)
+        written = workdir.write_results(payload, results_tables, results_comparisons) if primary else payload
         description = f"{payload['title']}: {len(members)} members, {step} steps"
         again = latest is not None and latest >= total  # its final/ scalars may be on disk: not twice
         writers.finish(payload["members"], hparams, experiment.metric_tags(), step, description, again)
