@@ -33,6 +33,7 @@ A/A and power checks measure the error rate and power by simulation.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -55,9 +56,7 @@ def cluster_sums(sums, clusters=None) -> np.ndarray:
     if clusters is None:
         return sums
     _, index = np.unique(np.asarray(clusters), return_inverse=True)
-    out = np.zeros((2, index.max() + 1))
-    np.add.at(out, (slice(None), index), sums)
-    return out
+    return np.stack([np.bincount(index, weights=row) for row in sums])
 
 
 def mean_se(sums, clusters=None) -> tuple[float, float]:
@@ -86,6 +85,7 @@ def t_cdf_two_sided(t: float, df: int) -> float:
     return math.sin(theta) * total
 
 
+@functools.lru_cache(maxsize=None)
 def t_quantile(df: int, level: float = LEVEL) -> float:
     """The t with P(|T| < t) = ``level`` at ``df`` degrees of freedom (bisection; ~1e-12)."""
     low, high = 0.0, 1.0
@@ -114,8 +114,8 @@ def compare(per_seed: list, shared: bool, clusters=None) -> Comparison:
     d = np.array([p[0].sum() / p[1].sum() for p in per_seed])
     se_windows, groups = 0.0, 0
     if shared:
-        se_windows = mean_se(np.mean(per_seed, axis=0), clusters)[1]
-        groups = cluster_sums(per_seed[0], clusters).shape[1]
+        pooled = cluster_sums(np.mean(per_seed, axis=0), clusters)
+        se_windows, groups = mean_se(pooled)[1], pooled.shape[1]
     if d.size < 2:
         return Comparison(float(d.mean()), (math.nan, math.nan), math.nan, tuple(d.tolist()), se_windows, groups)
     se = math.sqrt(d.var(ddof=1) / d.size + se_windows**2)

@@ -120,6 +120,7 @@ FIELDS = {
     "sweep": None,
     "sweep_skip": None,  # grid points left out (experiments/sweep_skip.py)
     "task_params": None,  # {task: {parameter: value or tuple}} (experiments/task_params.py)
+    "compare": {"tune"},  # head counts each at its best setting (analysis/comparisons.py)
     "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout", "scan_layers", "head_dim", "dtype"},
     "data": {"protocol", "num_train", "batch_size", "num_eval", "path", "holdout"},
     "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every", "snapshot_steps", "divergence_factor"}

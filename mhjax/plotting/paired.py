@@ -68,7 +68,8 @@ def group_table(entries: list[dict], unit: str, scale: float, tuned=()) -> list[
     rows = []
     for e in entries:
         loss = _num(e.get("test_loss"), scale)
-        if not constant and e.get("test_loss_se") is not None and math.isfinite(e["test_loss_se"]):
+        se = e.get("test_loss_se")
+        if se is not None and math.isfinite(se) and se > 0:  # a constant cell drops its ±
             loss += f" ± {_num(e['test_loss_se'], scale)}"
         selected = e.get("selected") or {}
         cells = [str(e["heads"]), str(e.get("seeds", "")), *(f"{selected.get(a, '-')}" for a in tuned)]
@@ -145,6 +146,7 @@ def render(entries: list[dict], members: list[dict], tuned=(), baselines=None) -
     """The Markdown section of ``entries`` (results.json ``comparisons``); "" without any."""
     if not entries:
         return ""
+    tuned = tuple(tuned) or tuple(dict.fromkeys(k for e in entries for k in (e.get("selected") or {})))
     by_group: dict = defaultdict(list)
     for e in entries:
         by_group[tuple(sorted(e.get("group", {}).items(), key=str))].append(e)
@@ -184,3 +186,31 @@ def results_tables(payload: dict, workdir) -> str:
         (config.get("model") or {}).get("vocab_size"),
         payload.get("comparisons"),
     )
+
+
+def console_lines(payload: dict) -> list[str]:
+    """The console's closing lines of results.json's ``comparisons``: per group, each head count's
+    selection, test loss, paired difference with its 95 % interval and per-seed differences, verdict."""
+    entries = payload.get("comparisons") or []
+    by_group: dict = defaultdict(list)
+    for e in entries:
+        by_group[tuple(sorted((e.get("group") or {}).items(), key=str))].append(e)
+    out = []
+    for group, group_entries in by_group.items():
+        task = dict(group).get("task")
+        unit, scale = unit_of([m for m in payload.get("members", []) if task is None or m.get("task") == task])
+        tuned = any(e.get("selected") for e in group_entries)
+        how = "selected on validation, compared on test" if tuned else "on the test set"
+        out.append(f"head counts, {_label(dict(group))} ({unit}; {how}; difference to the smallest [95 % interval]):")
+        for e in group_entries:
+            selected = "".join(f" {k}={v}" for k, v in (e.get("selected") or {}).items())
+            seeds = _per_seed(e, scale)
+            verdict = "" if e.get("verdict") == "reference" else f" {e.get('verdict')}"
+            out.append(
+                f"  heads {e['heads']}{selected}: test {_num(e.get('test_loss'), scale)}, {_interval(e, scale)}"
+                + (f" (per seed {seeds})" if seeds else "")
+                + verdict
+            )
+        for note in dict.fromkeys(e["note"] for e in group_entries if e.get("note")):
+            out.append(f"  note ({_heads_with(group_entries, note)}): {note}")
+    return out

@@ -17,7 +17,7 @@ from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.trace import NoTrace, TraceWriter
 from mhjax.io.workdir import Workdir
 from mhjax.plotting import draw as draw_figures
-from mhjax.plotting.paired import results_tables
+from mhjax.plotting.paired import console_lines, results_tables
 from mhjax.train import ahead, end_images, engine, snapshot_resume, snapshots
 from mhjax.train import status as member_status
 from mhjax.train.console import Console, throughput_text
@@ -364,7 +364,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             # experiment-specific figures and summaries, once every shard's members are in (io/parts.py)
             for request in experiment.figures(written) if not written.get("missing_members") else ():
                 draw_figures(workdir, request, log)
-            for line in member_status.diverged_lines(written["members"]) + experiment.result_notes(written):
+            notes = member_status.diverged_lines(written["members"]) + experiment.result_notes(written)
+            for line in notes + console_lines(written):  # and the head counts compared (plotting/paired.py)
                 log(line)
         return written
     finally:

@@ -27,6 +27,7 @@ import glob
 import os
 from functools import partial
 
+from mhjax.analysis.comparisons import tuned_axes
 from mhjax.config import ConfigError
 from mhjax.io.results import diverged_lines, markdown_table, write_text
 from mhjax.io.workdir import Workdir
@@ -108,7 +109,16 @@ def write_report(workdir, log=None, reference: str | None = None, importance_mem
     if summary:
         lines += ["## Results", "", "Final metrics; mean ± std over seeds.", "", summary]
     lines += diverged_lines(members)
-    paired = paired_tables(members, workdir.window_sums, workdir.sweep_fields(), results.get("baselines"))
+    config = workdir.config()
+    paired = paired_tables(
+        members,
+        workdir.window_sums,
+        workdir.sweep_fields(),
+        results.get("baselines"),
+        tuned_axes(config),
+        (config.get("model") or {}).get("vocab_size"),
+        results.get("comparisons"),
+    )
     lines += [paired] if paired else []
     curves = training_curves(workdir, [m["name"] for m in members])
     kind = opened.kind  # the Experiment class: how its curves read (no plug-in code runs)
