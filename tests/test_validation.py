@@ -167,3 +167,20 @@ def test_a_bad_compare_tune_is_one_line_exit_2(tmp_path, capsys, tune, sweep, ma
     path.write_text(config_source(config))
     assert_one_line_error(capsys, cli.main(["train", "--config", str(path), "--workdir", str(tmp_path / "w")]), match)
     assert not os.path.exists(tmp_path / "w")
+
+
+def test_expected_best_validation_loss_is_the_mean_minimum_over_every_draw():
+    values = [3.0, 1.0, 2.5, 2.0]
+    for n in (1, 2, 3):  # every ordered draw of n settings with replacement, equally likely
+        draws = np.array(np.meshgrid(*[values] * n)).reshape(n, -1)
+        assert comparisons.expected_best(values, n) == pytest.approx(draws.min(axis=0).mean())
+    members = [
+        {"name": f"{h}-{lr}-{s}", "task": "t", "heads": h, "learning_rate": lr, "seed": s, "val_loss": v + s}
+        for h in (1, 2)
+        for lr, v in zip((1, 2, 3), (3.0, 1.0, 2.0) if h == 1 else (1.5, 1.4, 1.6))
+        for s in (0, 1)
+    ]
+    curves = comparisons.budget_curves(members, ["task", "heads", "seed", "learning_rate"], ("learning_rate",))
+    assert curves[("t",)][1] == pytest.approx([comparisons.expected_best([3.5, 1.5, 2.5], n) for n in (1, 2, 3)])
+    one, two = curves[("t",)][1], curves[("t",)][2]
+    assert one[0] > two[0] and one[-1] < two[-1]  # the lines cross: the answer depends on the budget

@@ -267,3 +267,33 @@ def results_comparisons(payload: dict, workdir) -> dict:
         (config.get("model") or {}).get("vocab_size"),
     )
     return {"comparisons": found} if found else {}
+
+
+def expected_best(values, n: int) -> float:
+    """The expected lowest of ``n`` values drawn uniformly with replacement from ``values`` (the
+    grid's mean validation losses): Dodge et al. 2019, "Show Your Work", eq. 1, for a minimum:
+    sum_i v_(i) [((N - i + 1) / N)^n - ((N - i) / N)^n], v ascending."""
+    v = np.sort(np.asarray(values, np.float64))
+    big = v.size
+    above = ((big - np.arange(big)) / big) ** n  # P(min >= v_(i)), i = 1..N
+    return float((v * (above - np.append(above[1:], 0.0))).sum())
+
+
+def budget_curves(members: list[dict], fields, tuned) -> dict:
+    """{group: {heads: [expected best validation loss for n = 1..N]}}: over the grid of ``tuned``
+    settings, each setting's mean validation loss over its seeds (settings with an unscored or
+    diverged seed left out)."""
+    out: dict = defaultdict(dict)
+    for group, by_heads in cells(members, group_fields(fields, tuned), tuned).items():
+        for heads, settings in by_heads.items():
+            means = []
+            for indices in settings.values():
+                values = [members[i].get("val_loss") for i in indices]
+                ok = all(
+                    v is not None and math.isfinite(v) and members[i].get("status") != "diverged"
+                    for i, v in zip(indices, values)
+                )
+                means += [float(np.mean(values))] if ok and values else []
+            if means:
+                out[group][heads] = [expected_best(means, n) for n in range(1, len(means) + 1)]
+    return dict(out)
