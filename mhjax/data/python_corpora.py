@@ -80,6 +80,7 @@ def stdlib_file_starts(root: str | None = None) -> list[int]:
 BUILDERS = {"stdlib": stdlib_sources}  # builtin:NAME -> a builder of (bytes, record)
 FILE_STARTS = {"stdlib": stdlib_file_starts}  # builtin:NAME -> where its source files start
 _BUILT: dict[str, tuple[str, dict]] = {}  # name -> (cache file, record): built once per process
+_STARTS: dict[str, list[int]] = {}  # name -> file_starts
 
 
 def corpus_dir() -> str:
@@ -109,7 +110,11 @@ def resolve(path: str) -> tuple[str, dict]:
 def file_starts(path: str) -> list[int] | None:
     """``builtin:NAME``'s file offsets (ascending), or None for a corpus without a file list."""
     name = path[len(PREFIX) :] if is_builtin(path) else None
-    return FILE_STARTS[name]() if name in FILE_STARTS else None
+    if name not in FILE_STARTS:
+        return None
+    if name not in _STARTS:  # a walk of the stdlib: once per process
+        _STARTS[name] = FILE_STARTS[name]()
+    return _STARTS[name]
 
 
 def _write_once(path: str, data: bytes) -> str:
