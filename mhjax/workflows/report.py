@@ -108,7 +108,8 @@ def write_report(workdir, log=None, reference: str | None = None, importance_mem
     ]
     summary = summary_table(members, workdir.sweep_fields())
     if summary:
-        lines += ["## Results", "", "Final metrics; mean ± std over seeds.", "", summary]
+        caption = "Final metrics; mean ± sd over seeds (here ± is the seeds' standard deviation, not a standard error)."
+        lines += ["## Results", "", caption, "", summary]
     lines += diverged_lines(members)
     config = workdir.config()
     paired = paired_tables(
