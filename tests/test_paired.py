@@ -10,7 +10,7 @@ from scipy import stats
 
 from mhjax.analysis import paired
 from mhjax.models import mfu
-from mhjax.plotting.curves import _baseline_lines
+from mhjax.plotting.curves import _after_step_zero, _baseline_lines
 from mhjax.plotting.paired import paired_tables
 from mhjax.plotting.style import pyplot
 from mhjax.train.console import throughput_text
@@ -122,3 +122,19 @@ def test_the_closing_line_gives_tokens_per_second_and_mfu():
     )
     assert throughput_text({"tokens_per_s": 10.0, "mfu": None}) == ", 10 tokens/s, MFU n/a (no peak for this device)"
     assert throughput_text({}) == ""  # an experiment without rates: the line as before
+
+
+def test_a_loss_panel_spans_the_steps_after_step_0_and_says_where_step_0_went():
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    points = [
+        (np.array([0.0, 100, 200]), np.array([8.0, 3.2, 3.0])),
+        (np.array([0.0, 100, 200]), np.array([8.1, 3.3, 3.1])),
+    ]
+    baseline = {"unigram_bits": 4.5, "bigram_bits": 3.5, "trigram_bits": 2.8}
+    low, high = _after_step_zero(ax, points, "eval/bits_per_byte", baseline, (0.0, 9.0))
+    assert 2.6 < low < 2.8 and 3.3 < high < 3.4  # the trigram below the curves kept in, step 0 left out
+    assert any("step 0: 8.1, above the panel" in t.get_text() for t in ax.texts)
+    flat = [(np.array([0.0, 100]), np.array([3.0, 3.5]))]  # step 0 inside the later range: as it was
+    assert _after_step_zero(ax, flat, "eval/loss", None, (2.0, 4.0)) == (2.0, 4.0)
+    plt.close(fig)

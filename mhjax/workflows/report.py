@@ -106,11 +106,6 @@ def write_report(workdir, log=None, reference: str | None = None, importance_mem
         f"TensorBoard: `tensorboard --logdir {workdir.tensorboard_dir}`.",
         "",
     ]
-    summary = summary_table(members, workdir.sweep_fields())
-    if summary:
-        caption = "Final metrics; mean ± sd over seeds (here ± is the seeds' standard deviation, not a standard error)."
-        lines += ["## Results", "", caption, "", summary]
-    lines += diverged_lines(members)
     config = workdir.config()
     paired = paired_tables(
         members,
@@ -121,7 +116,14 @@ def write_report(workdir, log=None, reference: str | None = None, importance_mem
         (config.get("model") or {}).get("vocab_size"),
         results.get("comparisons"),
     )
-    lines += [paired] if paired else []
+    if paired and tuned_axes(config):  # compare.tune: the answer first, the per-setting results after
+        lines += [paired]
+    summary = summary_table(members, workdir.sweep_fields())
+    if summary:
+        caption = "Final metrics; mean ± sd over seeds (here ± is the seeds' standard deviation, not a standard error)."
+        lines += ["## Results", "", caption, "", summary]
+    lines += diverged_lines(members)
+    lines += [paired] if paired and not tuned_axes(config) else []
     unit, scale = unit_of(members)
     args = (members, workdir.sweep_fields(), tuned_axes(config), scale, unit)
     link = figure("budget.png", plot_budget, *args)
