@@ -31,7 +31,8 @@ def write(workdir, payload: dict, tables=None, summary=None) -> dict:
         table = markdown_table(members, payload.get("title", "Results"))
         more = tables({**payload, "members": members}, workdir) if tables else ""
         tuned = any(e.get("selected") for e in payload.get("comparisons") or [])  # compare.tune: its table first
-        text = (f"{more}\n{table}" if tuned else f"{table}\n{more}") if more else table
+        head, _, rest = table.partition("\n\n")  # "# title", then the members' table
+        text = (f"{head}\n\n{more}\n{rest}" if tuned else f"{table}\n{more}") if more else table
         write_text(workdir.file(workdir.RESULTS_TABLE), text)
     except WriteFailed as exc:
         exc.hint = "; training is done and checkpointed: free some space and run the same command to write it"
