@@ -252,4 +252,12 @@ def _baseline_lines(ax, tag: str, baseline: dict | None) -> None:
             value = baseline[f"{name}_bits"] * scale
             ax.axhline(value, color="0.45", ls=(0, (1 + 2 * n, 2)), lw=1)
             where = (0.01, value)  # left: the curves start high above the baselines
-            ax.annotate(name, where, xycoords=("axes fraction", "data"), fontsize="x-small", color="0.35", va="bottom")
+            ax.annotate(
+                name,
+                where,
+                xycoords=("axes fraction", "data"),
+                fontsize="x-small",
+                color="0.35",
+                va="bottom",
+                annotation_clip=True,  # a baseline above a panel spanning the steps after 0: no stray label
+            )
