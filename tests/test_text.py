@@ -14,12 +14,13 @@ import sys
 import jax
 import numpy as np
 import pytest
+from scipy import stats
 
 import mhjax
 from mhjax import cli
 from mhjax.analysis.metrics import task_sequences
 from mhjax.config import ConfigError
-from mhjax.data import sequences, text
+from mhjax.data import heldout_split, sequences, text
 from mhjax.experiments import make_experiment
 from mhjax.train import loop
 from tests.conftest import config_source, set_field, tiny_sequence_config, tiny_train
@@ -106,9 +107,10 @@ def test_members_differing_in_heads_and_learning_rate_draw_the_same_windows(tmp_
         )
     assert not np.array_equal(draws[0][0][0], draws[1][0][0])  # another seed: other training windows
     np.testing.assert_array_equal(draws[0][0][1], draws[1][0][1])  # but the same held-out windows
-    # ... which start where the held-out starts recorded per sweep say
+    # ... which start where the held-out starts recorded per sweep say: in the test blocks
     c = experiment.member_constants(experiment.members[0])
-    starts = np.asarray(text.window_starts(c.eval_key, 8, text.load(path).heldout.size, 8))
+    size = text.load(path).heldout.size
+    starts = np.asarray(heldout_split.part_starts(c.eval_key, 8, size, 8, heldout_split.TEST))
     np.testing.assert_array_equal(draws[0][0][1], text.read_windows(text.load(path).heldout, starts, 8)[:, :-1])
 
 
@@ -173,7 +175,12 @@ BAD_FILES = [
     ("directory", "dir", [], "c.txt is a directory; give a corpus file"),
     ("one-token", b"abcdefghij" * 2, ["--config.data.holdout=0.05"], "(last 0.05) part has 1 token, fewer than"),
     ("empty", b"", [], "is empty"),
-    ("too-short-heldout", b"abcdefghij" * 8, [], "held-out (last 0.1) part has 8 tokens, fewer than model.seq_len + 2"),
+    (
+        "too-short-heldout",
+        b"abcdefghij" * 8,
+        [],
+        "held-out (last 0.1) part has 8 tokens, fewer than 2 (model.seq_len + 1)",
+    ),
     ("too-short-train", b"abcdefghi" * 2, ["--config.data.holdout=0.5"], "training part has 9 tokens"),
     ("odd-bin", b"abc", [], "uint16 token ids, 2 bytes each) of an odd size (3 bytes)"),
     ("id-above-vocab", bytes(range(200)) * 2, ["--config.model.vocab_size=100"], "holds byte 199; vocab_size must"),
@@ -443,23 +450,45 @@ def window_sums(run, name):
     return np.load(os.path.join(run.workdir, "eval_windows", f"{name}.npy"))
 
 
+def clustered_se(per_window, clusters):
+    """The SE of a mean of equal-weight windows, clustered: by hand (analysis/paired.py's rule)."""
+    ids = np.unique(clusters)
+    resid = np.array([(per_window[clusters == g] - per_window.mean()).sum() for g in ids])
+    return math.sqrt(ids.size / (ids.size - 1) * (resid**2).sum()) / per_window.size
+
+
 def test_every_seed_is_scored_on_the_recorded_windows_with_its_standard_error(docs_run):
     run, path = docs_run
     results = json.load(open(os.path.join(run.workdir, "results.json")))
     held = text.load(path).heldout
-    starts = np.load(os.path.join(run.workdir, "eval_windows", "text.starts.npy"))
+    folder = os.path.join(run.workdir, "eval_windows")
+    starts = np.load(os.path.join(folder, "text.starts.npy"))
+    val_starts = np.load(os.path.join(folder, "text.validation.starts.npy"))
     assert starts.size == 40 and results["baselines"]["text"]["windows"] == 40  # num_eval, not cut to 32
-    windows = text.read_windows(held, starts, 32)
+    # the validation and test windows never share a token: their blocks alternate (data/heldout_split.py)
+    block = results["baselines"]["text"]["block_length"]
+    assert set(starts // block % 2) == {1} and set(val_starts // block % 2) == {0}
+    assert ((starts % block) + 33 <= block).all() and ((val_starts % block) + 33 <= block).all()
+    tokens = lambda s: set((s[:, None] + np.arange(33)).ravel())  # noqa: E731
+    assert not tokens(starts) & tokens(val_starts)
+    clusters = np.load(os.path.join(folder, "text.clusters.npy"))
+    np.testing.assert_array_equal(clusters, starts // block)  # a plain file: blocks are the clusters
+    assert results["baselines"]["text"]["clusters"] == np.unique(clusters).size
     assert {m["eval_set"] for m in results["members"]} == {results["members"][0]["eval_set"]}  # one set for all
-    for member in results["members"]:
-        # per-window losses here, through run.forward on the recorded windows, against the stored ones
-        out = run.forward(member["name"], windows[:, :-1], windows[:, 1:])
-        per_window = np.asarray(out.loss, np.float64).reshape(40, 32).mean(axis=1)
-        sums = window_sums(run, member["name"])
-        np.testing.assert_allclose(sums[0] / sums[1], per_window, rtol=2e-5)
-        assert member["eval_loss"] == pytest.approx(per_window.mean(), rel=1e-5)  # the loop's: all 40 windows
-        assert member["eval_loss_se"] == pytest.approx(per_window.std(ddof=1) / math.sqrt(40), rel=1e-4)
-        assert member["eval_bits_per_byte_se"] == pytest.approx(member["eval_loss_se"] / math.log(2))
+    assert {m["val_set"] for m in results["members"]} == {results["members"][0]["val_set"]} != {starts.size}
+    for which, at, prefix in (("test", starts, "eval"), ("validation", val_starts, "val")):
+        windows = text.read_windows(held, at, 32)
+        cl = np.load(os.path.join(folder, "text" + ("" if which == "test" else ".validation") + ".clusters.npy"))
+        for member in results["members"]:
+            # per-window losses here, through run.forward on the recorded windows, against the stored ones
+            out = run.forward(member["name"], windows[:, :-1], windows[:, 1:])
+            per_window = np.asarray(out.loss, np.float64).reshape(40, 32).mean(axis=1)
+            sums = window_sums(run, member["name"] + ("" if which == "test" else ".validation"))
+            np.testing.assert_allclose(sums[0] / sums[1], per_window, rtol=2e-5)
+            assert member[f"{prefix}_loss"] == pytest.approx(per_window.mean(), rel=1e-5)
+            assert member[f"{prefix}_loss_se"] == pytest.approx(clustered_se(per_window, cl), rel=1e-4)
+            se = member[f"{prefix}_bits_per_byte_se"]
+            assert se == pytest.approx(member[f"{prefix}_loss_se"] / math.log(2))
 
 
 def test_the_report_pairs_head_counts_over_windows_and_seeds(docs_run):
@@ -468,19 +497,24 @@ def test_the_report_pairs_head_counts_over_windows_and_seeds(docs_run):
     assert "## Head counts against the smallest, paired on the same held-out windows" in report
     results = json.load(open(os.path.join(run.workdir, "results.json")))
     sums = {(m["heads"], m["seed"]): window_sums(run, m["name"]) for m in results["members"]}
+    clusters = np.load(os.path.join(run.workdir, "eval_windows", "text.clusters.npy"))
     loss = {k: s[0] / s[1] for k, s in sums.items()}
-    # the rule written out here: per-window differences averaged over the seeds (shared windows),
-    # their sd / sqrt(N), and the per-seed differences' sd / sqrt(S), added in quadrature; in bits
+    # the rule written out here: per-seed differences d_s, t(1) on their spread, plus the clustered SE
+    # of the per-window differences averaged over the seeds (shared windows), in bits
     delta = np.stack([loss[2, s] - loss[1, s] for s in (0, 1)])
-    diff = delta.mean() / math.log(2)
-    se_windows = delta.mean(axis=0).std(ddof=1) / math.sqrt(40)
-    se_seeds = delta.mean(axis=1).std(ddof=1) / math.sqrt(2)
-    se = math.hypot(se_windows, se_seeds) / math.log(2)
-    verdict = "within noise" if abs(diff) < 2 * se else ("lower" if diff < 0 else "higher")
+    d = delta.mean(axis=1)
+    se = math.sqrt(d.var(ddof=1) / 2 + clustered_se(delta.mean(axis=0), clusters) ** 2)
+    half = stats.t.ppf(0.975, 1) * se
+    low, high = (d.mean() - half) / math.log(2), (d.mean() + half) / math.log(2)
+    verdict = "within noise" if low <= 0 <= high else ("lower" if high < 0 else "higher")
     row = f"| 2 | 2 | {np.mean([loss[2, 0], loss[2, 1]]) / math.log(2):.4f} ± "
     line = next(line for line in report.splitlines() if line.startswith(row))
-    assert f"| {diff:+.4f} ± {se:.4f} | {verdict} |" in line, line
-    assert "Baselines on the same 40 windows (bits/byte; interpolated Witten-Bell" in report
+    per_seed = ", ".join(f"{x / math.log(2):+.4f}" for x in d)
+    assert f"| {d.mean() / math.log(2):+.4f} [{low:+.4f}, {high:+.4f}] | {per_seed} | {verdict} |" in line, line
+    entry = next(e for e in results["comparisons"] if e["heads"] == 2)
+    assert entry["difference_interval"] == pytest.approx([low * math.log(2), high * math.log(2)], rel=1e-9)
+    assert entry["seeds"] == 2 and entry["selected"] == {} and entry["verdict"] == verdict
+    assert "Baselines on the same 40 test windows in" in report and "interpolated Witten-Bell" in report
     assert line in open(os.path.join(run.workdir, "results.md")).read()  # results.md: the same table
 
 

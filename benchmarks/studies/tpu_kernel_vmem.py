@@ -8,8 +8,8 @@ compile-only devices; jax[tpu] at jax's version, JAX_PLATFORMS=cpu): what benchm
 - ``compile``: compile seconds of the forward and backward at each T, the cases interleaved
   over ``--repeats`` (T = 1,021 against 1,024: the same padded kernel).
 
-    JAX_PLATFORMS=cpu /tmp/tpuvenv/bin/python benchmarks/studies/tpu_kernel_vmem.py vmem 1021:16:float32 8192:1:bfloat16
-    JAX_PLATFORMS=cpu /tmp/tpuvenv/bin/python benchmarks/studies/tpu_kernel_vmem.py compile 1021:1:float32 1024:1:float32
+    JAX_PLATFORMS=cpu python benchmarks/studies/tpu_kernel_vmem.py vmem 1021:16:float32 8192:1:bfloat16
+    JAX_PLATFORMS=cpu python benchmarks/studies/tpu_kernel_vmem.py compile 1021:1:float32 1024:1:float32
 """
 
 from __future__ import annotations

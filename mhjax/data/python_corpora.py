@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import itertools
 import os
 import platform
 import pydoc
@@ -68,8 +69,18 @@ def stdlib_sources(root: str | None = None) -> tuple[bytes, dict]:
     return b"".join(chunks), about
 
 
+def stdlib_file_starts(root: str | None = None) -> list[int]:
+    """Where each of stdlib_files(root) starts in stdlib_sources(root)'s bytes (the clusters of the
+    held-out windows' standard errors: data/heldout_split.py)."""
+    root = sysconfig.get_paths()["stdlib"] if root is None else root
+    sizes = [os.path.getsize(os.path.join(root, *rel.split("/"))) for rel in stdlib_files(root)]
+    return [0, *itertools.accumulate(sizes[:-1])] if sizes else []
+
+
 BUILDERS = {"stdlib": stdlib_sources}  # builtin:NAME -> a builder of (bytes, record)
+FILE_STARTS = {"stdlib": stdlib_file_starts}  # builtin:NAME -> where its source files start
 _BUILT: dict[str, tuple[str, dict]] = {}  # name -> (cache file, record): built once per process
+_STARTS: dict[str, list[int]] = {}  # name -> file_starts
 
 
 def corpus_dir() -> str:
@@ -94,6 +105,16 @@ def resolve(path: str) -> tuple[str, dict]:
         stem = f"{name}-{about['python_implementation'].lower()}-{about['python']}-{sha[:16]}"
         _BUILT[name] = (_write_once(os.path.join(corpus_dir(), stem + ".txt"), data), about)
     return _BUILT[name]
+
+
+def file_starts(path: str) -> list[int] | None:
+    """``builtin:NAME``'s file offsets (ascending), or None for a corpus without a file list."""
+    name = path[len(PREFIX) :] if is_builtin(path) else None
+    if name not in FILE_STARTS:
+        return None
+    if name not in _STARTS:  # a walk of the stdlib: once per process
+        _STARTS[name] = FILE_STARTS[name]()
+    return _STARTS[name]
 
 
 def _write_once(path: str, data: bytes) -> str:

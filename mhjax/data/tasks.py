@@ -14,7 +14,11 @@ Optional forms, for speed and for analysing given tokens:
   should not count; such a task can be analysed on given sequences (``mhjax analyze
   --sequences``, ``run.forward(member, tokens)``);
 - ``heldout(key, num, length, vocab_size)``: held-out sequences, drawn apart from the training
-  ones (evaluation and analysis; default: ``batch``'s draws from the evaluation key);
+  ones (evaluation and analysis: the test set; default: ``batch``'s draws from the evaluation key);
+- ``validation(key, num, length, vocab_size)``: the validation set, apart from ``heldout``'s
+  (default: the heldout form, else ``batch``, from a key of its own: disjoint where they draw
+  fresh sequences; a task whose held-out sequences come from a fixed pool gives this form, as
+  the text task does: experiments/heldout_sets.py);
 - ``bind(config) -> Task``: a task whose forms read the config's data (the text task's corpus,
   data/text.py), bound per config by experiments/task_params.bound_tasks.
 
@@ -60,7 +64,8 @@ class Task:
     source: dict = dataclasses.field(default_factory=dict)  # {"module"|"config": ..., "function": ...}
     params: dict = dataclasses.field(default_factory=dict)  # declared parameters and their defaults
     values: dict = dataclasses.field(default_factory=dict)  # bound values (with_params)
-    heldout: Callable | None = None  # (key, num, length, vocab_size) -> held-out sequences
+    heldout: Callable | None = None  # (key, num, length, vocab_size) -> held-out sequences (the test set)
+    validation: Callable | None = None  # the same, apart from heldout's (text: other blocks; data/text.py)
     bind: Callable | None = None  # config -> the Task over the config's data
     facts: dict = dataclasses.field(default_factory=dict)  # a bound task's facts, in its members' results
     host_reads: bool = False  # its training forms read the host (text above its on-device limit): prefetched per chunk
@@ -110,6 +115,13 @@ class Task:
             return Batch(*self.heldout(key, num, length, vocab_size, **self.kwargs))
         return self.draw(key, num, length, vocab_size)
 
+    def draw_validation(self, key, num: int, length: int, vocab_size: int) -> Batch:
+        """``num`` validation sequences from ``key`` (a key apart from the evaluation key): the
+        validation form, else ``draw_eval``'s draws (generated tasks: a fresh draw)."""
+        if self.validation is not None:
+            return Batch(*self.validation(key, num, length, vocab_size, **self.kwargs))
+        return self.draw_eval(key, num, length, vocab_size)
+
     def dataset(self, dataset_key, indices, length: int, vocab_size: int) -> Batch:
         """Sequences of a fixed dataset by index: row i is sample(fold_in(dataset_key, i)) alone."""
         sample = lambda i: self.call_sample(jax.random.fold_in(dataset_key, i), length, vocab_size)  # noqa: E731
@@ -128,9 +140,17 @@ _REGISTRY: dict[str, Task] = {}
 
 
 def register_task(
-    name: str, sample: Callable, *, batch=None, targets=None, params: dict | None = None, heldout=None, bind=None
+    name: str,
+    sample: Callable,
+    *,
+    batch=None,
+    targets=None,
+    params: dict | None = None,
+    heldout=None,
+    bind=None,
+    validation=None,
 ) -> Task:
-    """Register ``sample`` (and its optional batched, targets, heldout and bind forms) under
+    """Register ``sample`` (and its optional batched, targets, heldout, validation and bind forms) under
     ``name``; ``params``: {parameter: default}, passed to every form as keywords.
 
     Registering the same module and function again (a notebook re-running a config file)
@@ -140,7 +160,9 @@ def register_task(
     if not callable(sample):
         raise ConfigError(f"task {name!r}: sample must be a function (key, length, vocab_size), got {sample!r}")
     params = _check_params(name, sample, params)
-    task = Task(name, sample, batch, targets, source_of(sample), params, heldout=heldout, bind=bind)
+    task = Task(
+        name, sample, batch, targets, source_of(sample), params, heldout=heldout, validation=validation, bind=bind
+    )
     old = _REGISTRY.get(name)
     if old is not None and _identity(old) != _identity(task):
         raise ConfigError(f"task {name!r}: already registered by {old.label()}; {task.label()} needs another name")

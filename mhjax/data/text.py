@@ -9,7 +9,10 @@ A window is ``model.seq_len + 1`` consecutive tokens starting at an offset drawn
 a key: inputs are its first T tokens, targets its last T (the next token), every position
 weighted. Training draws from the training part with the member's data key (the protocols of
 data/sequences.py), so members that differ only in heads or learning rate see the same
-windows; evaluation and analysis draw from the held-out part (the task's ``heldout`` form).
+windows. The held-out part is split into interleaved blocks (data/heldout_split.py): the
+validation set (the task's ``validation`` form: what the tool selects on) draws from the even
+blocks, the test set (its ``heldout`` form: evaluation, analysis and what is reported) from the
+odd ones, so the two never share a token.
 
 Where the corpus lives: a file up to ``ON_DEVICE_LIMIT`` (16 MiB: 16 Mi bytes, 8 Mi tokens of a
 .bin) goes to the device, and the task's forms close over it, a constant of each compiled step
@@ -39,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mhjax.config import ConfigError
-from mhjax.data import python_corpora
+from mhjax.data import heldout_split, python_corpora
 from mhjax.data.tasks import Task, register_task
 
 ON_DEVICE_LIMIT = 16 * 2**20  # bytes of token ids kept on the device (see the module docstring)
@@ -59,6 +62,17 @@ class Corpus:
     heldout: np.ndarray
     max_id: int
     builtin: dict | None = None  # builtin:NAME: what python_corpora records of it (name, Python, ...)
+    file_starts: tuple | None = None  # builtin:NAME: where its source files start (the windows' clusters)
+
+    def clusters(self, starts, length: int):
+        """Per held-out window at ``starts``: its source file where the corpus knows them, else its
+        block (data/heldout_split.window_clusters)."""
+        size, offset = self.heldout.size, self.train.size
+        return heldout_split.window_clusters(starts, size, length, self.file_starts, offset)
+
+    @property
+    def cluster_kind(self) -> str:
+        return "source file" if self.file_starts is not None else "block of the held-out region"
 
     @property
     def record(self) -> dict:
@@ -94,8 +108,9 @@ def load(path, holdout=HOLDOUT) -> Corpus:
             "config.data.path: the text task reads a corpus file; set it (--config.data.path=FILE: "
             "bytes, or a .bin of uint16 token ids; or builtin:stdlib)"
         )
-    builtin = None
+    builtin, file_starts = None, None
     if python_corpora.is_builtin(path):
+        file_starts = tuple(python_corpora.file_starts(path) or ()) or None
         path, builtin = python_corpora.resolve(path)
     if isinstance(holdout, bool) or not isinstance(holdout, (int, float)) or not 0 < holdout < 1:
         raise ConfigError(f"config.data.holdout: must be a number in (0, 1), the held-out fraction; got {holdout!r}")
@@ -127,6 +142,7 @@ def load(path, holdout=HOLDOUT) -> Corpus:
         ids[ids.size - held :],
         int(ids.max()),
         builtin,
+        file_starts,
     )
     _LOADED[memo] = corpus
     return corpus
@@ -141,20 +157,23 @@ def _sha256(path: str) -> str:
 
 
 def check(corpus: Corpus, seq_len: int, vocab_size: int, holdout=HOLDOUT) -> None:
-    """Every id below model.vocab_size, each split at least seq_len + 2 tokens (two windows)."""
+    """Every id below model.vocab_size; the training part at least seq_len + 2 tokens (two windows), the
+    held-out part two windows' lengths, 2 (seq_len + 1), so that it holds a validation and a test block."""
     if corpus.max_id >= vocab_size:
         what = "byte" if corpus.encoding == "bytes" else "token id"
         raise ConfigError(
             f"config.model.vocab_size: {corpus.path} holds {what} {corpus.max_id}; vocab_size must be above it "
             f"(at least {corpus.max_id + 1}), got {vocab_size}"
         )
-    need = seq_len + 2
-    for part, ids in (("training", corpus.train), (f"held-out (last {holdout:g})", corpus.heldout)):
+    for part, ids, need, rule in (
+        ("training", corpus.train, seq_len + 2, "model.seq_len + 2"),
+        (f"held-out (last {holdout:g})", corpus.heldout, 2 * (seq_len + 1), "2 (model.seq_len + 1)"),
+    ):
         if ids.size < need:
             raise ConfigError(
                 f"config.data.path: {corpus.path} is too short: its {part} part has {count(ids.size, 'token')}, "
                 f"fewer than "
-                f"model.seq_len + 2 = {need}; use a longer file, a smaller model.seq_len or another data.holdout"
+                f"{rule} = {need}; use a longer file, a smaller model.seq_len or another data.holdout"
             )
 
 
@@ -167,7 +186,17 @@ def windows(ids, key, num: int, length: int):
     """``num`` windows of ``length + 1`` tokens of ``ids`` at offsets drawn uniformly from
     ``key``: (inputs, targets, weights), each (num, length). ``ids``: a device array, gathered
     in the step; or a numpy memmap, gathered on the host (a callback) at the same offsets."""
-    starts = window_starts(key, num, ids.shape[0], length)
+    return read_at(ids, window_starts(key, num, ids.shape[0], length), length)
+
+
+def part_windows(ids, key, num: int, length: int, part: int):
+    """``windows`` of the held-out ``ids``, in the blocks of ``part`` (data/heldout_split.py)."""
+    return read_at(ids, heldout_split.part_starts(key, num, ids.shape[0], length, part), length)
+
+
+def read_at(ids, starts, length: int):
+    """(inputs, targets, weights) of the windows at ``starts``: gathered on the device or the host."""
+    num = starts.shape[0]
     if isinstance(ids, np.ndarray):
         w = host_windows(ids, starts, length)
     else:
@@ -228,8 +257,11 @@ def _task(corpus: Corpus) -> Task:
     def batch(key, num, length, vocab_size):
         return windows(train, key, num, length)
 
-    def held_out(key, num, length, vocab_size):
-        return windows(heldout, key, num, length)
+    def held_out(key, num, length, vocab_size):  # the test set
+        return part_windows(heldout, key, num, length, heldout_split.TEST)
+
+    def validation(key, num, length, vocab_size):
+        return part_windows(heldout, key, num, length, heldout_split.VALIDATION)
 
     registered = TEXT
     return dataclasses.replace(
@@ -237,6 +269,7 @@ def _task(corpus: Corpus) -> Task:
         sample=sample,
         batch=batch,
         heldout=held_out,
+        validation=validation,
         bind=None,
         source={**registered.source, "data": corpus.record},
         facts={

@@ -1,17 +1,15 @@
 """The text task's baselines, per sweep (results.json ``baselines``): unigram, bigram and trigram
 models counted on the corpus's training split (data/ngram.py: interpolated Witten-Bell) and scored
-on the held-out windows every member is scored on, in bits per byte (per token for a .bin) beside
-``heldout_unigram_entropy_bits``; where those windows start (``eval_window_starts``, kept as
-W/eval_windows/<task>.starts.npy); and the console's note on a member not below the bigram."""
+on the test windows every member is scored on, in bits per byte (per token for a .bin) beside
+``heldout_unigram_entropy_bits``; where the test and validation windows start and their clusters
+(experiments/heldout_sets.py, kept as W/eval_windows/<task>[.validation].{starts,clusters}.npy);
+and the console's note on a member not below the bigram."""
 
 from __future__ import annotations
 
-import hashlib
-
-import numpy as np
-
 from mhjax.data import ngram, text
-from mhjax.experiments.sequence_results import eval_key
+from mhjax.experiments import heldout_sets
+from mhjax.io.window_files import ARRAYS
 
 _MEMO: dict[tuple, dict] = {}  # (corpus sha256, holdout, key, num, T, vocab): counted once per process
 
@@ -21,21 +19,13 @@ def corpus_tasks(experiment) -> list:
     return [t for t in experiment.tasks if "text_format" in t.facts]
 
 
-def held_out_starts(experiment, task) -> np.ndarray:
-    """Where the held-out windows of ``task`` (the same for every member) start in its held-out part."""
-    config = experiment.config
-    corpus = text.load(config.data.get("path", ""), config.data.get("holdout", text.HOLDOUT))
-    key = eval_key(config.seed, 0, task.name, task)
-    return np.asarray(text.window_starts(key, config.data.num_eval, corpus.heldout.size, config.model.seq_len))
-
-
 def baselines(experiment) -> dict:
-    """{"baselines": {task: {...}}, "eval_window_starts": {task: offsets}} for the corpus tasks ({} without)."""
+    """{"baselines": {task: {...}}, ARRAYS: {file name: array}} for the corpus tasks ({} without)."""
     config = experiment.config
-    found, starts_of = {}, {}
+    found = {}
     for task in corpus_tasks(experiment):
-        corpus = text.load(config.data.get("path", ""), config.data.get("holdout", text.HOLDOUT))
-        starts = held_out_starts(experiment, task)
+        corpus = heldout_sets.corpus_of(config)
+        starts = heldout_sets.starts(config, task, "test")
         memo = (corpus.sha256, corpus.heldout.size, starts.tobytes(), config.model.seq_len, config.model.vocab_size)
         if memo not in _MEMO:
             windows = text.read_windows(corpus.heldout, starts, config.model.seq_len)
@@ -46,10 +36,10 @@ def baselines(experiment) -> dict:
             **_MEMO[memo],
             "heldout_unigram_entropy_bits": task.facts["heldout_unigram_entropy_bits"],
             "windows": int(starts.size),
-            "starts_sha256": hashlib.sha256(starts.astype("<i8").tobytes()).hexdigest(),
+            **heldout_sets.facts(config, task),
         }
-        starts_of[task.name] = starts
-    return {"baselines": found, "eval_window_starts": starts_of} if found else {}
+    arrays = heldout_sets.window_files(config, corpus_tasks(experiment))
+    return {"baselines": found, ARRAYS: arrays} if found else {}
 
 
 def bigram_notes(payload: dict) -> list[str]:

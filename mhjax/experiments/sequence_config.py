@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from mhjax import config as cfg
+from mhjax.analysis import comparisons
 from mhjax.data import sequences
 from mhjax.experiments import architecture, optimizer, sweep_skip, task_params
 from mhjax.models import precision
@@ -27,6 +28,7 @@ DEFAULTS = {
     **optimizer.DEFAULTS,  # constant-rate Adam, no weight decay, no clipping
     "data.path": "",  # the text task's corpus file (data/text.py)
     "data.holdout": 0.1,  # the fraction of it held out, at its end
+    "compare.tune": (),  # head counts at each swept value (analysis/comparisons.py)
 }
 SCAN_LAYERS = ("auto", "on", "off")
 
@@ -97,6 +99,7 @@ def validate(config) -> None:
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
             raise cfg.ConfigError(f"config.sweep.learning_rate: each must be a positive number; got {lr!r}")
     optimizer.validate(config)
+    comparisons.check_tune(config)
     known = {"task", "heads", "seed", "learning_rate", *architecture.FIELDS}
     for field in config.sweep.keys():
         if field not in known:
@@ -117,6 +120,7 @@ FIELDS = {
     "sweep": None,
     "sweep_skip": None,  # grid points left out (experiments/sweep_skip.py)
     "task_params": None,  # {task: {parameter: value or tuple}} (experiments/task_params.py)
+    "compare": {"tune"},  # head counts each at its best setting (analysis/comparisons.py)
     "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout", "scan_layers", "head_dim", "dtype"},
     "data": {"protocol", "num_train", "batch_size", "num_eval", "path", "holdout"},
     "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every", "snapshot_steps", "divergence_factor"}

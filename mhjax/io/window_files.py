@@ -17,7 +17,9 @@ from mhjax.io.results import WriteFailed
 
 FOLDER = "eval_windows"
 FIELD = "eval_window_sums"  # the member field results carry them in, until written here
+VALIDATION_FIELD = "val_window_sums"  # the validation set's, written as <member>.validation.npy
 STARTS = "eval_window_starts"  # the payload's {task: offsets}, until written here
+ARRAYS = "eval_window_arrays"  # the payload's {file name: array} (starts, clusters), until written here
 
 
 def _name(member: str) -> str:
@@ -28,7 +30,11 @@ def save(folder: str, payload: dict) -> dict:
     """Write the members' ``FIELD`` arrays and the payload's ``STARTS`` to ``folder`` and take
     them out of ``payload`` (in place: what stays is JSON); returns ``payload``."""
     arrays = {_name(m["name"]): m.pop(FIELD) for m in payload["members"] if FIELD in m}
+    arrays.update(
+        {_name(m["name"]) + ".validation": m.pop(VALIDATION_FIELD) for m in payload["members"] if VALIDATION_FIELD in m}
+    )
     arrays.update({f"{_name(task)}.starts": s for task, s in (payload.pop(STARTS, None) or {}).items()})
+    arrays.update({_name(name): a for name, a in (payload.pop(ARRAYS, None) or {}).items()})
     if arrays:
         try:
             os.makedirs(folder, exist_ok=True)
@@ -47,6 +53,7 @@ def save(folder: str, payload: dict) -> dict:
 
 
 def read(folder: str, member: str) -> np.ndarray | None:
-    """``member``'s per-window sums (2, N), or None when the workdir has none (written before them)."""
+    """``member``'s per-window sums (2, N), or None when the workdir has none (written before them);
+    any other file of the folder by its name less ``.npy`` (``<task>.clusters``, ...)."""
     path = os.path.join(folder, _name(member) + ".npy")
     return np.load(path) if os.path.isfile(path) else None

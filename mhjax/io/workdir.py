@@ -369,12 +369,12 @@ class Workdir(CachedReads):
     def window_sums(self, member: str):  # its per-window held-out sums (io/window_files.py), or None
         return window_files.read(self.file(window_files.FOLDER), member)
 
-    def write_results(self, payload: dict, tables=None) -> dict:
+    def write_results(self, payload: dict, tables=None, summary=None) -> dict:
         """results.json, results.md and W/eval_windows (io/results_files.py); returns what they hold."""
         if self.order is None:  # the whole sweep: its one command holds the workdir
-            return results_files.write(self, payload, tables)
+            return results_files.write(self, payload, tables, summary)
         with SharedWrite(self.path):  # parts that are shards write at once: each merges the other's
-            return results_files.write(self, payload, tables)
+            return results_files.write(self, payload, tables, summary)
 
     def check_or_write_metadata(self, config_dict: dict, kind: str, *options) -> bool:
         """True if the workdir already belongs to this config (resume, or train longer), after

@@ -135,7 +135,8 @@ def plot_curves(
     containing one of ``log_tags`` (e.g. "loss", "hessian") on log-log axes, where a rate is a slope
     (steps and values that are not positive left out). An accuracy's axis ends a little above 100%.
     ``baselines``: results.json's {task: n-gram bits} (text), drawn as horizontal lines on the
-    held-out bits panel and, in nats, on the held-out loss panel."""
+    held-out bits panel and, in nats, on the held-out loss panel. A loss panel (not log-log) spans the
+    steps after 0 where the step-0 point is above them, and says so (_after_step_zero)."""
     from matplotlib.ticker import MaxNLocator
 
     tags = _curve_tags(curves)
@@ -177,6 +178,12 @@ def plot_curves(
                 inside = (x0 <= steps) & (steps <= x1) & (y0 <= values) & (values <= y1)
             last = np.nonzero(inside)[0][-1:]
             ax.plot(steps[last], values[last], ls="none", marker="x", ms=7, mew=1.5, color=style["color"])
+        if limits and not loglog and "accuracy" not in tag:  # the y-range of the steps after 0 (module docstring)
+            task_baseline = (baselines or {}).get(next(iter({m.get("task") for m in drawn}), None))
+            limits = (
+                limits[0],
+                _after_step_zero(ax, [_points(curves, m, tag, False) for m in healthy], tag, task_baseline, limits[1]),
+            )
         if limits:  # a diverged curve runs off the panel, not the scale (1e5 would flatten the rest)
             ax.set_xlim(*limits[0])
             ax.set_ylim(*limits[1])
@@ -204,6 +211,37 @@ def plot_curves(
     return True
 
 
+def _after_step_zero(ax, points: list, tag: str, baseline: dict | None, ylim) -> tuple:
+    """The y-range of the curves after step 0 (and the strongest baseline below them), where the step-0
+    point lies outside it: the untrained model's loss (8 bits a byte) would squeeze the end's
+    differences flat. Says so on the panel; else ``ylim`` as it is."""
+    late = [v[s > 0] for s, v in points if (s > 0).any()]
+    first = [v[s == 0] for s, v in points if (s == 0).any()]
+    if not late or not first:
+        return ylim
+    low, high = min(float(v.min()) for v in late), max(float(v.max()) for v in late)
+    scale = 1.0 if tag.startswith("eval/bits_per_") else math.log(2) if tag == "eval/loss" else None
+    if baseline and scale is not None:
+        bits = [
+            baseline[f"{n}_bits"] for n in ("unigram", "bigram", "trigram") if baseline.get(f"{n}_bits") is not None
+        ]
+        low = min([low, *(b * scale for b in bits if b * scale >= low - (high - low))])
+    top0 = max(float(v.max()) for v in first)
+    if top0 <= high:
+        return ylim
+    pad = 0.06 * (high - low) or 0.05 * abs(high) or 0.05
+    ax.annotate(
+        f"step 0: {top0:.3g}, above the panel",
+        (0.99, 0.98),
+        xycoords="axes fraction",
+        ha="right",
+        va="top",
+        fontsize="x-small",
+        color="0.35",
+    )
+    return (low - pad, high + pad)
+
+
 def _baseline_lines(ax, tag: str, baseline: dict | None) -> None:
     """The n-gram baselines of the panel's task as horizontal lines, in the panel's unit."""
     scale = 1.0 if tag.startswith("eval/bits_per_") else math.log(2) if tag == "eval/loss" else None
@@ -214,4 +252,12 @@ def _baseline_lines(ax, tag: str, baseline: dict | None) -> None:
             value = baseline[f"{name}_bits"] * scale
             ax.axhline(value, color="0.45", ls=(0, (1 + 2 * n, 2)), lw=1)
             where = (0.01, value)  # left: the curves start high above the baselines
-            ax.annotate(name, where, xycoords=("axes fraction", "data"), fontsize="x-small", color="0.35", va="bottom")
+            ax.annotate(
+                name,
+                where,
+                xycoords=("axes fraction", "data"),
+                fontsize="x-small",
+                color="0.35",
+                va="bottom",
+                annotation_clip=True,  # a baseline above a panel spanning the steps after 0: no stray label
+            )

@@ -20,13 +20,13 @@ def _num(value) -> float:
 
 
 def mean_sd(values, fmt: str = "{:.4g}", scale: float = 1.0) -> str:
-    """'mean ± std' of the finite values (times ``scale``), the value alone for one, '-' for none;
+    """'mean ± std' of the finite values (times ``scale``), the value alone for one or equal ones, '-' for none;
     each number as ``fmt``, in scientific notation below 1e-3 (io/results.number_text)."""
     vals = np.array([_num(v) * scale for v in values], float)
     vals = vals[np.isfinite(vals)]
     if vals.size == 0:
         return "-"
-    if vals.size == 1:
+    if vals.size == 1 or np.all(vals == vals[0]):  # a constant drops its "± 0"
         return number_text(float(vals[0]), fmt)
     return f"{number_text(float(vals.mean()), fmt)} ± {number_text(float(vals.std()), fmt)}"
 

@@ -10,13 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from mhjax.analysis.comparisons import results_comparisons
 from mhjax.io.checkpoint import member_key
 from mhjax.io.progress import Progress
 from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.trace import NoTrace, TraceWriter
 from mhjax.io.workdir import Workdir
 from mhjax.plotting import draw as draw_figures
-from mhjax.plotting.paired import results_tables
+from mhjax.plotting.paired import console_lines, results_tables
 from mhjax.train import ahead, end_images, engine, peers, preempt, snapshot_resume, snapshots
 from mhjax.train import status as member_status
 from mhjax.train.console import Console, throughput_text
@@ -358,7 +359,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         payload = results_payload(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
         payload.update(throughput)  # with logging and evaluation
         # with any other part's members; results.md with head counts paired on held-out windows
-        written = workdir.write_results(payload, tables=results_tables) if primary else payload
+        # results.json's "comparisons": head counts at their selected settings (analysis/comparisons.py)
+        written = workdir.write_results(payload, results_tables, results_comparisons) if primary else payload
         description = f"{payload['title']}: {len(members)} members, {step} steps"
         again = latest is not None and latest >= total  # its final/ scalars may be on disk: not twice
         writers.finish(payload["members"], hparams, experiment.metric_tags(), step, description, again)
@@ -369,7 +371,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             # experiment-specific figures and summaries, once every shard's members are in (io/parts.py)
             for request in experiment.figures(written) if not written.get("missing_members") else ():
                 draw_figures(workdir, request, log)
-            for line in member_status.diverged_lines(written["members"]) + experiment.result_notes(written):
+            notes = member_status.diverged_lines(written["members"]) + experiment.result_notes(written)
+            for line in notes + console_lines(written):  # and the head counts compared (plotting/paired.py)
                 log(line)
         return written
     except Exception as exc:

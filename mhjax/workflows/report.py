@@ -27,13 +27,15 @@ import glob
 import os
 from functools import partial
 
+from mhjax.analysis.comparisons import tuned_axes
 from mhjax.config import ConfigError
 from mhjax.io.results import diverged_lines, markdown_table, write_text
 from mhjax.io.workdir import Workdir
 from mhjax.plotting.architecture import architecture_figures
+from mhjax.plotting.budget import plot_budget
 from mhjax.plotting.curves import plot_curves
 from mhjax.plotting.heads import head_tables
-from mhjax.plotting.paired import paired_tables
+from mhjax.plotting.paired import paired_tables, unit_of
 from mhjax.plotting.positions import plot_accuracy_by_position
 from mhjax.plotting.report import (
     analysis_tables,
@@ -104,12 +106,38 @@ def write_report(workdir, log=None, reference: str | None = None, importance_mem
         f"TensorBoard: `tensorboard --logdir {workdir.tensorboard_dir}`.",
         "",
     ]
+    config = workdir.config()
+    paired = paired_tables(
+        members,
+        workdir.window_sums,
+        workdir.sweep_fields(),
+        results.get("baselines"),
+        tuned_axes(config),
+        (config.get("model") or {}).get("vocab_size"),
+        results.get("comparisons"),
+    )
+    if paired and tuned_axes(config):  # compare.tune: the answer first, the per-setting results after
+        lines += [paired]
     summary = summary_table(members, workdir.sweep_fields())
     if summary:
-        lines += ["## Results", "", "Final metrics; mean ± std over seeds.", "", summary]
+        caption = "Final metrics; mean ± sd over seeds (here ± is the seeds' standard deviation, not a standard error)."
+        lines += ["## Results", "", caption, "", summary]
     lines += diverged_lines(members)
-    paired = paired_tables(members, workdir.window_sums, workdir.sweep_fields(), results.get("baselines"))
-    lines += [paired] if paired else []
+    lines += [paired] if paired and not tuned_axes(config) else []
+    unit, scale = unit_of(members)
+    args = (members, workdir.sweep_fields(), tuned_axes(config), scale, unit)
+    link = figure("budget.png", plot_budget, *args)
+    if link:
+        lines += [
+            "## Expected best validation loss against the tuning budget",
+            "",
+            "Per head count, the expected lowest mean validation loss (over seeds) among n settings drawn at random "
+            'from the trained grid (Dodge et al. 2019, "Show Your Work"; mhjax/analysis/comparisons.py); where the '
+            "lines cross, the answer depends on how many settings were tried.",
+            "",
+            link,
+            "",
+        ]
     curves = training_curves(workdir, [m["name"] for m in members])
     kind = opened.kind  # the Experiment class: how its curves read (no plug-in code runs)
     draw = partial(
