@@ -13,6 +13,7 @@ import pytest
 import mhjax
 from mhjax.analysis.forward import head_mask
 from mhjax.analysis.metrics import task_sequences
+from mhjax.api.wording import python_wording
 from mhjax.data import tasks
 from mhjax.models.probe import config_sizes, predict
 from tests.conftest import tiny_sequence_config, tiny_train
@@ -149,10 +150,7 @@ def test_api_errors_name_python_arguments_and_list_the_options(recall_run, tmp_p
         exc.value
     )
     message = "results.json: train it first (mhjax train --config ... --workdir W); run `mhjax analyze --workdir W`"
-    assert (
-        mhjax.api.python_wording(message)
-        == "results.json: train it first (mhjax.sweep(config, 'W')); run `run.analyze()`"
-    )
+    assert python_wording(message) == "results.json: train it first (mhjax.sweep(config, 'W')); run `run.analyze()`"
     report = run.report()
     assert report["md"] == os.path.join(run.workdir, "report.md") and os.path.isfile(report["md"])
 

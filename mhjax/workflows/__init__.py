@@ -1,5 +1,5 @@
 """What the entry points do, once: the command line (mhjax/commands/, argparse adapters) and the
-Python API (mhjax/api.py) both call these functions.
+Python API (mhjax/api/) both call these functions.
 
     configs.py       load_config (a file or a bundled name, overrides, validation), bundled_configs
     workdir.py       open_workdir -> Opened: a trained workdir's files; its tasks and experiment on demand
