@@ -22,7 +22,7 @@ if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
 # GPU is, JAX would otherwise log a cuPTI traceback at every backend start.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # End-of-training images cost ~1 s a member (matplotlib) in every one of the suite's many tiny
-# runs: off by default here (mhjax/train/end_images.py); the tests of the images turn them on.
+# runs: off by default here (mhjax/train/run_end.py); the tests of the images turn them on.
 os.environ.setdefault("MHJAX_IMAGES", "0")
 
 

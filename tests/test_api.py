@@ -71,7 +71,9 @@ def test_the_readme_notebook_section_runs_as_written(tmp_path, monkeypatch, caps
 def test_bad_input_raises_config_error_with_the_command_line_message(tmp_path):
     with pytest.raises(mhjax.ConfigError, match=r"^config.sweep.heads: each must divide model.width=64"):
         mhjax.load_config("quick", {"sweep.heads": (3,)})
-    with pytest.raises(mhjax.ConfigError, match=r"^config.trian.steps: unknown field \(known here: attention, data, "):
+    with pytest.raises(
+        mhjax.ConfigError, match=r"^config.trian.steps: unknown field \(known here: attention, compare, data, "
+    ):
         mhjax.load_config("quick", {"trian.steps": 3})
     with pytest.raises(mhjax.ConfigError, match="^config: file not found: nope.py"):
         mhjax.sweep("nope.py", tmp_path / "w")

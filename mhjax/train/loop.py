@@ -10,23 +10,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from mhjax.analysis.comparisons import results_comparisons
 from mhjax.io.checkpoint import member_key
 from mhjax.io.progress import Progress
 from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.trace import NoTrace, TraceWriter
 from mhjax.io.workdir import Workdir
-from mhjax.plotting import draw as draw_figures
-from mhjax.plotting.paired import console_lines, results_tables
-from mhjax.train import ahead, end_images, engine, peers, preempt, snapshot_resume, snapshots
-from mhjax.train import status as member_status
-from mhjax.train.console import Console, throughput_text
+from mhjax.train import ahead, engine, peers, preempt, snapshots
+from mhjax.train.console import Console
 from mhjax.train.interrupt import Interrupted, StopOnSignal  # noqa: F401 (Interrupted: its home before)
-from mhjax.train.payload import results_payload
 from mhjax.train.placement import Placement
 from mhjax.train.preempt import SharedStop, StopTimes, grace_seconds, interrupted, jax_preemption_service
 from mhjax.train.records import HostRecords
 from mhjax.train.resume_curves import prior_step_seconds, purged_everywhere, rewrite_resumed_step
+from mhjax.train.run_end import write_end
 from mhjax.train.scalars import log_chunk as _log_chunk
 from mhjax.train.scalars import log_eval as _log_eval
 
@@ -281,8 +277,8 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             if writers.purged:  # process 0's, which writes them
                 log(f"tensorboard: points of earlier runs at steps >= {step} dropped (purge_step {step}){again}")
         snaps.take(step, states)  # step 0, or a resumed step newly asked for
-        if latest is not None:  # snapshot steps newly asked for before it (train/snapshot_resume.py)
-            snapshot_resume.take_passed(snaps, sweep, latest, log)
+        if latest is not None:  # snapshot steps newly asked for before it (train/snapshots.py)
+            snaps.take_passed(latest, log)
         console.start(total, step)
         since = step  # the last stop that was not a snapshot's cut
         progress = Progress(workdir, names, total, step, write=primary)  # W/progress.json: mhjax status
@@ -342,39 +338,11 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                 raise interrupted(stop, step, workdir.path, saved=True)
         stop.close()
         console.close()  # the final lines start on a line of their own
-        throughput = {}  # this run's rates (experiment.throughput), when it trained
-        if latest is not None and latest >= total:
-            log(f"training already complete at step {latest}; not retraining")
-        elif primary and trained:
-            wall = time.perf_counter() - started
-            speed = trained * len(members) / max(wall, 1e-9)
-            rates = experiment.throughput(speed)  # results.json keeps them where the experiment has any
-            throughput = {"member_steps_per_s": speed, **rates} if rates else {}
-            log(
-                f"trained {trained} steps x {len(members)} members in {wall:.1f} s: "
-                f"{speed:,.0f} member-steps/s{throughput_text(throughput)} (with logging and evaluation)"
-            )
-        if evaluation is None:  # else the loop's last evaluation is of this very state
-            evaluation = sweep.evaluate(states)
-        payload = results_payload(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
-        payload.update(throughput)  # with logging and evaluation
-        # with any other part's members; results.md with head counts paired on held-out windows
-        # results.json's "comparisons": head counts at their selected settings (analysis/comparisons.py)
-        written = workdir.write_results(payload, results_tables, results_comparisons) if primary else payload
-        description = f"{payload['title']}: {len(members)} members, {step} steps"
-        again = latest is not None and latest >= total  # its final/ scalars may be on disk: not twice
-        writers.finish(payload["members"], hparams, experiment.metric_tags(), step, description, again)
-        # Host copies are gathered by EVERY process (a collective); then only process 0 draws.
-        member_states = sweep.member_states(states)
-        if primary:
-            end_images.write(experiment, writers, member_states, step, log, payload["members"])
-            # experiment-specific figures and summaries, once every shard's members are in (io/parts.py)
-            for request in experiment.figures(written) if not written.get("missing_members") else ():
-                draw_figures(workdir, request, log)
-            notes = member_status.diverged_lines(written["members"]) + experiment.result_notes(written)
-            for line in notes + console_lines(written):  # and the head counts compared (plotting/paired.py)
-                log(line)
-        return written
+        # results, the final scalars and images, figures and notes (train/run_end.py)
+        return write_end(
+            experiment, workdir, sweep, states, writers, hparams, evaluation=evaluation, seconds=seconds, step=step,
+            latest=latest, trained=trained, started=started, primary=primary, log=log,
+        )  # fmt: skip
     except Exception as exc:
         if peers.lost(exc):  # now: the finally's barrier would wait for the lost process, then abort
             peers.exit_requeue(exc, workdir.checkpoints_dir, preempt.resume_command(workdir.path))

@@ -16,6 +16,12 @@ takes the snapshots of the straight run. A snapshot already on disk is not writt
 again (a run killed after writing it and resumed from an earlier checkpoint retrains the same
 parameters), and orbax writes each one into a temporary folder renamed into place when complete:
 a kill loses none that was written.
+
+Snapshot steps a resumed run asks for that lie before its checkpoint (config.train.snapshot_steps
+changed since the workdir's run: io/metadata.py records the change in mhjax.json): step 0 is
+theta_0, which the initialisation recomputes exactly from the config seed, so it is taken; any
+other step's parameters were not kept: it is named in one line, and the run goes on
+(``Snapshots.take_passed``).
 """
 
 from __future__ import annotations
@@ -115,7 +121,7 @@ def _size(n: float) -> str:
 
 class Snapshots:
     """The host loop's writer: ``take(step, states)`` at each chunk end writes every member's
-    parameters when ``step`` is a snapshot step that is not on disk yet."""
+    parameters when ``step`` is a snapshot step that is not on disk yet; ``take_passed`` on resuming."""
 
     def __init__(self, sweep, workdir, steps):
         self.sweep, self.steps = sweep, set(steps)
@@ -133,6 +139,23 @@ class Snapshots:
         self.store.save(step, tree)
         self.written.add(step)
         return True
+
+    def take_passed(self, resumed_at: int, log) -> list[int]:
+        """Take step 0 when it is wanted and not on disk, and say which other wanted steps before
+        ``resumed_at`` are not; returns those."""
+        passed = sorted(k for k in self.steps if k < resumed_at and k not in self.written)
+        if 0 in passed:
+            self.take(0, self.sweep.init_states())
+            log(f"config.{FIELD}: step 0 taken (theta_0, initialised again from the config seed)")
+        gone = [k for k in passed if k]
+        if gone:
+            steps = ", ".join(map(str, gone))
+            log(
+                f"config.{FIELD}: step{'s' * (len(gone) > 1)} {steps} passed before this run (resumed at step "
+                f"{resumed_at}) and {'were' if len(gone) > 1 else 'was'} not kept: no snapshot there; "
+                "a new workdir trains them"
+            )
+        return gone
 
     def close(self) -> None:
         if self.store is not None:
