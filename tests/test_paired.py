@@ -1,6 +1,6 @@
 """Standard errors of held-out losses and the paired table of head counts (analysis/paired.py,
 plotting/paired.py), on made-up per-window losses, against the rule written out here; MFU's
-device peaks (models/mfu.py); the baselines drawn on the held-out curves; the closing line's throughput."""
+device peaks (models/flops.py); the baselines drawn on the held-out curves; the closing line's throughput."""
 
 import math
 
@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from mhjax.analysis import paired
-from mhjax.models import mfu
+from mhjax.models import flops
 from mhjax.plotting.curves import _after_step_zero, _baseline_lines
 from mhjax.plotting.paired import paired_tables
 from mhjax.plotting.style import pyplot
@@ -93,10 +93,10 @@ def test_the_table_pairs_within_seeds_leaves_out_diverged_members_and_says_unpai
 
 
 def test_mfu_uses_the_presets_matmul_peak_and_none_elsewhere():
-    assert mfu.peak_flops("NVIDIA H200") == 494.7e12 and mfu.peak_flops("NVIDIA H200", "bfloat16") == 989.5e12
-    assert mfu.peak_flops("NVIDIA H100 80GB HBM3") == 494.7e12  # the H100 SXM's datasheet rates
-    assert mfu.peak_flops("cpu") is None and mfu.mfu(1e12, "cpu") is None
-    assert mfu.mfu(98.94e12, "NVIDIA H200", devices=2) == pytest.approx(0.1)
+    assert flops.peak_flops("NVIDIA H200") == 494.7e12 and flops.peak_flops("NVIDIA H200", "bfloat16") == 989.5e12
+    assert flops.peak_flops("NVIDIA H100 80GB HBM3") == 494.7e12  # the H100 SXM's datasheet rates
+    assert flops.peak_flops("cpu") is None and flops.mfu(1e12, "cpu") is None
+    assert flops.mfu(98.94e12, "NVIDIA H200", devices=2) == pytest.approx(0.1)
 
 
 def test_baselines_are_drawn_in_the_panels_unit():

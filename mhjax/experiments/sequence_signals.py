@@ -1,6 +1,6 @@
 """What a sequence run logs beside its losses, for a language modeller: the held-out loss in bits
 at every evaluation (text), the learning rate of every step from the schedule on the host, and
-the throughput as tokens per second and MFU (models/mfu.py)."""
+the throughput as tokens per second and MFU (models/flops.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from mhjax.experiments import architecture, optimizer
-from mhjax.models import flops, mfu
+from mhjax.models import flops
 
 
 def bits_fields(experiment, index: int, metrics: dict) -> dict:
@@ -61,5 +61,5 @@ def throughput(experiment, member_steps_per_s: float, devices: int) -> dict:
     dtype = c.model.get("dtype", "float32")
     return {
         "tokens_per_s": tokens,
-        "mfu": mfu.mfu(member_steps_per_s * flops_per_member_step(experiment), kind, devices, dtype),
+        "mfu": flops.mfu(member_steps_per_s * flops_per_member_step(experiment), kind, devices, dtype),
     }

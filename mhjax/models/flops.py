@@ -1,9 +1,21 @@
-"""Analytic FLOPs and memory of the sequence Transformer (one multiply-add = 2 FLOPs).
+"""The model's FLOPs: analytic matmul FLOPs of the sequence Transformer (one multiply-add = 2
+FLOPs), and the model FLOPs utilisation (MFU) they give a measured rate.
 
 ``attention_width``: q, k and v's width A = heads x head size (None: the width, parameter
-matching). At a fixed head size it grows with the head count; at fixed width it does not."""
+matching). At a fixed head size it grows with the head count; at fixed width it does not.
+
+MFU: the analytic training FLOPs done per second, over the matmul peak of the devices the run is on
+(models/cost.py's presets, dense, in the model's dtype: an H200's 494.7 TFLOP/s of TF32 for
+float32, 989.5 of bfloat16). A device models/cost.py has no preset for (a CPU) has no peak: its
+MFU is None."""
 
 from __future__ import annotations
+
+from mhjax.models import cost
+
+# jax's device_kind -> models/cost.py's preset. The H100 SXM: the H200's TF32 and bfloat16 dense
+# rates (its datasheet gives the same, models/cost.py's h200 entry).
+KINDS = (("H200", "h200"), ("H100 80GB HBM3", "h200"), ("H100 SXM", "h200"), ("TPU v5 lite", "tpu-v5e"))
 
 
 def forward_flops(
@@ -21,9 +33,15 @@ def train_step_flops(batch, length, width, num_layers, mlp_dim, vocab, attention
     return 3.0 * forward_flops(batch, length, width, num_layers, mlp_dim, vocab, attention_width)
 
 
-def activation_bytes(batch, length, width, num_layers, mlp_dim, heads, vocab, dtype_bytes=4, attention_width=None):
-    """Rough activations kept for the backward pass: per layer the residual, norms, q/k/v,
-    MLP hidden and the (heads, T, T) scores, probabilities and dropout mask; plus logits."""
-    a = attention_width or width
-    per_layer = batch * length * (5 * width + 3 * a + 2 * mlp_dim) + 3 * batch * heads * length * length
-    return dtype_bytes * (num_layers * per_layer + 2 * batch * length * vocab)
+def peak_flops(device_kind: str, dtype: str = "float32") -> float | None:
+    """The matmul peak (FLOP/s) of one device of ``device_kind``, or None where there is no preset."""
+    for needle, preset in KINDS:
+        if needle.lower() in str(device_kind).lower():
+            return cost.DEVICES[preset].dot_rate(dtype)
+    return None
+
+
+def mfu(flops_per_s: float, device_kind: str, devices: int = 1, dtype: str = "float32") -> float | None:
+    """``flops_per_s`` over ``devices`` devices' peak; None without a preset."""
+    peak = peak_flops(device_kind, dtype)
+    return None if peak is None else flops_per_s / (peak * max(devices, 1))
