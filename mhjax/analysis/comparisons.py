@@ -17,6 +17,7 @@ verdict may mean little, "" when none)."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 
@@ -60,8 +61,16 @@ def group_fields(fields, tuned=()) -> tuple[str, ...]:
     return tuple(f for f in fields if f not in ("heads", "seed", *tuned))
 
 
+class _Frozen(dict):
+    """A dict field value (e.g. ``task_params``) as a group or setting key: hashed by its JSON."""
+
+    def __hash__(self):
+        return hash(json.dumps(self, sort_keys=True, default=str))
+
+
 def _get(member, field):
-    return member.get(field) if isinstance(member, dict) else member[field]
+    value = member.get(field) if isinstance(member, dict) else member[field]
+    return _Frozen(value) if isinstance(value, dict) else tuple(value) if isinstance(value, list) else value
 
 
 def cells(members, fields, tuned=(), value=_get) -> dict:

@@ -9,6 +9,7 @@ io/window_files.py); no table where a workdir has none (trained before they were
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 
@@ -148,12 +149,11 @@ def render(entries: list[dict], members: list[dict], tuned=(), baselines=None) -
         return ""
     tuned = tuple(tuned) or tuple(dict.fromkeys(k for e in entries for k in (e.get("selected") or {})))
     by_group: dict = defaultdict(list)
-    for e in entries:
-        by_group[tuple(sorted(e.get("group", {}).items(), key=str))].append(e)
+    for e in entries:  # keyed by JSON: a group's values may be dicts (task_params)
+        by_group[json.dumps(e.get("group", {}), sort_keys=True, default=str)].append(e)
     out = []
-    for group, group_entries in by_group.items():
-        group_dict = dict(group)
-        task = group_dict.get("task")
+    for group_entries in by_group.values():
+        task = group_entries[0].get("group", {}).get("task")
         unit, scale = unit_of([m for m in members if task is None or m.get("task") == task])
         out += [
             f"**{_label(group_entries[0].get('group', {}))}** ({unit})",
