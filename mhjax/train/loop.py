@@ -18,7 +18,7 @@ from mhjax.io.trace import NoTrace, TraceWriter
 from mhjax.io.workdir import Workdir
 from mhjax.plotting import draw as draw_figures
 from mhjax.plotting.paired import console_lines, results_tables
-from mhjax.train import ahead, end_images, engine, peers, preempt, snapshot_resume, snapshots
+from mhjax.train import ahead, end_images, engine, halving, peers, preempt, snapshot_resume, snapshots
 from mhjax.train import status as member_status
 from mhjax.train.console import Console, throughput_text
 from mhjax.train.interrupt import Interrupted, StopOnSignal  # noqa: F401 (Interrupted: its home before)
@@ -224,6 +224,10 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         experiment.check_start()
     metadata = (config.to_dict(), experiment.kind, experiment.metadata(), experiment.cannot_extend)
     resuming = workdir.check_or_write_metadata(*metadata, experiment.config_defaults) if primary else True
+    rungs = halving.Halving(experiment, workdir, log)  # a no-op unless config.train.halving
+    checkpointer = workdir.checkpointer()
+    latest = checkpointer.latest_step() if resuming else None
+    everyone, experiment = experiment.members, rungs.experiment_at(latest or 0)  # the survivors of its rungs
     sweep = Sweep(experiment)
     if jax.process_count() > 1:
         for p in sweep.programs:
@@ -231,8 +235,6 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             log(f"process {jax.process_index()}/{jax.process_count()} computes program {p.name}: {', '.join(mine)}")
     members = experiment.members
     total, chunk = config.train.steps, config.train.chunk_steps
-    checkpointer = workdir.checkpointer()
-    latest = checkpointer.latest_step() if resuming else None
     step = int(latest or 0)
     Progress(workdir, [m.name for m in members], total, step, write=primary).starting()  # for mhjax status
     writers, snaps = NoWriters(), snapshots.Snapshots(sweep, workdir, snapshots.steps_of(config))
@@ -254,13 +256,13 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                 log(f"checkpoint {latest} predates recorded loss points: loss_curve starts at step {latest}")
             if sweep.path_from:
                 log(f"checkpoint {latest} predates the loss-path records: divergence is checked from step {latest} on")
-        names = [m.name for m in members]
+        names = [m.name for m in everyone]
         # Resumed (or started again after a kill before any checkpoint): points a killed process
         # wrote at steps >= ``step`` are dropped, as W/trace cuts its files (io/trace.py).
         purge = step if step < total else None  # a finished run's points (analysis included) stay
         writers = MemberWriters(workdir.tensorboard_dir, names, log=log, purge_step=purge) if primary else NoWriters()
         traces = TraceWriter(workdir.trace_dir, step) if primary else NoTrace()  # W/trace, from ``step`` on
-        hparams = {m.name: m.flat_hparams() for m in members}
+        hparams = {m.name: m.flat_hparams() for m in everyone}
         writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
         evals = sorted(set(experiment.eval_steps()))
         # the first chunk cut at early evaluations, any chunk at snapshot steps (train/snapshots.py)
@@ -272,7 +274,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
         reported_divergence, evaluation = set(), None
         factor, every = experiment.divergence_factor(), experiment.log_every_step  # train/... at every step?
-        started, trained = time.perf_counter(), 0
+        started, trained, member_steps = time.perf_counter(), 0, 0  # member_steps: fewer after a halving rung
         if 0 in evals and step == 0:
             _log_eval(writers, members, sweep.evaluate(states), 0)
         if purged_everywhere(writers) and latest is not None:  # what the purge dropped at ``step``, again
@@ -319,6 +321,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                 writers.scalars(m.name, {"perf/member_steps_per_s": rate, **perf}, step + n)
             step += n
             trained += n
+            member_steps += n * len(members)
             console.advance(n, step, rate, time.perf_counter() - started)
             # Evaluations and checkpoints fall as in a run without snapshots: not at a snapshot's
             # cut, and at other stops for what was crossed since the last of those (``since``).
@@ -326,11 +329,21 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             previous, since = (since, step) if regular else (step, since)
             progress.update(step, {members[i].name for i, _ in reported_divergence})
             wanted_eval = any(previous < k <= step for k in evals)
-            if _crossed(previous, step, config.train.eval_every) or step == total or wanted_eval:
+            if _crossed(previous, step, config.train.eval_every) or step == total or wanted_eval or rungs.due(step):
                 evaluation = sweep.evaluate(states)
                 _log_eval(writers, members, evaluation, step)
+            if rungs.due(step):  # the survivors train on in programs of their own (train/halving.py)
+                was = [m.name for m in members]
+                sweep, states, evaluation = rungs.rung(sweep, states, evaluation, seconds, step, Sweep)
+                if rungs.ended:  # every member stopped
+                    break
+                experiment, members, snaps.sweep = sweep.experiment, sweep.experiment.members, sweep
+                index = {m.name: j for j, m in enumerate(members)}
+                reported_divergence = {(index[was[i]], e) for i, e in reported_divergence if was[i] in index}
+                if len(members) < len(was):
+                    _compile_ahead(sweep, console, plan, init=False)
             snaps.take(step, states)  # before the checkpoint: resumed, a step is taken again or kept
-            due = _crossed(previous, step, config.train.checkpoint_every) or step == total
+            due = _crossed(previous, step, config.train.checkpoint_every) or step == total or rungs.due(step)
             if due or halt:
                 saving = time.perf_counter()
                 writers.flush()  # every point up to ``step`` on disk before the checkpoint commits it
@@ -347,17 +360,18 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             log(f"training already complete at step {latest}; not retraining")
         elif primary and trained:
             wall = time.perf_counter() - started
-            speed = trained * len(members) / max(wall, 1e-9)
+            speed = member_steps / max(wall, 1e-9)
             rates = experiment.throughput(speed)  # results.json keeps them where the experiment has any
             throughput = {"member_steps_per_s": speed, **rates} if rates else {}
             log(
-                f"trained {trained} steps x {len(members)} members in {wall:.1f} s: "
+                f"trained {trained} steps x {len(members)} members{rungs.since_text(member_steps)} in {wall:.1f} s: "
                 f"{speed:,.0f} member-steps/s{throughput_text(throughput)} (with logging and evaluation)"
             )
         if evaluation is None:  # else the loop's last evaluation is of this very state
             evaluation = sweep.evaluate(states)
         payload = results_payload(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
         payload.update(throughput)  # with logging and evaluation
+        payload = rungs.finish(payload, total)  # with the members stopped at rungs (train/halving.py)
         # with any other part's members; results.md with head counts paired on held-out windows
         # results.json's "comparisons": head counts at their selected settings (analysis/comparisons.py)
         written = workdir.write_results(payload, results_tables, results_comparisons) if primary else payload
@@ -372,6 +386,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             for request in experiment.figures(written) if not written.get("missing_members") else ():
                 draw_figures(workdir, request, log)
             notes = member_status.diverged_lines(written["members"]) + experiment.result_notes(written)
+            notes += [rungs.end_line(total)] if rungs.spec else []
             for line in notes + console_lines(written):  # and the head counts compared (plotting/paired.py)
                 log(line)
         return written
