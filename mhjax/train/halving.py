@@ -25,14 +25,13 @@ import os
 
 import numpy as np
 
-from mhjax.analysis.comparisons import cells, group_fields, tuned_axes
+from mhjax.analysis.comparisons import STOPPED, cells, group_fields, tuned_axes
 from mhjax.config import ConfigError
 from mhjax.io import window_files
 from mhjax.io.checkpoint import SweepCheckpointer, member_key
 from mhjax.io.results import json_ready
 from mhjax.train.payload import results_payload
 
-STOPPED = "stopped_by_halving"  # results.json's status of a member stopped at a rung
 FILE = "halving.json"  # W/halving.json: the rungs decided so far
 FOLDER = "halving"  # W/halving/<step>/: the states of the members stopped at that rung
 DEFAULT_KEEP = 1 / 3
@@ -93,7 +92,7 @@ def decide(records: list[dict], fields, tuned, keep: float) -> dict:
     """The rung's decision from the members' results entries at the rung (``fields``: the swept
     ones): {"kept": [name, ...], "stopped": {name: reason}} (module docstring)."""
     kept, stopped = [], {}
-    for group, by_heads in cells(records, group_fields(fields, tuned), tuned).items():
+    for by_heads in cells(records, group_fields(fields, tuned), tuned).values():
         for heads, settings in by_heads.items():
             scores, bad = {}, []
             for setting, indices in settings.items():
