@@ -90,7 +90,7 @@ def kept_count(n: int, keep: float) -> int:
 
 def decide(records: list[dict], fields, tuned, keep: float) -> dict:
     """The rung's decision from the members' results entries at the rung (``fields``: the swept
-    ones): {"kept": [name, ...], "stopped": {name: reason}} (module docstring)."""
+    ones): {"kept": [name, ...], "stopped": {name: reason}, "val_loss": {name: at the rung}}."""
     kept, stopped = [], {}
     for by_heads in cells(records, group_fields(fields, tuned), tuned).values():
         for heads, settings in by_heads.items():
@@ -119,7 +119,11 @@ def decide(records: list[dict], fields, tuned, keep: float) -> dict:
                 for i in settings[setting]:
                     stopped[records[i]["name"]] = f"{label}: diverged or unscored at heads {heads}"
     order = [m["name"] for m in records]
-    return {"kept": [n for n in order if n in kept], "stopped": {n: stopped[n] for n in order if n in stopped}}
+    return {
+        "kept": [n for n in order if n in kept],
+        "stopped": {n: stopped[n] for n in order if n in stopped},
+        "val_loss": {m["name"]: m.get("val_loss") for m in records},  # what was ranked, every member's
+    }
 
 
 class Halving:

@@ -125,7 +125,8 @@ class Sweep:
 
     def save(self, checkpointer, step: int, states, seconds: dict) -> None:
         members = {member_key(k): v for k, v in self.member_states(states).items()}
-        tree = {"members": members, "seconds": {member_key(k): np.float32(v) for k, v in seconds.items()}}
+        own = {m.name for m in self.experiment.members}  # after a halving rung, ``seconds`` has everyone's
+        tree = {"members": members, "seconds": {member_key(k): np.float32(v) for k, v in seconds.items() if k in own}}
         checkpointer.save(step, tree, records=self.records.to_json())
 
     def restore(self, checkpointer, step: int):
