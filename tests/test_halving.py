@@ -51,6 +51,7 @@ def runs(tmp_path_factory):  # ~15 s on 2 cores: both sweeps
     return root, results(root / "halved"), results(root / "full")
 
 
+@pytest.mark.slow  # the sweep twice (~20 s on 2 cores; the SIGTERM test ~20 s more)
 def test_the_halved_sweep_trains_fewer_member_steps_and_its_survivors_equal_the_full_grid(runs):
     root, halved, full = runs
     # by hand: per head count 3 settings, floor(3 / 3) = 1 kept: 2 stopped x 2 seeds x 2 head counts
@@ -80,6 +81,7 @@ def test_the_halved_sweep_trains_fewer_member_steps_and_its_survivors_equal_the_
         assert kept == {min(at_rung, key=at_rung.get)}
 
 
+@pytest.mark.slow
 def test_stopped_members_keep_their_records_up_to_the_rung(runs):
     root, halved, _ = runs
     stopped = [m["name"] for m in halved["members"] if m["status"] == STOPPED]
@@ -107,6 +109,7 @@ def test_stopped_members_keep_their_records_up_to_the_rung(runs):
         jax.tree_util.tree_map(np.testing.assert_array_equal, state, theirs[key])
 
 
+@pytest.mark.slow
 def test_the_tuned_comparison_selects_among_survivors_and_names_the_stopped(runs):
     _, halved, _ = runs
     status = {m["name"]: m["status"] for m in halved["members"]}
@@ -121,6 +124,7 @@ def test_the_tuned_comparison_selects_among_survivors_and_names_the_stopped(runs
         assert len(named) == 4 and all(status[n] == STOPPED for n in named)
 
 
+@pytest.mark.slow
 def test_a_sigterm_just_after_the_rung_then_resume_gives_the_same_survivors_and_numbers(runs, tmp_path):
     _, halved, _ = runs
     path = tmp_path / "halving.py"
@@ -139,6 +143,22 @@ def test_a_sigterm_just_after_the_rung_then_resume_gives_the_same_survivors_and_
     for a, b in zip(again["members"], halved["members"]):
         assert a["name"] == b["name"] and a["status"] == b["status"]
         assert a["eval_loss"] == b["eval_loss"] and a["val_loss"] == b["val_loss"]
+
+
+def test_a_tiny_halved_sweep_shrinks_to_its_survivor(tmp_path):  # the default suite's run (~5 s)
+    c = tiny_train(tiny_sequence_config(heads=(1,), seed=(0,), learning_rate=(1e-3, 1e-1)), 4, 2, 2, 2)
+    with c.unlocked():
+        c.compare = ml_collections.ConfigDict({"tune": ("learning_rate",)})
+        c.train.halving = dict(rungs=(2,), reduction_factor=2)
+    mhjax.sweep(c, tmp_path / "w", progress=False)
+    got = results(tmp_path / "w")
+    assert got["halving"]["member_steps"] == 2 + 4 and got["halving"]["full_grid_member_steps"] == 8
+    ranked = halving.read(str(tmp_path / "w"))["decisions"][0]["val_loss"]
+    best = min(ranked, key=ranked.get)
+    assert [(m["name"], m["status"], m["steps"]) for m in got["members"]] == [
+        (n, "ok" if n == best else STOPPED, 4 if n == best else 2) for n in ranked
+    ]
+    assert got["programs"] == {next(iter(got["programs"])): [best]}  # the last program: the survivor's alone
 
 
 def test_the_rule_keeps_the_best_fraction_per_head_count_and_stops_diverged_settings():
