@@ -16,8 +16,12 @@ import mhjax
 from mhjax import cli
 from mhjax.analysis.comparisons import STOPPED
 from mhjax.config import ConfigError
+from mhjax.experiments import make_experiment
 from mhjax.io.checkpoint import SweepCheckpointer, member_key
+from mhjax.io.sweep_state import sweep_status
+from mhjax.io.workdir import Workdir
 from mhjax.train import halving
+from mhjax.workflows.train import describe
 from tests.conftest import ROOT, config_source, tiny_sequence_config, tiny_train
 from tests.errors_common import assert_one_line_error
 from tests.tb_scalars import scalar_events
@@ -159,6 +163,36 @@ def test_a_tiny_halved_sweep_shrinks_to_its_survivor(tmp_path):  # the default s
         (n, "ok" if n == best else STOPPED, 4 if n == best else 2) for n in ranked
     ]
     assert got["programs"] == {next(iter(got["programs"])): [best]}  # the last program: the survivor's alone
+    rows = {r["name"]: r for r in sweep_status(tmp_path / "w")["members"]}  # mhjax status
+    assert {n: (r["state"], r["step"]) for n, r in rows.items()} == {
+        n: ("done", 4) if n == best else (STOPPED, 2) for n in ranked
+    }
+
+
+def test_dry_run_says_the_rungs_predicted_member_steps_and_the_survivors_programs():
+    text = describe(make_experiment(config()), "cpu")
+    # 12 members x 4 steps, then 1 of 3 learning rates x 2 seeds x 2 head counts x 4 steps
+    assert "halving: rungs at steps 4, keep 0.333" in text and "predicted 64 member-steps of the full grid's 96" in text
+    assert "after step 4: 4 members in 2 program(s)" in text
+
+
+def test_shards_and_growing_are_refused_in_one_line(tmp_path, capsys):
+    path = tmp_path / "c.py"
+    path.write_text(config_source(config()))
+    args = ["train", "--config", str(path), "--workdir", str(tmp_path / "w"), "--no-progress"]
+    assert_one_line_error(capsys, cli.main([*args, "--shard", "0/2"]), "--shard: not with config.train.halving")
+    # growing: a workdir of the sweep with fewer learning rates (written, not trained), then more
+    small = config()
+    with small.unlocked():
+        small.sweep.learning_rate = RATES[:2]
+    path.write_text(config_source(small))
+    experiment = make_experiment(small)
+    Workdir.of(tmp_path / "w").check_or_write_metadata(
+        small.to_dict(), experiment.kind, experiment.metadata(), experiment.cannot_extend, experiment.config_defaults
+    )
+    capsys.readouterr()
+    path.write_text(config_source(config()))
+    assert_one_line_error(capsys, cli.main(args), "cannot grow")
 
 
 def test_the_rule_keeps_the_best_fraction_per_head_count_and_stops_diverged_settings():

@@ -30,9 +30,10 @@ from mhjax.config import ConfigError
 from mhjax.io import window_files
 from mhjax.io.checkpoint import SweepCheckpointer, member_key
 from mhjax.io.results import json_ready
+from mhjax.io.sweep_state import HALVING_FILE
 from mhjax.train.payload import results_payload
 
-FILE = "halving.json"  # W/halving.json: the rungs decided so far
+FILE = HALVING_FILE  # W/halving.json: the rungs decided so far (mhjax status reads it)
 FOLDER = "halving"  # W/halving/<step>/: the states of the members stopped at that rung
 DEFAULT_KEEP = 1 / 3
 
@@ -92,7 +93,7 @@ def decide(records: list[dict], fields, tuned, keep: float) -> dict:
     """The rung's decision from the members' results entries at the rung (``fields``: the swept
     ones): {"kept": [name, ...], "stopped": {name: reason}, "val_loss": {name: at the rung}}."""
     kept, stopped = [], {}
-    for by_heads in cells(records, group_fields(fields, tuned), tuned).values():
+    for by_heads in cells(records, group_fields(fields, tuned), tuned, _value).values():
         for heads, settings in by_heads.items():
             scores, bad = {}, []
             for setting, indices in settings.items():
@@ -124,6 +125,56 @@ def decide(records: list[dict], fields, tuned, keep: float) -> dict:
         "stopped": {n: stopped[n] for n in order if n in stopped},
         "val_loss": {m["name"]: m.get("val_loss") for m in records},  # what was ranked, every member's
     }
+
+
+def _value(member, field):
+    """A member's value of ``field``, hashable (a dict, e.g. task_params: its JSON text)."""
+    value = member.get(field) if isinstance(member, dict) else member.hparams.get(field)
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value
+
+
+def predicted(experiment) -> list[tuple[int, list[str]]]:
+    """[(from step, the members training from it)]: the whole grid from 0, then after each rung as
+    many settings per comparison group and head count as keep leaves (the first ones standing in for
+    the ones validation will pick: the same count, not the same names), none diverging."""
+    spec = spec_of(experiment.config)
+    tuned = tuned_axes(experiment.config)
+    fields = group_fields(list(experiment.config.sweep.keys()), tuned)
+    members = experiment.members
+    left = {}  # (group, heads) -> the settings still training, in sorted order
+    for group, by_heads in cells(members, fields, tuned, _value).items():
+        for heads, settings in by_heads.items():
+            left[(group, heads)] = {s: settings[s] for s in sorted(settings, key=str)}
+    out = [(0, [m.name for m in members])]
+    for rung in spec["rungs"]:
+        left = {k: dict(list(v.items())[: kept_count(len(v), spec["keep"])]) for k, v in left.items()}
+        names = {members[i].name for v in left.values() for idx in v.values() for i in idx}
+        out.append((rung, [m.name for m in members if m.name in names]))
+    return out
+
+
+def describe(experiment, backend: str) -> list[str]:
+    """--dry-run's lines of a halved sweep: its rungs, the predicted member-steps and the programs
+    compiled after each rung (one set per surviving shape); none without halving."""
+    spec = spec_of(experiment.config)
+    if not spec:
+        return []
+    total = int(experiment.config.train.steps)
+    segments = predicted(experiment)
+    ends = [start for start, _ in segments[1:]] + [total]
+    steps = sum((end - start) * len(names) for (start, names), end in zip(segments, ends))
+    full = total * len(experiment.members)
+    lines = [
+        f"halving: rungs at steps {', '.join(map(str, spec['rungs']))}, keep {spec['keep']:.3g} per comparison group "
+        f"and head count: predicted {steps:,} member-steps of the full grid's {full:,} ({steps / full:.0%})"
+    ]
+    for start, names in segments[1:]:
+        programs = experiment.subset(names).plan(backend).programs
+        lines.append(
+            f"  after step {start}: {len(names)} members in {len(programs)} program(s), compiled then: "
+            + ", ".join(f"{p.name} ({len(p.members)} members)" for p in programs)
+        )
+    return lines
 
 
 class Halving:
