@@ -187,6 +187,7 @@ class Halving:
         self.path = os.path.join(workdir.path, FILE)
         self.decisions = read(workdir.path).get("decisions", []) if self.spec else []
         self.ended = False
+        self.reported = set()  # the loop's (member index, event) pairs said (train/status.py), renumbered at a rung
 
     def experiment_at(self, step: int):
         """The experiment over the members that train after ``step`` (its decisions up to it)."""
@@ -196,9 +197,10 @@ class Halving:
     def due(self, step: int) -> bool:
         return bool(self.spec) and step in self.spec["rungs"]
 
-    def rung(self, sweep, states, evaluation, seconds, step: int, make_sweep):
+    def rung(self, sweep, states, evaluation, seconds, step: int, make_sweep, recompile):
         """Decide the rung at ``step`` (or take its recorded decision), save the stopped members,
-        and return (sweep, states, evaluation) over the survivors (``make_sweep(experiment)``)."""
+        and return (sweep, states, evaluation) over the survivors (``make_sweep(experiment)``,
+        compiled by ``recompile(sweep)``)."""
         experiment = sweep.experiment
         decision = next((d for d in self.decisions if d["step"] == step), None)
         if decision is None:
@@ -230,18 +232,32 @@ class Halving:
         if not decision["stopped"] or self.ended:
             return sweep, states, evaluation
         old = {m.name: i for i, m in enumerate(experiment.members)}
+        was = [m.name for m in experiment.members]
         new = make_sweep(self.full.subset(kept))
         new.records.load_json(sweep.records.to_json(), 0)
         new.records.starts_at = sweep.records.starts_at
         new.path_from = getattr(sweep, "path_from", 0)
         states = new.stack_members({n: member_states[n] for n in kept})
         evaluation = {j: evaluation[old[m.name]] for j, m in enumerate(new.experiment.members)} if evaluation else None
+        index = {m.name: j for j, m in enumerate(new.experiment.members)}
+        renumbered = {(index[was[i]], e) for i, e in self.reported if was[i] in index}
+        self.reported.clear()  # the loop's own set, in the survivors' indices
+        self.reported.update(renumbered)
+        for name in decision["stopped"]:  # their seconds are in their entries; checkpoints hold the survivors'
+            seconds.pop(name, None)
+        recompile(new)
         return new, states, evaluation
 
-    def member_steps(self, total: int) -> dict:
+    def member_steps_between(self, start: int, end: int) -> int:
+        """Member-steps trained from step ``start`` to ``end`` (members stopped at a rung: up to it)."""
         stopped = {n: d["step"] for d in self.decisions for n in d["stopped"]}
-        run = sum(stopped.get(m.name, total) for m in self.full.members)
-        return {"member_steps": run, "full_grid_member_steps": total * len(self.full.members)}
+        return sum(max(0, min(stopped.get(m.name, end), end) - start) for m in self.full.members)
+
+    def member_steps(self, total: int) -> dict:
+        return {
+            "member_steps": self.member_steps_between(0, total),
+            "full_grid_member_steps": total * len(self.full.members),
+        }
 
     def finish(self, payload: dict, total: int) -> dict:
         """results.json's payload with the stopped members' entries (in the sweep's order) and ``halving``."""
@@ -254,6 +270,7 @@ class Halving:
                     entry[field] = np.asarray(entry[field], dtype=np.float64)
         trained = {m["name"]: m for m in payload["members"]}
         payload["members"] = [entries.get(m.name) or trained[m.name] for m in self.full.members]
+        self.log(self.end_line(total))
         payload["halving"] = {
             **self.spec,
             **self.member_steps(total),

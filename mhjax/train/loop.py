@@ -125,8 +125,7 @@ class Sweep:
 
     def save(self, checkpointer, step: int, states, seconds: dict) -> None:
         members = {member_key(k): v for k, v in self.member_states(states).items()}
-        own = {m.name for m in self.experiment.members}  # after a halving rung, ``seconds`` has everyone's
-        tree = {"members": members, "seconds": {member_key(k): np.float32(v) for k, v in seconds.items() if k in own}}
+        tree = {"members": members, "seconds": {member_key(k): np.float32(v) for k, v in seconds.items()}}
         checkpointer.save(step, tree, records=self.records.to_json())
 
     def restore(self, checkpointer, step: int):
@@ -230,10 +229,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
     latest = checkpointer.latest_step() if resuming else None
     everyone, experiment = experiment.members, rungs.experiment_at(latest or 0)  # the survivors of its rungs
     sweep = Sweep(experiment)
-    if jax.process_count() > 1:
-        for p in sweep.programs:
-            mine = [experiment.members[p.members[j]].name for j in sweep.placement.local_members(len(p.members))]
-            log(f"process {jax.process_index()}/{jax.process_count()} computes program {p.name}: {', '.join(mine)}")
+    sweep.placement.say_programs(sweep, log)  # with several processes: which computes what
     members = experiment.members
     total, chunk = config.train.steps, config.train.chunk_steps
     step = int(latest or 0)
@@ -268,14 +264,14 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         evals = sorted(set(experiment.eval_steps()))
         # the first chunk cut at early evaluations, any chunk at snapshot steps (train/snapshots.py)
         plan = ahead.chunk_plan(step, total, chunk, splits=evals, anywhere=snaps.steps)
-        _compile_ahead(sweep, console, plan, init=latest is None)
+        ahead.compile_run(sweep, console, plan, init=latest is None)
         stop.where, stop.preparing = "at the end of the running chunk", False
         log(times.start_line())
         if latest is None:
             states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
-        reported_divergence, evaluation = set(), None
+        reported_divergence, evaluation = rungs.reported, None  # (member index, event); renumbered at rungs
         factor, every = experiment.divergence_factor(), experiment.log_every_step  # train/... at every step?
-        started, trained, member_steps = time.perf_counter(), 0, 0  # member_steps: fewer after a halving rung
+        started, trained = time.perf_counter(), 0
         if 0 in evals and step == 0:
             _log_eval(writers, members, sweep.evaluate(states), 0)
         if purged_everywhere(writers) and latest is not None:  # what the purge dropped at ``step``, again
@@ -322,7 +318,6 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                 writers.scalars(m.name, {"perf/member_steps_per_s": rate, **perf}, step + n)
             step += n
             trained += n
-            member_steps += n * len(members)
             console.advance(n, step, rate, time.perf_counter() - started)
             # Evaluations and checkpoints fall as in a run without snapshots: not at a snapshot's
             # cut, and at other stops for what was crossed since the last of those (``since``).
@@ -334,15 +329,11 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                 evaluation = sweep.evaluate(states)
                 _log_eval(writers, members, evaluation, step)
             if rungs.due(step):  # the survivors train on in programs of their own (train/halving.py)
-                was = [m.name for m in members]
-                sweep, states, evaluation = rungs.rung(sweep, states, evaluation, seconds, step, Sweep)
+                recompile = lambda s: ahead.compile_run(s, console, plan, init=False)  # noqa: E731
+                sweep, states, evaluation = rungs.rung(sweep, states, evaluation, seconds, step, Sweep, recompile)
                 if rungs.ended:  # every member stopped
                     break
                 experiment, members, snaps.sweep = sweep.experiment, sweep.experiment.members, sweep
-                index = {m.name: j for j, m in enumerate(members)}
-                reported_divergence = {(index[was[i]], e) for i, e in reported_divergence if was[i] in index}
-                if len(members) < len(was):
-                    _compile_ahead(sweep, console, plan, init=False)
             snaps.take(step, states)  # before the checkpoint: resumed, a step is taken again or kept
             due = _crossed(previous, step, config.train.checkpoint_every) or step == total or rungs.due(step)
             if due or halt:
@@ -361,6 +352,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             log(f"training already complete at step {latest}; not retraining")
         elif primary and trained:
             wall = time.perf_counter() - started
+            member_steps = rungs.member_steps_between(step - trained, step)  # fewer after a halving rung
             speed = member_steps / max(wall, 1e-9)
             rates = experiment.throughput(speed)  # results.json keeps them where the experiment has any
             throughput = {"member_steps_per_s": speed, **rates} if rates else {}
@@ -387,7 +379,6 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             for request in experiment.figures(written) if not written.get("missing_members") else ():
                 draw_figures(workdir, request, log)
             notes = member_status.diverged_lines(written["members"]) + experiment.result_notes(written)
-            notes += [rungs.end_line(total)] if rungs.spec else []
             for line in notes + console_lines(written):  # and the head counts compared (plotting/paired.py)
                 log(line)
         return written
@@ -403,13 +394,6 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         checkpointer.close()
         if jax.process_count() > 1:  # leave together, or the shutdown barrier times out
             multihost_utils.sync_global_devices("mhjax:run-end")
-
-
-def _compile_ahead(sweep, console, plan, init: bool) -> None:
-    """Every executable of the run, compiled before the loop (train/ahead.py), said on the console."""
-    console.compiling(ahead.describe(sweep, plan.chunk_lengths, init, plan.piece_length))
-    report = ahead.compile_sweep(sweep, plan.chunk_lengths, init, plan.piece_length, log=console.log)
-    console.compiled(report.seconds, len(report.executables), report.from_cache)
 
 
 def _crossed(previous: int, step: int, every: int) -> bool:
