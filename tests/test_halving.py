@@ -21,6 +21,7 @@ from mhjax.io.checkpoint import SweepCheckpointer, member_key
 from mhjax.io.sweep_state import sweep_status
 from mhjax.io.workdir import Workdir
 from mhjax.train import halving
+from mhjax.workflows.analyze import analyze_workdir
 from mhjax.workflows.train import describe
 from tests.conftest import ROOT, config_source, tiny_sequence_config, tiny_train
 from tests.errors_common import assert_one_line_error
@@ -111,6 +112,16 @@ def test_stopped_members_keep_their_records_up_to_the_rung(runs):
     assert sorted(mine) == sorted(member_key(n) for n in stopped)
     for key, state in mine.items():
         jax.tree_util.tree_map(np.testing.assert_array_equal, state, theirs[key])
+
+
+@pytest.mark.slow
+def test_analyze_leaves_out_members_stopped_before_its_step(runs, tmp_path):
+    root, halved, _ = runs
+    lines = []
+    analysis = analyze_workdir(root / "halved", out=tmp_path / "a", plot=False, tensorboard=False, log=lines.append)
+    survivors = sorted(m["name"] for m in halved["members"] if m["status"] != STOPPED)
+    assert sorted(analysis["members"]) == survivors
+    assert any("stopped by halving" in line for line in lines)
 
 
 @pytest.mark.slow
