@@ -23,6 +23,7 @@ import json
 import math
 import os
 
+import jax
 import numpy as np
 
 from mhjax.analysis.comparisons import STOPPED, cells, group_fields, tuned_axes
@@ -290,6 +291,8 @@ class Halving:
         return f"halving: {run:,} member-steps trained against the full grid's {full:,} ({run / full:.0%})"
 
     def _write(self) -> None:
+        if jax.process_index() != 0:  # one writer; every process holds the same decision (a collective payload)
+            return
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
             # per-window sums (arrays) as lists: back to arrays in ``finish``
