@@ -20,6 +20,7 @@ from mhjax.experiments import make_experiment
 from mhjax.io.checkpoint import SweepCheckpointer, member_key
 from mhjax.io.sweep_state import sweep_status
 from mhjax.io.workdir import Workdir
+from mhjax.plotting.paired import console_lines
 from mhjax.train import halving
 from mhjax.workflows.analyze import analyze_workdir
 from mhjax.workflows.train import describe
@@ -137,6 +138,7 @@ def test_the_tuned_comparison_selects_among_survivors_and_names_the_stopped(runs
         assert all(m["status"] != STOPPED for m in chosen)
         named = entry["stopped_by_halving"]
         assert len(named) == 4 and all(status[n] == STOPPED for n in named)
+    assert "  stopped by halving, not selected: 8 members (results.json: stopped_by_halving)" in console_lines(halved)
 
 
 @pytest.mark.slow
