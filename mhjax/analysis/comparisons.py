@@ -12,8 +12,9 @@ An entry (``comparisons``): ``group`` ({field: value}), ``heads``, ``selected`` 
 ``val_loss`` (mean over seeds at the selection), ``test_loss`` (mean over seeds, nats), its
 ``test_loss_se``, ``difference`` (to the smallest head count, paired, nats),
 ``difference_interval`` ([low, high], 95 %), ``per_seed_differences``, ``verdict``, ``seeds``
-(paired seeds), ``clusters`` (of windows, where the windows are shared) and ``note`` (why a
-verdict may mean little, "" when none)."""
+(paired seeds), ``clusters`` (of windows, where the windows are shared), ``note`` (why a
+verdict may mean little, "" when none) and, under halving (train/halving.py), ``stopped_by_halving``:
+the members stopped at a rung, never selected."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from mhjax.analysis import paired
 from mhjax.config import ConfigError
 
 OLD = "no validation set (written before validation sets existed)"
+STOPPED = "stopped_by_halving"  # a member's status: stopped at a rung (train/halving.py), never selected
 FIXED = ("heads", "seed", "task")  # never tuned: what is compared, what is averaged, what is asked
 
 
@@ -135,7 +137,7 @@ def baseline_note(test_losses: dict, baseline: dict | None, accuracies=(), vocab
 
 
 def _usable(m: dict, sums) -> bool:
-    return sums is not None and m.get("status", "ok") != "diverged"
+    return sums is not None and m.get("status", "ok") not in ("diverged", STOPPED)
 
 
 def comparisons(members: list[dict], read, fields, tuned=(), baselines=None, vocab=None) -> list[dict]:
@@ -206,6 +208,8 @@ def comparisons(members: list[dict], read, fields, tuned=(), baselines=None, voc
                 "heads": heads,
                 "selected": dict(zip(tuned, setting)),
                 "val_loss": _mean([m.get("val_loss") for m in seeds.values()]),
+                # the settings halving stopped (train/halving.py): left out of the selection, named
+                **_stopped(members, by_heads[heads]),
                 "test_loss": own.mean,
                 "test_loss_se": own.se,
                 "test_loss_sd_seeds": own.sd_seeds,
@@ -249,6 +253,11 @@ def comparisons(members: list[dict], read, fields, tuned=(), baselines=None, voc
             entry["note"] = "; ".join(filter(None, [entry["note"], note]))
         out += entries
     return out
+
+
+def _stopped(members: list[dict], settings: dict) -> dict:
+    names = [members[i]["name"] for s in settings.values() for i in s if members[i].get("status") == STOPPED]
+    return {"stopped_by_halving": names} if names else {}
 
 
 def _fits(clusters, sums, members) -> bool:

@@ -12,7 +12,7 @@ from mhjax.experiments import architecture, optimizer, sweep_skip, task_params
 from mhjax.models import precision
 from mhjax.models.attention_choice import AUTO, IMPLEMENTATIONS
 from mhjax.plan import STRATEGIES
-from mhjax.train import snapshots
+from mhjax.train import halving, snapshots
 
 # Optional fields: what a config without them runs with (a sweep field left out: every member
 # takes config.model's value; experiments/architecture.py).
@@ -24,6 +24,7 @@ DEFAULTS = {
     "model.dtype": precision.DEFAULT,  # float32 (models/precision.py)
     "train.divergence_factor": 10.0,
     "train.snapshot_steps": None,  # none (train/snapshots.py)
+    "train.halving": None,  # no successive halving (train/halving.py)
     **{f"sweep.{field}": () for field in architecture.FIELDS},
     **optimizer.DEFAULTS,  # constant-rate Adam, no weight decay, no clipping
     "data.path": "",  # the text task's corpus file (data/text.py)
@@ -100,6 +101,7 @@ def validate(config) -> None:
             raise cfg.ConfigError(f"config.sweep.learning_rate: each must be a positive number; got {lr!r}")
     optimizer.validate(config)
     comparisons.check_tune(config)
+    halving.spec_of(config)  # rungs, keep, and compare.tune set
     known = {"task", "heads", "seed", "learning_rate", *architecture.FIELDS}
     for field in config.sweep.keys():
         if field not in known:
@@ -124,6 +126,6 @@ FIELDS = {
     "model": {"width", "num_layers", "mlp_dim", "vocab_size", "seq_len", "dropout", "scan_layers", "head_dim", "dtype"},
     "data": {"protocol", "num_train", "batch_size", "num_eval", "path", "holdout"},
     "train": {"steps", "chunk_steps", "eval_every", "checkpoint_every", "snapshot_steps", "divergence_factor"}
-    | {"preempt_grace_s"}  # train/preempt.py
+    | {"preempt_grace_s", "halving"}  # train/preempt.py, train/halving.py
     | set(optimizer.FIELDS),
 }

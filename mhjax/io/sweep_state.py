@@ -14,6 +14,8 @@ Each member's state:
 * ``diverged``: results.json says so, or the progress of its run (training or stopped) does;
 * ``stopped``: a checkpoint holds it, below the configured steps, and no run trains it now
   (stopped by a signal or Ctrl-C, killed, or the job ended): the same command resumes it;
+* ``stopped_by_halving``: a rung of config.train.halving stopped it (W/halving.json, train/halving.py):
+  its step is the rung's, and nothing is left to train;
 * ``missing``: nothing holds it yet (a run that has not written its first checkpoint, a shard
   not started: its members are read from mhjax.json's sweep_history).
 
@@ -25,6 +27,7 @@ These are run states: results.json's ``status`` stays ok/diverged, the member's 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -34,7 +37,9 @@ from mhjax.io.lock import holder_pid
 from mhjax.io.metadata import HISTORY
 from mhjax.io.workdir import Workdir
 
-STATES = ("starting", "training", "done", "diverged", "stopped", "missing")
+STATES = ("starting", "training", "done", "diverged", "stopped", "stopped_by_halving", "missing")
+HALVED = "stopped_by_halving"
+HALVING_FILE = "halving.json"  # train/halving.FILE: the rungs decided so far
 STARTING = "starting (restoring/compiling)"  # what the table's top line says of a run in that state
 
 
@@ -81,9 +86,13 @@ def sweep_status(workdir) -> dict:
             }
         if shard is not None:
             shards.append({"shard": shard, "folder": folder, "holder_pid": part_holder, "members": names})
+    for name, rung in _halved(wd).items():  # a rung's word: nothing more to train
+        row = rows.setdefault(name, {"name": name, "part": "", "checkpoint_step": None, "checkpoint_age_s": None})
+        row.update(state=HALVED, step=rung, eta_s=0.0)
+        row.setdefault("member_steps_per_s", None)
     for name, record in finished.items():  # results.json's word on a finished member is the last
         row = rows.setdefault(name, {"name": name, "part": "", "checkpoint_step": None, "checkpoint_age_s": None})
-        row.update(state=record, step=total, eta_s=0.0)
+        row.update(state=record, step=row.get("step") if record == HALVED else total, eta_s=0.0)
         row.setdefault("member_steps_per_s", None)
     for shard in shards:
         shard.update(_shard_state([rows[n] for n in shard["members"]], shard["holder_pid"]))
@@ -112,7 +121,7 @@ def _parts(wd: Workdir) -> list[tuple[str, list[str], str | None]]:
 
 def _shard_state(members: list[dict], holder: int | None) -> dict:
     """A shard's state, step and time to finish from its members' rows."""
-    if members and all(m["state"] in ("done", "diverged") for m in members):
+    if members and all(m["state"] in ("done", "diverged", HALVED) for m in members):
         state = "done"
     elif any(m["state"] == "starting" for m in members):
         state = "starting"
@@ -153,7 +162,19 @@ def _finished(wd: Workdir, total: int) -> dict:
         return {}
     if int(results.get("steps") or 0) < total:
         return {}
-    return {m["name"]: "diverged" if m.get("status") == "diverged" else "done" for m in results["members"]}
+    return {
+        m["name"]: m.get("status") if m.get("status") in ("diverged", HALVED) else "done" for m in results["members"]
+    }
+
+
+def _halved(wd: Workdir) -> dict:
+    """{member: its rung's step} of the members halving stopped ({} without halving)."""
+    try:
+        with open(os.path.join(wd.path, HALVING_FILE)) as f:
+            decisions = json.load(f).get("decisions", [])
+    except (OSError, ValueError):  # none, or being replaced (atomically): read next time
+        return {}
+    return {name: d["step"] for d in decisions for name in d.get("stopped", {})}
 
 
 def _checkpoint_members(view: Workdir, step: int | None) -> list[str]:

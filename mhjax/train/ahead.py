@@ -205,3 +205,11 @@ def first_line(exc: BaseException) -> str:
 def abstract(tree, sharding) -> Any:
     """Shapes and dtypes of ``tree`` as placed with ``sharding`` (what lowering needs)."""
     return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+
+
+def compile_run(sweep, console, plan, init: bool) -> None:
+    """Every executable of the run (train/loop.py), compiled before its loop (or again over a
+    halving rung's survivors), said on the console."""
+    console.compiling(describe(sweep, plan.chunk_lengths, init, plan.piece_length))
+    report = compile_sweep(sweep, plan.chunk_lengths, init, plan.piece_length, log=console.log)
+    console.compiled(report.seconds, len(report.executables), report.from_cache)

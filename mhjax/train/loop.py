@@ -15,7 +15,7 @@ from mhjax.io.progress import Progress
 from mhjax.io.tensorboard import MemberWriters, NoWriters
 from mhjax.io.trace import NoTrace, TraceWriter
 from mhjax.io.workdir import Workdir
-from mhjax.train import ahead, engine, peers, preempt, snapshots
+from mhjax.train import ahead, engine, halving, peers, preempt, snapshots
 from mhjax.train.console import Console
 from mhjax.train.interrupt import Interrupted, StopOnSignal  # noqa: F401 (Interrupted: its home before)
 from mhjax.train.placement import Placement
@@ -220,15 +220,14 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         experiment.check_start()
     metadata = (config.to_dict(), experiment.kind, experiment.metadata(), experiment.cannot_extend)
     resuming = workdir.check_or_write_metadata(*metadata, experiment.config_defaults) if primary else True
-    sweep = Sweep(experiment)
-    if jax.process_count() > 1:
-        for p in sweep.programs:
-            mine = [experiment.members[p.members[j]].name for j in sweep.placement.local_members(len(p.members))]
-            log(f"process {jax.process_index()}/{jax.process_count()} computes program {p.name}: {', '.join(mine)}")
-    members = experiment.members
-    total, chunk = config.train.steps, config.train.chunk_steps
+    rungs = halving.Halving(experiment, workdir, log)  # a no-op unless config.train.halving
     checkpointer = workdir.checkpointer()
     latest = checkpointer.latest_step() if resuming else None
+    everyone, experiment = experiment.members, rungs.experiment_at(latest or 0)  # the survivors of its rungs
+    sweep = Sweep(experiment)
+    sweep.placement.say_programs(sweep, log)  # with several processes: which computes what
+    members = experiment.members
+    total, chunk = config.train.steps, config.train.chunk_steps
     step = int(latest or 0)
     Progress(workdir, [m.name for m in members], total, step, write=primary).starting()  # for mhjax status
     writers, snaps = NoWriters(), snapshots.Snapshots(sweep, workdir, snapshots.steps_of(config))
@@ -250,23 +249,23 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
                 log(f"checkpoint {latest} predates recorded loss points: loss_curve starts at step {latest}")
             if sweep.path_from:
                 log(f"checkpoint {latest} predates the loss-path records: divergence is checked from step {latest} on")
-        names = [m.name for m in members]
+        names = [m.name for m in everyone]
         # Resumed (or started again after a kill before any checkpoint): points a killed process
         # wrote at steps >= ``step`` are dropped, as W/trace cuts its files (io/trace.py).
         purge = step if step < total else None  # a finished run's points (analysis included) stay
         writers = MemberWriters(workdir.tensorboard_dir, names, log=log, purge_step=purge) if primary else NoWriters()
         traces = TraceWriter(workdir.trace_dir, step) if primary else NoTrace()  # W/trace, from ``step`` on
-        hparams = {m.name: m.flat_hparams() for m in members}
+        hparams = {m.name: m.flat_hparams() for m in everyone}
         writers.start(config.to_dict(), hparams, step)  # config text and HParams session starts
         evals = sorted(set(experiment.eval_steps()))
         # the first chunk cut at early evaluations, any chunk at snapshot steps (train/snapshots.py)
         plan = ahead.chunk_plan(step, total, chunk, splits=evals, anywhere=snaps.steps)
-        _compile_ahead(sweep, console, plan, init=latest is None)
+        ahead.compile_run(sweep, console, plan, init=latest is None)
         stop.where, stop.preparing = "at the end of the running chunk", False
         log(times.start_line())
         if latest is None:
             states, seconds = sweep.init_states(), {m.name: 0.0 for m in members}
-        reported_divergence, evaluation = set(), None
+        reported_divergence, evaluation = rungs.reported, None  # (member index, event); renumbered at rungs
         factor, every = experiment.divergence_factor(), experiment.log_every_step  # train/... at every step?
         started, trained = time.perf_counter(), 0
         if 0 in evals and step == 0:
@@ -322,11 +321,17 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
             previous, since = (since, step) if regular else (step, since)
             progress.update(step, {members[i].name for i, _ in reported_divergence})
             wanted_eval = any(previous < k <= step for k in evals)
-            if _crossed(previous, step, config.train.eval_every) or step == total or wanted_eval:
+            if _crossed(previous, step, config.train.eval_every) or step == total or wanted_eval or rungs.due(step):
                 evaluation = sweep.evaluate(states)
                 _log_eval(writers, members, evaluation, step)
+            if rungs.due(step):  # the survivors train on in programs of their own (train/halving.py)
+                recompile = lambda s: ahead.compile_run(s, console, plan, init=False)  # noqa: E731
+                sweep, states, evaluation = rungs.rung(sweep, states, evaluation, seconds, step, Sweep, recompile)
+                if rungs.ended:  # every member stopped
+                    break
+                experiment, members, snaps.sweep = sweep.experiment, sweep.experiment.members, sweep
             snaps.take(step, states)  # before the checkpoint: resumed, a step is taken again or kept
-            due = _crossed(previous, step, config.train.checkpoint_every) or step == total
+            due = _crossed(previous, step, config.train.checkpoint_every) or step == total or rungs.due(step)
             if due or halt:
                 saving = time.perf_counter()
                 writers.flush()  # every point up to ``step`` on disk before the checkpoint commits it
@@ -341,7 +346,7 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         # results, the final scalars and images, figures and notes (train/run_end.py)
         return write_end(
             experiment, workdir, sweep, states, writers, hparams, evaluation=evaluation, seconds=seconds, step=step,
-            latest=latest, trained=trained, started=started, primary=primary, log=log,
+            latest=latest, trained=trained, started=started, primary=primary, log=log, rungs=rungs,
         )  # fmt: skip
     except Exception as exc:
         if peers.lost(exc):  # now: the finally's barrier would wait for the lost process, then abort
@@ -355,13 +360,6 @@ def run(experiment, workdir, progress: bool = True, log=print) -> dict:
         checkpointer.close()
         if jax.process_count() > 1:  # leave together, or the shutdown barrier times out
             multihost_utils.sync_global_devices("mhjax:run-end")
-
-
-def _compile_ahead(sweep, console, plan, init: bool) -> None:
-    """Every executable of the run, compiled before the loop (train/ahead.py), said on the console."""
-    console.compiling(ahead.describe(sweep, plan.chunk_lengths, init, plan.piece_length))
-    report = ahead.compile_sweep(sweep, plan.chunk_lengths, init, plan.piece_length, log=console.log)
-    console.compiled(report.seconds, len(report.executables), report.from_cache)
 
 
 def _crossed(previous: int, step: int, every: int) -> bool:

@@ -63,6 +63,13 @@ class Placement:
     def to_host(self, tree):
         return to_host(tree)
 
+    def say_programs(self, sweep, log) -> None:
+        """With several processes: the line saying which members of each program this one computes."""
+        if jax.process_count() > 1:
+            for p in sweep.programs:
+                mine = [sweep.experiment.members[p.members[j]].name for j in self.local_members(len(p.members))]
+                log(f"process {jax.process_index()}/{jax.process_count()} computes program {p.name}: {', '.join(mine)}")
+
     def local_members(self, num_members: int) -> list[int]:
         """Positions along the member axis whose shards this process computes."""
         sharding = self.sharding(num_members)

@@ -25,28 +25,31 @@ ENV = "MHJAX_IMAGES"
 
 def write_end(
     experiment, workdir, sweep, states, writers, hparams, *, evaluation, seconds, step, latest, trained, started,
-    primary, log,
+    primary, log, rungs,
 ) -> dict:  # fmt: skip
     """Write the end of a run that stopped at ``step`` (resumed from checkpoint ``latest`` or None,
     ``trained`` steps since ``started``, a perf_counter time; ``evaluation``: the loop's last one,
-    of these very ``states``, or None); returns the results as written (every process: its payload)."""
+    of these very ``states``, or None; ``rungs``: train/halving.Halving, the members stopped at its
+    rungs); returns the results as written (every process: its payload)."""
     members, total = experiment.members, experiment.config.train.steps
     throughput = {}  # this run's rates (experiment.throughput), when it trained
     if latest is not None and latest >= total:
         log(f"training already complete at step {latest}; not retraining")
     elif primary and trained:
         wall = time.perf_counter() - started
-        speed = trained * len(members) / max(wall, 1e-9)
+        member_steps = rungs.member_steps_between(step - trained, step)  # fewer after a halving rung
+        speed = member_steps / max(wall, 1e-9)
         rates = experiment.throughput(speed)  # results.json keeps them where the experiment has any
         throughput = {"member_steps_per_s": speed, **rates} if rates else {}
         log(
-            f"trained {trained} steps x {len(members)} members in {wall:.1f} s: "
+            f"trained {trained} steps x {len(members)} members{rungs.since_text(member_steps)} in {wall:.1f} s: "
             f"{speed:,.0f} member-steps/s{throughput_text(throughput)} (with logging and evaluation)"
         )
     if evaluation is None:  # else the loop's last evaluation is of this very state
         evaluation = sweep.evaluate(states)
     payload = results_payload(experiment, sweep, states, evaluation, seconds, step, resumed_from=latest)
     payload.update(throughput)  # with logging and evaluation
+    payload = rungs.finish(payload, total)  # with the members stopped at rungs (train/halving.py)
     # with any other part's members; results.md with head counts paired on held-out windows
     # results.json's "comparisons": head counts at their selected settings (analysis/comparisons.py)
     written = workdir.write_results(payload, results_tables, results_comparisons) if primary else payload

@@ -126,6 +126,10 @@ def analyze_workdir(
                 log(f"step {step}: analysed before with these options, kept")
             continue
         states = workdir.member_states(step)
+        absent = [m.name for m in todo if m.name not in states]  # stopped at a halving rung (train/halving.py)
+        if absent and log is not None:
+            log(f"step {step}: not in its checkpoint (stopped by halving before it): {', '.join(absent)}")
+        todo = [member for member in todo if member.name in states]
         by_step.setdefault(step, {})
         for member in todo:
             state = states[member.name]

@@ -27,6 +27,7 @@ from mhjax.io import parts
 from mhjax.io.metadata import HISTORY, resolved, what
 from mhjax.io.results import json_ready
 from mhjax.io.workdir import Workdir
+from mhjax.train import halving
 
 
 class Part(NamedTuple):
@@ -50,6 +51,8 @@ def plan(experiment, workdir: Workdir, primary: bool = True, log=print) -> list[
     if metadata.get("mhjax_version") != __version__ or not _same_but_sweep(full_stored, full_now) or same_sweep:
         # resumed or trained longer, or a config the run refuses (io/metadata.check_or_write)
         return _parts(experiment, workdir, history) if history else [Part(workdir, experiment)]
+    if halving.spec_of(experiment.config) or halving.read(workdir.path):
+        raise ConfigError("config.sweep: a sweep with config.train.halving cannot grow (its rungs ranked the old grid)")
     history = history or _first_part(workdir, metadata)
     fresh = _new_members(experiment, workdir, stored.get("sweep", {}), now["sweep"], history)
     folder = parts.folder(len(history))

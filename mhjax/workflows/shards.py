@@ -33,6 +33,7 @@ from mhjax.io.metadata import HISTORY
 from mhjax.io.results import json_ready
 from mhjax.io.shared_write import SharedWrite
 from mhjax.io.workdir import Workdir
+from mhjax.train import halving
 from mhjax.train.loop import run
 from mhjax.workflows import growth
 from mhjax.workflows.growth import Part
@@ -61,6 +62,8 @@ def plan(experiment, count: int, backend: str) -> list[dict]:
     halved until there are enough pieces. "programs": {member: its program in the one-job run}.
     More shards than members: a ConfigError."""
     members = experiment.members
+    if halving.spec_of(experiment.config):  # a rung ranks a whole comparison group, which a share may split
+        raise ConfigError("--shard: not with config.train.halving (train the halved sweep as one job)")
     if count > len(members):
         raise ConfigError(
             f"--shard: N must be in [1, {len(members)}]: the sweep has {len(members)} members (got N = {count})"

@@ -16,7 +16,7 @@ from mhjax.data import tasks
 from mhjax.io import metadata, plugin_log
 from mhjax.io.lock import WorkdirLock
 from mhjax.io.workdir import Workdir
-from mhjax.train import snapshots
+from mhjax.train import halving, snapshots
 from mhjax.train.loop import Sweep, run
 from mhjax.workflows import growth
 
@@ -30,7 +30,8 @@ def describe(experiment, backend: str) -> str:
     machine = f"this machine: {backend}, {count} device{'s' * (count != 1)} ({kinds}{cores})"
     snapshot_steps = snapshots.steps_of(config)
     disk = [snapshots.disk_line(Sweep(experiment), snapshot_steps)] if snapshot_steps else []
-    return "\n".join([header, machine] + experiment.notes() + experiment.plan(backend).lines() + disk)
+    halved = halving.describe(experiment, backend)  # rungs, member-steps, the survivors' programs
+    return "\n".join([header, machine] + experiment.notes() + experiment.plan(backend).lines() + halved + disk)
 
 
 def default_workdir(config_path: str) -> str:
