@@ -138,7 +138,7 @@ def test_the_tuned_comparison_selects_among_survivors_and_names_the_stopped(runs
         assert all(m["status"] != STOPPED for m in chosen)
         named = entry["stopped_by_halving"]
         assert len(named) == 4 and all(status[n] == STOPPED for n in named)
-    assert "  stopped by halving, not selected: 8 members (results.json: stopped_by_halving)" in console_lines(halved)
+    assert "  stopped by halving, not selected: 8 members (their entries: stopped_by_halving)" in console_lines(halved)
 
 
 @pytest.mark.slow

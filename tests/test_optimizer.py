@@ -133,7 +133,7 @@ def test_load_config_takes_python_none_for_a_field_whose_default_is_none(tmp_pat
     import mhjax
 
     corpus = tmp_path / "c.txt"
-    corpus.write_bytes(bytes(range(256)) * 16)  # held-out 410 bytes: above T + 2
+    corpus.write_bytes(bytes(range(256)) * 32)  # held-out 819 bytes: validation and test windows of T + 1
     overrides = {"data.path": str(corpus), "train.clip_norm": None, "train.snapshot_steps": None}
     config = mhjax.load_config("text", overrides)
     assert config.train.clip_norm is None and config.train.snapshot_steps is None

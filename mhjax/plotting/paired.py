@@ -215,5 +215,5 @@ def console_lines(payload: dict) -> list[str]:
             out.append(f"  note ({_heads_with(group_entries, note)}): {note}")
         stopped = sum(len(e.get("stopped_by_halving") or []) for e in group_entries)
         if stopped:  # train/halving.py: never selected
-            out.append(f"  stopped by halving, not selected: {stopped} members (results.json: stopped_by_halving)")
+            out.append(f"  stopped by halving, not selected: {stopped} members (their entries: stopped_by_halving)")
     return out
