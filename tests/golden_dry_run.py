@@ -1,7 +1,7 @@
 """Golden outputs of ``mhjax train --dry-run``: record them, or compare this checkout's with them.
 
-    python tests/golden_dry_run.py record [--targets] [NAME ...]
-    python tests/golden_dry_run.py check [--targets] [NAME ...]
+    python tests/golden_dry_run.py record [--targets] [--tpu] [NAME ...]
+    python tests/golden_dry_run.py check [--targets] [--tpu] [NAME ...]
 
 Each bundled config's dry run on this machine's CPU (``cpu-CONFIG.txt``), and with ``--targets``
 the deviceless compiles for an H200 and an 8-GPU H200 node (``h200-CONFIG.txt``,
@@ -26,6 +26,8 @@ CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("*.py"))
 # the target dry runs: the paper's sweep, the quick one, a mixture and a text sweep (each another path)
 TARGET_CONFIGS = ("paper", "quick", "mixture", "text")
 TARGETS = ("h200", "h200x8")
+# with --tpu (libtpu installed: docs/performance.md "Compile targets"), an 8-chip v5e slice
+TPU_TARGETS, TPU_CONFIGS = ("v5e-8",), ("paper", "quick")
 # what a config needs set to dry-run at all (configs/text.py reads a corpus: the bundled one)
 NEEDS = {"text": ["--config.data.path=builtin:stdlib"]}
 
@@ -46,16 +48,21 @@ def mask(text: str) -> str:
     return text
 
 
-def runs(targets: bool, names: list[str]) -> list[tuple[str, list[str]]]:
+def runs(targets: bool, names: list[str], tpu: bool = False) -> list[tuple[str, list[str]]]:
     """(golden file name, argv after `mhjax train`) of every dry run asked for."""
     chosen = []
-    for config in [] if targets and names else names or CONFIGS:
+    for config in [] if (targets or tpu) and names else names or CONFIGS:
         chosen.append((f"cpu-{config}.txt", ["--config", f"configs/{config}.py", "--dry-run", *NEEDS.get(config, [])]))
     if targets:
         for config in [c for c in TARGET_CONFIGS if not names or c in names]:
             for target in TARGETS:
                 argv = ["--config", f"configs/{config}.py", "--dry-run", "--target", target, *NEEDS.get(config, [])]
                 chosen.append((f"{target}-{config}.txt", argv))
+    for config in [c for c in TPU_CONFIGS if tpu and (not names or c in names)]:
+        for target in TPU_TARGETS:
+            chosen.append(
+                (f"{target}-{config}.txt", ["--config", f"configs/{config}.py", "--dry-run", "--target", target])
+            )
     return chosen
 
 
@@ -83,11 +90,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("record", "check"))
     parser.add_argument("--targets", action="store_true", help="also the deviceless h200 and h200x8 compiles")
+    parser.add_argument("--tpu", action="store_true", help="also the deviceless v5e-8 compiles (needs libtpu)")
     parser.add_argument("names", nargs="*", help="config names (default: every bundled config)")
     args = parser.parse_intermixed_args(argv)
     GOLDEN.mkdir(exist_ok=True)
     failed = 0
-    for name, run_argv in runs(args.targets, args.names):
+    for name, run_argv in runs(args.targets, args.names, args.tpu):
         if args.action == "record":
             (GOLDEN / name).write_text(dry_run(run_argv))
             print(f"recorded {name}", flush=True)

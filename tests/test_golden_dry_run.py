@@ -42,3 +42,12 @@ def test_every_bundled_configs_cpu_dry_run_is_its_golden_output(name, argv):
 )
 def test_the_target_dry_runs_are_their_golden_outputs(name, argv):
     assert golden.compare(name, argv) == []
+
+
+# ~1-2 minutes each: deviceless compiles for an 8-chip v5e slice (recorded with issue 55's kernel,
+# before the planner's merge, from branch t55: the planner's move left them as they were)
+@pytest.mark.slow
+@pytest.mark.skipif(not targets.tpu_compiler_available(), reason=f"no TPU compiler here; {targets.install_hint('tpu')}")
+@pytest.mark.parametrize("name,argv", [r for r in golden.runs(False, list(golden.TPU_CONFIGS), tpu=True)])
+def test_the_tpu_target_dry_runs_are_their_golden_outputs(name, argv):
+    assert golden.compare(name, argv) == []
