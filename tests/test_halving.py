@@ -23,6 +23,7 @@ from mhjax.io.workdir import Workdir
 from mhjax.plotting.paired import console_lines
 from mhjax.train import halving
 from mhjax.workflows.analyze import analyze_workdir
+from mhjax.workflows.sample import member_sample
 from mhjax.workflows.train import describe
 from tests.conftest import ROOT, config_source, tiny_sequence_config, tiny_train
 from tests.errors_common import assert_one_line_error
@@ -189,6 +190,17 @@ def test_a_tiny_halved_sweep_shrinks_to_its_survivor(tmp_path):  # the default s
     assert {n: (r["state"], r["step"]) for n, r in rows.items()} == {
         n: ("done", 4) if n == best else (STOPPED, 2) for n in ranked
     }
+    # a stopped member is read at its rung (W/halving/2), by step or as the latest: params, sample
+    (stopped,) = [n for n in ranked if n != best]
+    saved = SweepCheckpointer(str(tmp_path / "w" / halving.FOLDER), keep=None)
+    try:
+        at_rung = saved.restore_raw(2)["members"][member_key(stopped)]["params"]
+    finally:
+        saved.close()
+    files = Workdir.of(tmp_path / "w")
+    for step in (None, 2, 4):
+        assert jax.tree.all(jax.tree.map(np.array_equal, files.params(stopped, step), at_rung))
+    assert member_sample(tmp_path / "w", stopped, [1, 2], tokens=2).step == 2
 
 
 def test_dry_run_says_the_rungs_predicted_member_steps_and_the_survivors_programs():

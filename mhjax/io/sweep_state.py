@@ -27,11 +27,10 @@ These are run states: results.json's ``status`` stays ok/diverged, the member's 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
-from mhjax.io import parts, progress
+from mhjax.io import halved, parts, progress
 from mhjax.io.checkpoint_names import member_key, stored_member_keys
 from mhjax.io.lock import holder_pid
 from mhjax.io.metadata import HISTORY
@@ -39,7 +38,6 @@ from mhjax.io.workdir import Workdir
 
 STATES = ("starting", "training", "done", "diverged", "stopped", "stopped_by_halving", "missing")
 HALVED = "stopped_by_halving"
-HALVING_FILE = "halving.json"  # train/halving.FILE: the rungs decided so far
 STARTING = "starting (restoring/compiling)"  # what the table's top line says of a run in that state
 
 
@@ -169,12 +167,7 @@ def _finished(wd: Workdir, total: int) -> dict:
 
 def _halved(wd: Workdir) -> dict:
     """{member: its rung's step} of the members halving stopped ({} without halving)."""
-    try:
-        with open(os.path.join(wd.path, HALVING_FILE)) as f:
-            decisions = json.load(f).get("decisions", [])
-    except (OSError, ValueError):  # none, or being replaced (atomically): read next time
-        return {}
-    return {name: d["step"] for d in decisions for name in d.get("stopped", {})}
+    return halved.stopped_steps(wd.path)
 
 
 def _checkpoint_members(view: Workdir, step: int | None) -> list[str]:

@@ -30,7 +30,7 @@ import json
 import os
 
 from mhjax.config import ConfigError
-from mhjax.io import parts, results_files, window_files
+from mhjax.io import halved, parts, results_files, window_files
 from mhjax.io.cached_reads import CachedReads
 from mhjax.io.metadata import check_or_write
 from mhjax.io.results import write_json
@@ -358,6 +358,9 @@ class Workdir(CachedReads):
         """``member``'s parameters (numpy tree) at checkpoint ``step`` (default: the latest)."""
         states = self.member_states(step)
         if member not in states:
+            stopped = halved.stopped_state(self.path, member, self.latest_step() if step is None else step)
+            if stopped is not None:  # halving stopped it at a rung: its state from then on
+                return stopped["params"]
             raise ConfigError(
                 f"--workdir: no member {member!r} at step {step} in {self.path} (have {', '.join(states)})"
             )

@@ -30,12 +30,12 @@ from mhjax.analysis.comparisons import STOPPED, cells, group_fields, tuned_axes
 from mhjax.config import ConfigError
 from mhjax.io import window_files
 from mhjax.io.checkpoint import SweepCheckpointer, member_key
+from mhjax.io.halved import HALVING_FILE, HALVING_FOLDER
 from mhjax.io.results import json_ready
-from mhjax.io.sweep_state import HALVING_FILE
 from mhjax.train.payload import results_payload
 
 FILE = HALVING_FILE  # W/halving.json: the rungs decided so far (mhjax status reads it)
-FOLDER = "halving"  # W/halving/<step>/: the states of the members stopped at that rung
+FOLDER = HALVING_FOLDER  # W/halving/<step>/: the states of the members stopped at that rung
 DEFAULT_KEEP = 1 / 3
 
 

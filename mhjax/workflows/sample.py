@@ -105,6 +105,7 @@ def member_sample(
     step = opened.files.latest_step() if step is None else check_step(opened, step)
     if step is None:
         raise ConfigError(f"--workdir: {opened.path} has no checkpoint yet")
+    step = min(step, record.get("stopped_at_step", step))  # halving stopped it there: its state since
     byte_text = record.get("text_format") == "bytes"
     if isinstance(vocab, (str, os.PathLike)):
         vocab = read_vocab(vocab)
